@@ -1,0 +1,42 @@
+# The two commands a new user needs: `make up` and `make test`. Both install first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# A GPU host installs the CUDA build of the same torch release instead, e.g.
+#   make install TORCH_SPEC="torch==2.13.0" TORCH_INDEX="<PyTorch's CUDA wheel index for your CUDA>"
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+
+.PHONY: install up test lint typecheck unit bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+up: install
+	$(BIN)/rltune up
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy shared/ services/ offload_agent/
+
+unit: install
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck unit
+
+bench: install
+	$(BIN)/rltune bench bus
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

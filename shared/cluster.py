@@ -1,0 +1,228 @@
+"""Cluster specs: the YAML of DESIGN.md, or an Alibaba `openb_node_list_*.csv` as is.
+
+    name: example
+    speed: {V100: 1.0, P100: 0.55}     # optional; defaults in shared.speeds
+    reference: P100                     # type the trace's durations were measured on
+    nodes:
+      - {name: v100, count: 28, gpu_type: V100, gpus: 8}
+    queues:
+      "nlp": {guaranteed_gpus: 32, limit_gpus: 64, weight: 1}
+
+A node group `{name: v100, count: 28}` becomes nodes `v100-0` .. `v100-27`.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from shared.errors import UserError
+from shared.speeds import DEFAULT_SPEEDS
+
+__all__ = ["ClusterSpec", "NodeSpec", "QueueSpec", "load_cluster", "parse_cluster"]
+
+DEFAULT_QUEUE = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    node_id: str
+    gpu_type: str
+    gpus: int
+    pcie_gbps: float = 16.0
+    nvme_gbps: float = 3.0
+    host_mem_gib: float = 256.0
+    cpu_milli: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    guaranteed_gpus: float = 0.0
+    limit_gpus: float | None = None
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    nodes: tuple[NodeSpec, ...]
+    speed: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    reference: str | None = None
+    queues: Mapping[str, QueueSpec] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(sorted({n.gpu_type for n in self.nodes}))
+
+    def gpus_by_type(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for n in self.nodes:
+            out[n.gpu_type] = out.get(n.gpu_type, 0) + n.gpus
+        return out
+
+    def max_node_gpus(self, gpu_type: str | None = None) -> int:
+        return max(
+            (n.gpus for n in self.nodes if gpu_type is None or n.gpu_type == gpu_type), default=0
+        )
+
+    def queue_of(self, vc: str) -> str:
+        """The queue a VC's jobs fall into (its own, else `default`)."""
+        return vc if vc in self.queues else DEFAULT_QUEUE
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Read a cluster spec from YAML, or from an Alibaba openb node list CSV."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"cluster file not found: {p}")
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read cluster file {p}: {exc}") from exc
+    if p.suffix.lower() == ".csv":
+        return _parse_openb_csv(text, name=p.stem, source=str(p))
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UserError(f"cluster file {p} is not valid YAML: {exc}") from exc
+    return parse_cluster(data, source=str(p))
+
+
+def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterSpec:
+    """Build a ClusterSpec from the parsed YAML mapping; errors name the field."""
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: a cluster spec is a mapping with a `nodes` list")
+    groups = data.get("nodes")
+    if not isinstance(groups, list) or not groups:
+        raise UserError(f"{source}: `nodes` must be a non-empty list")
+    nodes: list[NodeSpec] = []
+    for i, g in enumerate(groups):
+        nodes.extend(_node_group(g, f"{source}: nodes[{i}]"))
+    seen: set[str] = set()
+    for n in nodes:
+        if n.node_id in seen:
+            raise UserError(f"{source}: node name {n.node_id!r} appears twice")
+        seen.add(n.node_id)
+    if sum(n.gpus for n in nodes) == 0:
+        raise UserError(f"{source}: the cluster has no GPUs")
+    speed = _speeds(data.get("speed") or {}, {n.gpu_type for n in nodes}, source)
+    reference = data.get("reference")
+    if reference is not None and not isinstance(reference, str):
+        raise UserError(f"{source}: `reference` must be a GPU type name")
+    queues = _queues(data.get("queues") or {}, source)
+    return ClusterSpec(
+        name=str(data.get("name") or Path(source).stem),
+        nodes=tuple(nodes),
+        speed=MappingProxyType(speed),
+        reference=reference,
+        queues=MappingProxyType(queues),
+    )
+
+
+def _node_group(g: Any, where: str) -> list[NodeSpec]:
+    if not isinstance(g, dict):
+        raise UserError(f"{where}: expected a mapping like {{name: v100, count: 8, ...}}")
+    name = g.get("name")
+    if not isinstance(name, str) or not name:
+        raise UserError(f"{where}: `name` must be a non-empty string")
+    gpu_type = g.get("gpu_type")
+    if not isinstance(gpu_type, str) or not gpu_type:
+        raise UserError(f"{where}: `gpu_type` must be a non-empty string")
+    count = _int_field(g, "count", where, default=1, lo=1)
+    gpus = _int_field(g, "gpus", where, default=None, lo=0)
+    extra = {
+        k: _float_field(g, k, where)
+        for k in ("pcie_gbps", "nvme_gbps", "host_mem_gib")
+        if g.get(k) is not None
+    }
+    ids = [name] if count == 1 and g.get("count") is None else [f"{name}-{i}" for i in range(count)]
+    return [NodeSpec(node_id=i, gpu_type=gpu_type, gpus=gpus, **extra) for i in ids]
+
+
+def _int_field(g: dict[str, Any], key: str, where: str, default: int | None, lo: int) -> int:
+    v = g.get(key, default)
+    if v is None:
+        raise UserError(f"{where}: `{key}` is required")
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise UserError(f"{where}: `{key}` must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def _float_field(g: dict[str, Any], key: str, where: str) -> float:
+    v = g[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+        raise UserError(f"{where}: `{key}` must be a positive number, got {v!r}")
+    return float(v)
+
+
+def _speeds(raw: Any, types: set[str], source: str) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: `speed` must map GPU type to a positive number")
+    out = {t: DEFAULT_SPEEDS[t] for t in types if t in DEFAULT_SPEEDS}
+    for t, v in raw.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+            raise UserError(f"{source}: speed.{t} must be a positive number, got {v!r}")
+        out[str(t)] = float(v)
+    return out
+
+
+def _queues(raw: Any, source: str) -> dict[str, QueueSpec]:
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: `queues` must map a VC name to its limits")
+    out: dict[str, QueueSpec] = {}
+    for name, q in raw.items():
+        where = f"{source}: queues.{name}"
+        if not isinstance(q, dict):
+            raise UserError(f"{where}: expected a mapping")
+        vals: dict[str, float | None] = {}
+        for k in ("guaranteed_gpus", "limit_gpus", "weight"):
+            v = q.get(k)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+                raise UserError(f"{where}.{k} must be a number >= 0, got {v!r}")
+            vals[k] = float(v)
+        out[str(name)] = QueueSpec(**vals)  # type: ignore[arg-type]
+    return out
+
+
+def _parse_openb_csv(text: str, name: str, source: str) -> ClusterSpec:
+    """Alibaba openb node list: `sn,cpu_milli,memory_mib,gpu,model`; CPU-only rows skipped."""
+    rows = csv.DictReader(text.splitlines())
+    need = {"sn", "gpu", "model"}
+    if rows.fieldnames is None or not need <= set(rows.fieldnames):
+        raise UserError(f"{source}: an openb node list needs columns {sorted(need)}")
+    nodes: list[NodeSpec] = []
+    for line, r in enumerate(rows, start=2):
+        try:
+            gpus = int(r["gpu"] or 0)
+            mem = float(r.get("memory_mib") or 0) / 1024.0
+            cpu = int(r.get("cpu_milli") or 0)
+        except ValueError as exc:
+            raise UserError(f"{source}:{line}: bad number ({exc})") from exc
+        if gpus <= 0:
+            continue
+        nodes.append(
+            NodeSpec(
+                node_id=r["sn"],
+                gpu_type=r["model"] or "unknown",
+                gpus=gpus,
+                host_mem_gib=mem or 256.0,
+                cpu_milli=cpu,
+            )
+        )
+    if not nodes:
+        raise UserError(f"{source}: the cluster has no GPUs")
+    types = {n.gpu_type for n in nodes}
+    speed = {t: DEFAULT_SPEEDS[t] for t in types if t in DEFAULT_SPEEDS}
+    return ClusterSpec(name=name, nodes=tuple(nodes), speed=MappingProxyType(speed))

@@ -1,0 +1,213 @@
+"""Every message on the bus, as msgspec Structs (DESIGN.md, "Topics").
+
+Field names are the contract: other programs read them. New fields are only
+ever appended, with defaults. Public topics carry JSON, so any Kafka client can
+publish and read them; `encode` / the per-type decoders in `shared.codec` are
+the one way in and out.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+__all__ = [
+    "JOB_ID_PATTERN",
+    "Assignment",
+    "Job",
+    "JobEvent",
+    "JobEventKind",
+    "JobSpec",
+    "MetricsSnapshot",
+    "NodeStatus",
+    "OffloadSpec",
+    "OffloadStats",
+    "PlacementBatch",
+    "PrefetchPlan",
+    "PriorityBatch",
+    "Rejection",
+    "Reward",
+    "TensorProfile",
+]
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+
+JobId = Annotated[str, Meta(pattern=JOB_ID_PATTERN, min_length=1, max_length=128)]
+NumGpus = Annotated[int, Meta(gt=0, le=1024)]
+GpuMilli = Annotated[int, Meta(ge=1, le=1000)]
+NonNegFloat = Annotated[float, Meta(ge=0.0)]
+Finite = Annotated[float, Meta(ge=-1e300, le=1e300)]  # rejects inf; NaN fails both bounds
+ShortStr = Annotated[str, Meta(max_length=256)]
+GpuTypeName = Annotated[str, Meta(min_length=1, max_length=64)]
+Bytes = Annotated[int, Meta(ge=0, le=2**62)]
+
+
+class OffloadSpec(Struct, omit_defaults=True):
+    """What a job tells the offload engine up front (10Cache)."""
+
+    param_bytes: Bytes = 0
+    optimizer_bytes: Bytes | None = None
+    activation_bytes: Bytes | None = None
+
+
+class JobSpec(Struct, omit_defaults=True):
+    """What a user publishes on `jobs.submit`. Unknown fields are ignored."""
+
+    job_id: JobId
+    num_gpus: NumGpus
+    user: ShortStr = ""
+    vc: ShortStr = ""
+    gpu_types: Annotated[list[GpuTypeName], Meta(max_length=64)] = []
+    gpu_milli: GpuMilli = 1000
+    model: ShortStr = ""
+    command: Annotated[list[Annotated[str, Meta(max_length=4096)]], Meta(max_length=256)] = []
+    duration_hint_s: Annotated[float, Meta(gt=0.0, le=1e9)] | None = None
+    weight: Annotated[float, Meta(gt=0.0, le=1e6)] = 1.0
+    offload: OffloadSpec | None = None
+    submit_time: Annotated[float, Meta(ge=0.0, le=1e11)] | None = None
+
+
+class Job(Struct, omit_defaults=True):
+    """A validated, normalised job on `jobs.accepted`. Never carries true run time."""
+
+    job_id: str
+    num_gpus: int
+    submit_time: float
+    user: str = ""
+    vc: str = ""
+    gpu_types: list[str] = []
+    gpu_milli: int = 1000
+    model: str = ""
+    command: list[str] = []
+    duration_hint_s: float | None = None
+    weight: float = 1.0
+    offload: OffloadSpec | None = None
+
+
+class Rejection(Struct):
+    """A message that could not be accepted: `jobs.rejected` (or a `<topic>.dlq`)."""
+
+    job_id: str
+    reason: str
+    raw: str  # the bytes as received: UTF-8 text, or "base64:" + base64 when not UTF-8
+    topic: str = ""
+    time: float = 0.0
+
+
+class NodeStatus(Struct, omit_defaults=True):
+    node_id: str
+    gpu_type: str
+    gpus: int
+    free_gpus: list[int]  # indices of the GPUs with nothing on them
+    gpu_util: float = 0.0
+    gpu_mem_used: float = 0.0
+    host_mem_free: float = 0.0
+    pcie_gbps: float = 0.0
+    nvme_gbps: float = 0.0
+    time: float = 0.0
+    round_id: int | None = None
+
+
+class PriorityBatch(Struct):
+    round_id: int
+    time: float
+    jobs: list[tuple[str, float]]  # (job_id, score), highest priority first
+    cluster_version: int = 0
+
+
+class Assignment(Struct):
+    """GPUs of one node given to one job. A multi-node job has one per node."""
+
+    job_id: str
+    node_id: str
+    gpu_indices: list[int]
+
+
+class PlacementBatch(Struct):
+    round_id: int
+    time: float
+    assignments: list[Assignment]
+    solver_ms: float = 0.0
+    solver_status: str = ""
+
+
+JobEventKind = Literal["started", "finished", "failed", "rejected_placement", "preempted"]
+
+
+class JobEvent(Struct, omit_defaults=True):
+    job_id: str
+    kind: JobEventKind
+    time: float
+    node_ids: list[str] = []
+    detail: str = ""
+
+
+class MetricsSnapshot(Struct, omit_defaults=True):
+    """Metric keys of DESIGN.md ("Cluster model and simulator"), per window."""
+
+    window: str = ""
+    time: float = 0.0
+    jobs: int = 0
+    avg_jct_s: float = 0.0
+    p50_jct_s: float = 0.0
+    p99_jct_s: float = 0.0
+    avg_queue_s: float = 0.0
+    p99_queue_s: float = 0.0
+    avg_bsld: float = 0.0
+    gpu_util: float = 0.0
+    makespan_s: float = 0.0
+    placement_p50_ms: float = 0.0
+    placement_p99_ms: float = 0.0
+    rejected: dict[str, int] = {}
+    counters: dict[str, float] = {}  # service counters (accepted, dlq, ...) by name
+    source: str = ""
+
+
+class Reward(Struct):
+    window: str
+    value: float
+    parts: dict[str, float] = {}
+
+
+class TensorProfile(Struct):
+    """Warm-up record of one training process: tensors and their use order."""
+
+    job_id: str
+    tensors: list[tuple[str, int, str, str]]  # (tensor_id, bytes, dtype, kind)
+    order: list[str]  # tensor ids in first-use order of one step (repeats allowed)
+    step_ms: float = 0.0
+
+
+class PrefetchPlan(Struct):
+    """Where each tensor lives and what to prefetch, for one job (10Cache)."""
+
+    job_id: str
+    version: int
+    buffers: dict[int, dict[str, int]]  # size class (bytes) -> {tier: buffer count}
+    placement: dict[str, str]  # tensor_id -> tier ("gpu", "host", "nvme")
+    prefetch: list[str]  # tensor ids in prefetch order
+    window: int = 2
+
+
+class OffloadStats(Struct, omit_defaults=True):
+    job_id: str
+    node_id: str
+    hit_rate: float
+    migration_ms_p50: float = 0.0
+    migration_ms_p99: float = 0.0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    gpu_mem_util: float = 0.0
+    host_mem_util: float = 0.0
+    step_ms: float = 0.0
+    time: float = 0.0
+
+
+def encode(msg: Struct) -> bytes:
+    """JSON bytes of a message, as it goes on the wire."""
+    return _ENCODER.encode(msg)
+
+
+_ENCODER = msgspec.json.Encoder()
