@@ -1,0 +1,44 @@
+"""Trace readers (DESIGN.md, "Cluster model and simulator"). One module per format.
+
+Every reader streams `TraceJob`s in file order and counts what it skipped, by
+reason, in a `SkipStats` it is handed. The simulator orders by submit time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+__all__ = ["SkipStats", "TraceJob"]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    """One job of a trace. `duration_s` is ground truth: only the simulator sees it."""
+
+    job_id: str
+    submit_s: float
+    duration_s: float | None  # run time on the trace's reference GPU type; None if unknown
+    num_gpus: int
+    gpu_milli: int = 1000
+    gpu_types: tuple[str, ...] = ()  # allowed GPU types, in the cluster's names; () = any
+    user: str = ""
+    vc: str = ""
+    model: str = ""
+    param_bytes: int | None = None  # offload model size, where the trace knows it
+
+
+@dataclass
+class SkipStats:
+    """Rows a reader passed over, by reason (e.g. "zero GPUs", "unfinished", "bad row")."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)  # reason -> first offending row/line
+
+    def skip(self, reason: str, example: str = "") -> None:
+        self.counts[reason] += 1
+        self.examples.setdefault(reason, example[:200])
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
