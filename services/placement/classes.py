@@ -1,0 +1,96 @@
+"""Shape classes and fill patterns: what the MILP counts instead of nodes and GPUs.
+
+Two levels, because the two kinds of demand touch disjoint resources:
+
+* node classes (t, W): nodes of GPU type t with W whole free GPUs. Whole-GPU
+  jobs fit on a node iff it has enough whole free GPUs, so two nodes of one
+  class are interchangeable for them, whatever their partially used GPUs hold;
+* GPU classes (t, f): partially used GPUs of type t with f milli free
+  (0 < f < 1000), plus one "fresh" class per type (f = 1000) for whole free
+  GPUs that the solution opens to sharing jobs. A sharing job is single-GPU,
+  so GPUs with the same (t, f) are interchangeable for it.
+
+A pattern is what one member of a class receives: for a node, a multiset of
+whole-GPU slot sizes (a size-1 slot may also be opened for sharing); for a GPU,
+a multiset of share sizes. The MILP picks how many members take each pattern,
+so the model grows with distinct shapes and window sizes, not with nodes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shared.placement_api import FULL_GPU, NodeFree
+
+__all__ = ["ClassIndex", "GpuRef", "enumerate_patterns", "index_classes"]
+
+GpuRef = tuple[int, int]  # (node position in the input, GPU index on that node)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassIndex:
+    """The cluster's free capacity grouped into classes, members in input order."""
+
+    # (t, W) -> positions of nodes of type t with W >= 1 whole free GPUs
+    node_classes: dict[tuple[str, int], tuple[int, ...]]
+    # (t, f) -> partially used GPUs of type t with f milli free, 0 < f < 1000
+    gpu_classes: dict[tuple[str, int], tuple[GpuRef, ...]]
+    # node position -> its whole free GPU indices, ascending
+    whole_idx: dict[int, tuple[int, ...]]
+
+
+def index_classes(nodes: Sequence[NodeFree]) -> ClassIndex:
+    node_cls: dict[tuple[str, int], list[int]] = defaultdict(list)
+    gpu_cls: dict[tuple[str, int], list[GpuRef]] = defaultdict(list)
+    whole_idx: dict[int, tuple[int, ...]] = {}
+    for i, n in enumerate(nodes):
+        whole = tuple(g for g, f in enumerate(n.free_milli) if f >= FULL_GPU)
+        if whole:
+            node_cls[(n.gpu_type, len(whole))].append(i)
+            whole_idx[i] = whole
+        for g, f in enumerate(n.free_milli):
+            if 0 < f < FULL_GPU:
+                gpu_cls[(n.gpu_type, f)].append((i, g))
+    return ClassIndex(
+        node_classes={k: tuple(v) for k, v in node_cls.items()},
+        gpu_classes={k: tuple(v) for k, v in gpu_cls.items()},
+        whole_idx=whole_idx,
+    )
+
+
+def enumerate_patterns(
+    capacity: int,
+    sizes: Sequence[int],
+    max_counts: Sequence[int],
+    limit: int,
+) -> tuple[list[tuple[int, ...]], bool]:
+    """Non-empty multisets of `sizes` (count vectors, count_i <= max_counts[i]) with
+    Σ count_i · size_i <= capacity; at most `limit` of them, largest fills first.
+
+    Returns the patterns and whether the list was cut at `limit`.
+    """
+    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+    out: list[tuple[int, ...]] = []
+    counts = [0] * len(sizes)
+    truncated = False
+
+    def rec(pos: int, left: int) -> None:
+        nonlocal truncated
+        if len(out) >= limit:
+            truncated = True
+            return
+        if pos == len(order):
+            if left < capacity:  # non-empty
+                out.append(tuple(counts))
+            return
+        i = order[pos]
+        top = min(max_counts[i], left // sizes[i]) if sizes[i] > 0 else 0
+        for c in range(top, -1, -1):
+            counts[i] = c
+            rec(pos + 1, left - c * sizes[i])
+        counts[i] = 0
+
+    rec(0, capacity)
+    return out, truncated

@@ -1,0 +1,149 @@
+r"""MILP placement: which jobs of the prioritised window start now, and where.
+
+One CP-SAT model per window, over shape classes (classes.py) instead of nodes.
+
+Data
+    J            window jobs, position i_j = 0 (most urgent) .. |J|-1
+    k_j, m_j     GPUs and milli-GPU per GPU of job j (m_j < 1000: one shared GPU)
+    T_j          GPU types job j may use (allowed, and some class can hold it)
+    C = (t, W)   node classes: nodes of type t with W whole free GPUs; N_c members
+    G = (t, f)   GPU classes: partially used GPUs of type t with f milli free; N_g members
+    F_t          the "fresh" GPU class of type t: whole free GPUs opened to sharing
+    P_c          node patterns: count vectors p over whole slot sizes k with Σ p_k·k ≤ W
+                 (a size-1 slot is either a 1-GPU job or a GPU opened to sharing)
+    Q_g          GPU patterns: count vectors q over share sizes m with Σ q_m·m ≤ f
+                 (f = 1000 for F_t); patterns are non-empty and never use more
+                 slots of a size than the window has jobs of it
+
+Decision variables
+    y_{j,t} ∈ {0,1}          job j starts on type t
+    z_{c,p} ∈ {0..N_c}       nodes of class c that take node pattern p
+    o_t ∈ Z+                 whole free GPUs of type t opened to sharing jobs
+    v_{g,q} ∈ {0..N_g}       GPUs of class g (or F_t) that take GPU pattern q
+
+Constraints
+    Σ_t y_{j,t} ≤ 1                                   gang: all of a job or nothing, once
+    Σ_p z_{c,p} ≤ N_c,   Σ_q v_{g,q} ≤ N_g             each member takes at most one pattern
+    Σ_q v_{F_t,q} = o_t                               every opened GPU holds shares
+    ∀t,k: Σ_{j: k_j=k, m_j=1000} y_{j,t} + [k=1]·o_t = Σ_{c∈t,p} p_k·z_{c,p}
+                                                       whole slots offered = slots used
+    ∀t,m: Σ_{j: m_j=m} y_{j,t} = Σ_{g∈t ∪ F_t, q} q_m·v_{g,q}
+                                                       share slots offered = shares placed
+    (y_{j,t} exists only for t ∈ T_j: allowed types only.) A node pattern packs
+    whole slots on one node, so a single-node job never straddles nodes; a GPU
+    pattern packs shares on one GPU, so shares never exceed a GPU.
+
+Objective (objective.py; all coefficients integers)
+    max Σ_{j,t} V_{j,t}·y_{j,t}
+        − Σ_{c,p} (P^node_t(W − |p|) − P^node_t(W))·z_{c,p}
+        − Σ_{g,q} (P^gpu_t(f − |q|) − P^gpu_t(f))·v_{g,q}
+    V_{j,t} = value_scale · k_j·m_j/1000 · weight_j · (1 + position_weight·(|J| − i_j)/|J|) · speed_t
+    P^node, P^gpu: the node and GPU terms of the ATC'23 fragmentation F_n (frag.py),
+    so the penalty is exactly the fragmentation the placement adds.
+
+Jobs larger than every allowed node's whole free GPUs are multi-node: after the
+solve they are spread over as few nodes as possible (allowed nodes in descending
+order of whole free GPUs, greedy.py), on what the solution leaves, in window
+order; each extra node costs spread_weight.
+
+Every solve has a time limit (MilpConfig.time_limit_s); on timeout the best
+feasible solution is decoded. The greedy placement in priority order is the
+complete warm-start hint and the fallback: it is returned, with status
+FALLBACK_GREEDY, when the solver has no solution or its solution scores lower.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from services.placement.classes import index_classes
+from services.placement.frag import Workload
+from services.placement.greedy import greedy_allocations
+from services.placement.milp_model import WindowModel
+from services.placement.objective import ObjectiveWeights, Scorer
+from services.placement.state import apply_allocations
+from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, PlacementResult
+
+__all__ = ["MilpConfig", "MilpPlacer"]
+
+
+@dataclass(frozen=True, slots=True)
+class MilpConfig:
+    time_limit_s: float = 0.040  # hard wall-clock limit of one CP-SAT solve
+    workers: int = 1  # CP-SAT search workers (this machine has 2 cores; 1 is fastest at ms scale)
+    max_patterns: int = 400  # per class; beyond it the pattern list is cut (reported)
+    weights: ObjectiveWeights = field(default_factory=ObjectiveWeights)
+
+
+class MilpPlacer:
+    """The CP-SAT placer. `workload` is the fragmentation target (default: the window)."""
+
+    name = "milp"
+
+    def __init__(self, config: MilpConfig | None = None, workload: Workload | None = None) -> None:
+        self.config = config or MilpConfig()
+        self.workload = workload
+
+    def place(
+        self,
+        jobs: Sequence[JobRequest],
+        nodes: Sequence[NodeFree],
+        speed: Mapping[str, float],
+    ) -> PlacementResult:
+        t0 = time.perf_counter()
+        cfg = self.config
+        scorer = Scorer(jobs, nodes, speed, cfg.weights, self.workload or Workload.of(jobs))
+        greedy = greedy_allocations(jobs, nodes)
+        greedy_obj = scorer.evaluate(greedy)
+        classes = index_classes(nodes)
+        single, multi = _split(jobs, nodes)
+        model = WindowModel(jobs, single, nodes, classes, scorer, cfg.max_patterns)
+        model.hint([a for a in greedy if len(a.gpus) == 1])
+        left = cfg.time_limit_s - (time.perf_counter() - t0)
+        out = model.solve(left, cfg.workers)
+        extra = {
+            "greedy_objective": float(greedy_obj),
+            "bound": out.bound,
+            "variables": float(out.variables),
+            "patterns_truncated": float(out.truncated),
+        }
+        allocs: list[Allocation] = list(out.allocations)
+        status = out.status
+        if status in ("OPTIMAL", "TIMEOUT_FEASIBLE"):
+            allocs += _spread(jobs, multi, apply_allocations(nodes, allocs))
+            obj = scorer.evaluate(allocs)
+        if status not in ("OPTIMAL", "TIMEOUT_FEASIBLE") or obj < greedy_obj:
+            extra["solver_status"] = 0.0 if status not in ("OPTIMAL", "TIMEOUT_FEASIBLE") else 1.0
+            allocs, obj, status = greedy, greedy_obj, "FALLBACK_GREEDY"
+        return PlacementResult(
+            allocations=tuple(allocs),
+            solver_ms=(time.perf_counter() - t0) * 1e3,
+            status=status,
+            objective=float(obj),
+            extra=extra,
+        )
+
+
+def _split(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> tuple[list[int], list[int]]:
+    """Window positions of single-node candidates, and of multi-node jobs."""
+    max_whole: dict[str, int] = {}
+    for n in nodes:
+        max_whole[n.gpu_type] = max(max_whole.get(n.gpu_type, 0), n.whole_free)
+    single: list[int] = []
+    multi: list[int] = []
+    for j, job in enumerate(jobs):
+        fits_one = max((w for t, w in max_whole.items() if job.allows(t)), default=0)
+        if job.gpu_milli < FULL_GPU or job.num_gpus <= fits_one:
+            single.append(j)
+        else:
+            multi.append(j)
+    return single, multi
+
+
+def _spread(jobs: Sequence[JobRequest], multi: Sequence[int], left: Sequence[NodeFree]) -> list[Allocation]:
+    """Multi-node jobs on the capacity the solution left, fewest nodes first (greedy.py)."""
+    if not multi:
+        return []
+    return greedy_allocations([jobs[j] for j in multi], left)

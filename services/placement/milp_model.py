@@ -1,0 +1,311 @@
+"""The CP-SAT model of one window over shape classes (formulation: milp.py).
+
+Data, variables, constraints, objective, solve, in that order; then the hint
+(from a greedy placement) and the decoding of class counts into concrete
+node / GPU indices.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from services.placement.classes import ClassIndex, GpuRef, enumerate_patterns
+from services.placement.objective import Scorer
+from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
+
+__all__ = ["SolveOutcome", "WindowModel"]
+
+_STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "TIMEOUT_FEASIBLE"}
+
+
+@dataclass(frozen=True, slots=True)
+class SolveOutcome:
+    status: str  # OPTIMAL, TIMEOUT_FEASIBLE, or the CP-SAT status name when no solution
+    allocations: tuple[Allocation, ...]
+    bound: float  # CP-SAT's best objective bound
+    truncated: bool  # a pattern list was cut at max_patterns (optimum may be missed)
+    variables: int
+
+
+@dataclass(slots=True)
+class _ClassVars:
+    """Pattern-count variables of one class: count[p] members take pattern pats[p]."""
+
+    gpu_type: str
+    capacity: int  # W (node class) or f (GPU class)
+    sizes: tuple[int, ...]  # slot sizes the counts refer to (GPUs, or milli)
+    pats: list[tuple[int, ...]]
+    count: list[cp_model.IntVar]
+
+
+class WindowModel:
+    """One window's model. `cand` are window positions of single-node candidate jobs."""
+
+    def __init__(
+        self,
+        jobs: Sequence[JobRequest],
+        cand: Sequence[int],
+        nodes: Sequence[NodeFree],
+        classes: ClassIndex,
+        scorer: Scorer,
+        max_patterns: int,
+    ) -> None:
+        self.jobs, self.nodes, self.classes, self.scorer = jobs, nodes, classes, scorer
+        self.m = cp_model.CpModel()
+        self.truncated = False
+        self._max_patterns = max_patterns
+        # ---- data: which types each candidate may use, and slot sizes per type
+        self.types_of = self._fitting_types(cand)
+        self.whole_sizes: dict[str, Counter[int]] = defaultdict(Counter)  # t -> k -> jobs
+        self.share_sizes: dict[str, Counter[int]] = defaultdict(Counter)  # t -> milli -> jobs
+        for j, ts in self.types_of.items():
+            sizes = self.share_sizes if jobs[j].gpu_milli < FULL_GPU else self.whole_sizes
+            size = jobs[j].gpu_milli if jobs[j].gpu_milli < FULL_GPU else jobs[j].num_gpus
+            for t in ts:
+                sizes[t][size] += 1
+        # ---- variables
+        # y[j, t] = 1 iff job j starts on GPU type t
+        self.y = {(j, t): self.m.new_bool_var(f"y{j}_{t}") for j, ts in self.types_of.items() for t in ts}
+        # opened[t] = whole free GPUs of type t handed to sharing jobs
+        self.opened: dict[str, cp_model.IntVar] = {}
+        self._opened_ub: dict[str, int] = {}  # upper bound of opened[t]
+        self.node_vars = self._node_classes()
+        self.gpu_vars, self.fresh_vars = self._gpu_classes()
+        # ---- constraints and objective
+        self._constraints()
+        self._objective()
+
+    def _fitting_types(self, cand: Sequence[int]) -> dict[int, list[str]]:
+        max_w: dict[str, int] = defaultdict(int)  # t -> largest whole free GPUs on a node
+        max_f: dict[str, int] = defaultdict(int)  # t -> largest free share on one GPU
+        for t, w in self.classes.node_classes:
+            max_w[t] = max(max_w[t], w)
+            max_f[t] = FULL_GPU
+        for t, f in self.classes.gpu_classes:
+            max_f[t] = max(max_f[t], f)
+        out: dict[int, list[str]] = {}
+        for j in cand:
+            job = self.jobs[j]
+            share = job.gpu_milli < FULL_GPU
+            ts = [
+                t
+                for t in sorted(set(max_w) | set(max_f))
+                if job.allows(t)
+                and (max_f[t] >= job.gpu_milli if share else max_w[t] >= job.num_gpus)
+            ]
+            if ts:
+                out[j] = ts
+        return out
+
+    def _new_class(self, t: str, cap: int, sizes: Counter[int], ub: int) -> _ClassVars | None:
+        keys = tuple(sorted(sizes))
+        pats, cut = enumerate_patterns(cap, keys, [sizes[k] for k in keys], self._max_patterns)
+        self.truncated |= cut
+        if not pats:
+            return None
+        count = [self.m.new_int_var(0, ub, f"n{t}_{cap}_{i}") for i in range(len(pats))]
+        return _ClassVars(t, cap, keys, pats, count)
+
+    def _node_classes(self) -> dict[tuple[str, int], _ClassVars]:
+        out: dict[tuple[str, int], _ClassVars] = {}
+        for (t, w), members in self.classes.node_classes.items():
+            sizes = Counter(self.whole_sizes[t])
+            if self.share_sizes[t]:  # a size-1 slot may be opened for sharing
+                sizes[1] += self.share_sizes[t].total()
+                if t not in self.opened:
+                    self.opened[t] = self.m.new_int_var(0, self.share_sizes[t].total(), f"o{t}")
+                    self._opened_ub[t] = self.share_sizes[t].total()
+            cv = self._new_class(t, w, sizes, len(members)) if sizes else None
+            if cv is not None:
+                out[(t, w)] = cv
+        return out
+
+    def _gpu_classes(self) -> tuple[dict[tuple[str, int], _ClassVars], dict[str, _ClassVars]]:
+        partial: dict[tuple[str, int], _ClassVars] = {}
+        for (t, f), members in self.classes.gpu_classes.items():
+            if self.share_sizes[t]:
+                cv = self._new_class(t, f, self.share_sizes[t], len(members))
+                if cv is not None:
+                    partial[(t, f)] = cv
+        fresh: dict[str, _ClassVars] = {}
+        for t in self.opened:
+            cv = self._new_class(t, FULL_GPU, self.share_sizes[t], self._opened_ub[t])
+            if cv is not None:
+                fresh[t] = cv
+        return partial, fresh
+
+    def _constraints(self) -> None:
+        m = self.m
+        for j, ts in self.types_of.items():  # each job starts at most once
+            if len(ts) > 1:
+                m.add_at_most_one(self.y[j, t] for t in ts)
+        for (_, w), cv in self.node_vars.items():  # patterns per class <= its members
+            m.add(sum(cv.count) <= len(self.classes.node_classes[(cv.gpu_type, w)]))
+        for key, cv in self.gpu_vars.items():
+            m.add(sum(cv.count) <= len(self.classes.gpu_classes[key]))
+        for t, o in self.opened.items():  # every opened GPU takes one share pattern
+            fresh = self.fresh_vars.get(t)
+            m.add(o == (sum(fresh.count) if fresh else 0))
+        # slots of each size offered by the patterns == jobs (and opened GPUs) using them
+        for t in sorted(set(self.whole_sizes) | set(self.opened)):
+            for k in sorted(set(self.whole_sizes[t]) | ({1} if t in self.opened else set())):
+                jobs = [self.y[j, t] for j in self._claimants(t, k, share=False)]
+                if k == 1 and t in self.opened:
+                    jobs.append(self.opened[t])
+                m.add(sum(jobs) == self._offered(self.node_vars.values(), t, k))
+        for t, sizes in self.share_sizes.items():
+            for k in sizes:
+                jobs = [self.y[j, t] for j in self._claimants(t, k, share=True)]
+                offered = self._offered([*self.gpu_vars.values(), *self.fresh_vars.values()], t, k)
+                m.add(sum(jobs) == offered)
+
+    def _claimants(self, t: str, size: int, share: bool) -> list[int]:
+        """Window positions of candidate jobs of this slot size that may use type t."""
+        out = []
+        for j, ts in self.types_of.items():
+            job = self.jobs[j]
+            if t not in ts or (job.gpu_milli < FULL_GPU) != share:
+                continue
+            if (job.gpu_milli if share else job.num_gpus) == size:
+                out.append(j)
+        return out
+
+    @staticmethod
+    def _offered(classes: Sequence[_ClassVars] | object, t: str, size: int) -> cp_model.LinearExpr:
+        vars_: list[cp_model.IntVar] = []
+        coefs: list[int] = []
+        for cv in classes:  # type: ignore[attr-defined]
+            if cv.gpu_type != t or size not in cv.sizes:
+                continue
+            i = cv.sizes.index(size)
+            for p, var in zip(cv.pats, cv.count, strict=True):
+                if p[i]:
+                    vars_.append(var)
+                    coefs.append(p[i])
+        return cp_model.LinearExpr.weighted_sum(vars_, coefs)
+
+    def _objective(self) -> None:
+        sc = self.scorer
+        vars_: list[cp_model.IntVar] = []
+        coefs: list[int] = []
+        for (j, t), var in self.y.items():  # throughput
+            vars_.append(var)
+            coefs.append(sc.value(j, t))
+        for (t, w), cv in self.node_vars.items():  # fragmentation of whole free GPUs
+            for p, var in zip(cv.pats, cv.count, strict=True):
+                used = sum(c * k for c, k in zip(p, cv.sizes, strict=True))
+                vars_.append(var)
+                coefs.append(sc.node_pen(t, w) - sc.node_pen(t, w - used))
+        for cv in [*self.gpu_vars.values(), *self.fresh_vars.values()]:  # ... of shared GPUs
+            t, f = cv.gpu_type, cv.capacity
+            for p, var in zip(cv.pats, cv.count, strict=True):
+                used = sum(c * k for c, k in zip(p, cv.sizes, strict=True))
+                vars_.append(var)
+                coefs.append(sc.gpu_pen(t, f) - sc.gpu_pen(t, f - used))
+        self.m.maximize(cp_model.LinearExpr.weighted_sum(vars_, coefs))
+
+    # ---- warm start: a feasible placement (the greedy one) as a complete hint -------
+
+    def hint(self, allocs: Sequence[Allocation]) -> None:
+        """Hint every variable from `allocs` (single-node allocations of candidates)."""
+        pos = {n.node_id: i for i, n in enumerate(self.nodes)}
+        jpos = {self.jobs[j].job_id: j for j in self.types_of}
+        y_val = dict.fromkeys(self.y, 0)
+        node_use: dict[int, Counter[int]] = defaultdict(Counter)  # node -> slot size -> count
+        gpu_use: dict[GpuRef, Counter[int]] = defaultdict(Counter)  # GPU -> share -> count
+        for a in allocs:
+            j = jpos.get(a.job_id)
+            if j is None or len(a.gpus) != 1:
+                continue
+            node_id, idx = a.gpus[0]
+            n = pos[node_id]
+            t = self.nodes[n].gpu_type
+            if (j, t) not in self.y:
+                continue
+            y_val[(j, t)] = 1
+            if a.gpu_milli >= FULL_GPU:
+                node_use[n][len(idx)] += 1
+                continue
+            if self.nodes[n].free_milli[idx[0]] >= FULL_GPU and not gpu_use[(n, idx[0])]:
+                node_use[n][1] += 1  # a whole free GPU opened to sharing
+            gpu_use[(n, idx[0])][a.gpu_milli] += 1
+        counts: dict[int, int] = {}  # variable index -> hinted count
+        opened: Counter[str] = Counter()
+        for n, use in node_use.items():
+            t = self.nodes[n].gpu_type
+            self._count(self.node_vars.get((t, len(self.classes.whole_idx[n]))), use, counts)
+        for (n, g), use in gpu_use.items():
+            t, f = self.nodes[n].gpu_type, self.nodes[n].free_milli[g]
+            if f >= FULL_GPU:
+                opened[t] += 1
+            cv = self.fresh_vars.get(t) if f >= FULL_GPU else self.gpu_vars.get((t, f))
+            self._count(cv, use, counts)
+        for key, var in self.y.items():
+            self.m.add_hint(var, y_val[key])
+        for t, var in self.opened.items():
+            self.m.add_hint(var, opened[t])
+        for cv in [*self.node_vars.values(), *self.gpu_vars.values(), *self.fresh_vars.values()]:
+            for var in cv.count:
+                self.m.add_hint(var, counts.get(var.index, 0))
+
+    @staticmethod
+    def _count(cv: _ClassVars | None, use: Counter[int], counts: dict[int, int]) -> None:
+        if cv is None:
+            return
+        p = tuple(use[k] for k in cv.sizes)
+        if p in cv.pats and sum(use.values()) == sum(p):
+            var = cv.count[cv.pats.index(p)]
+            counts[var.index] = counts.get(var.index, 0) + 1
+
+    def solve(self, time_limit_s: float, workers: int) -> SolveOutcome:
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(time_limit_s, 0.001)
+        solver.parameters.num_workers = workers
+        code = solver.solve(self.m)
+        nvars = len(self.m.proto.variables)
+        if code not in _STATUS:
+            return SolveOutcome(solver.status_name(code), (), 0.0, self.truncated, nvars)
+        allocs = self._decode(solver)
+        return SolveOutcome(
+            _STATUS[code], tuple(allocs), solver.best_objective_bound, self.truncated, nvars
+        )
+
+    # ---- decoding: class counts -> concrete GPU indices -------------------------------
+
+    def _decode(self, solver: cp_model.CpSolver) -> list[Allocation]:
+        nodes, out = self.nodes, []
+        whole_slots: dict[tuple[str, int], list[tuple[int, tuple[int, ...]]]] = defaultdict(list)
+        for (t, w), cv in self.node_vars.items():
+            members = iter(self.classes.node_classes[(t, w)])
+            for p, var in zip(cv.pats, cv.count, strict=True):
+                for _ in range(solver.value(var)):
+                    n = next(members)
+                    idx, at = self.classes.whole_idx[n], 0
+                    for c, k in sorted(zip(p, cv.sizes, strict=True), key=lambda x: -x[1]):
+                        for _ in range(c):
+                            whole_slots[(t, k)].append((n, idx[at : at + k]))
+                            at += k
+        fresh: dict[str, list[GpuRef]] = defaultdict(list)  # opened GPUs, per type
+        for (t, k), slots in whole_slots.items():
+            jobs = [j for j in self._claimants(t, k, share=False) if solver.value(self.y[j, t])]
+            for j, (n, idx) in zip(jobs, slots, strict=False):
+                out.append(Allocation(self.jobs[j].job_id, ((nodes[n].node_id, idx),)))
+            fresh[t].extend((n, idx[0]) for n, idx in slots[len(jobs) :])
+        share_slots: dict[tuple[str, int], list[GpuRef]] = defaultdict(list)
+        groups = [(cv, iter(self.classes.gpu_classes[k])) for k, cv in self.gpu_vars.items()]
+        groups += [(cv, iter(fresh[t])) for t, cv in self.fresh_vars.items()]
+        for cv, members in groups:
+            for p, var in zip(cv.pats, cv.count, strict=True):
+                for _ in range(solver.value(var)):
+                    ref = next(members)
+                    for c, k in zip(p, cv.sizes, strict=True):
+                        share_slots[(cv.gpu_type, k)].extend([ref] * c)
+        for (t, k), refs in share_slots.items():
+            jobs = [j for j in self._claimants(t, k, share=True) if solver.value(self.y[j, t])]
+            for j, (n, g) in zip(jobs, refs, strict=True):
+                out.append(Allocation(self.jobs[j].job_id, ((nodes[n].node_id, (g,)),), k))
+        return out

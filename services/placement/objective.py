@@ -1,0 +1,104 @@
+"""The placement objective, in integers, shared by the MILP and by everything that
+scores a placement (the MILP's greedy comparison, the benchmark, the tests).
+
+    objective = Σ_{placed j on type t} V_j,t                       (throughput)
+              − Σ_n (P_n(after) − P_n(before))                     (fragmentation)
+              − spread_weight · Σ_j (nodes of j − 1)               (spread)
+
+    V_j,t = round(value_scale · g_j · w_j · π_j · speed_t)
+    g_j   = num_gpus_j · gpu_milli_j / 1000       GPUs the job holds
+    π_j   = 1 + position_weight · (J − i_j) / J    window position i_j = 0 .. J−1
+    P_n   = round(frag_weight · node term) + Σ_g round(frag_weight · GPU term)
+
+with the node and GPU terms of the ATC'23 fragmentation F_n (frag.py). A job
+spread over nodes of several types runs at the slowest type's speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from services.placement.frag import Workload
+from services.placement.state import apply_allocations
+from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
+
+__all__ = ["ObjectiveWeights", "Scorer"]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectiveWeights:
+    value_scale: float = 1000.0  # per milli-GPU of placed demand; makes any fit beat its penalty
+    position_weight: float = 1.0  # how much more the head of the window is worth than its tail
+    frag_weight: float = 1.0  # per milli-GPU of fragmentation created
+    spread_weight: float = 50_000.0  # per node beyond the first of a multi-node job
+
+
+class Scorer:
+    """Objective coefficients of one window, and the objective of a concrete placement."""
+
+    def __init__(
+        self,
+        jobs: Sequence[JobRequest],
+        nodes: Sequence[NodeFree],
+        speed: Mapping[str, float],
+        weights: ObjectiveWeights,
+        workload: Workload,
+    ) -> None:
+        self.jobs = jobs
+        self.nodes = nodes
+        self.speed = speed
+        self.weights = weights
+        self.workload = workload
+        n = len(jobs) or 1
+        # priority factor of each job, by window position (first = most urgent)
+        self._prio = [1.0 + weights.position_weight * (n - i) / n for i in range(len(jobs))]
+        self._pos = {j.job_id: i for i, j in enumerate(jobs)}
+        self._node_pen: dict[tuple[str, int], int] = {}
+        self._gpu_pen: dict[tuple[str, int], int] = {}
+
+    def value(self, j: int, gpu_type: str) -> int:
+        """V_j,t: worth of starting job `j` (window position) on type `gpu_type`."""
+        job = self.jobs[j]
+        gpus = job.num_gpus * job.gpu_milli
+        speed = self.speed.get(gpu_type, 1.0)
+        return round(self.weights.value_scale * gpus * job.weight * self._prio[j] * speed / 1000)
+
+    def node_pen(self, gpu_type: str, whole_free: int) -> int:
+        """Penalty of a node's `whole_free` untouched GPUs (integer part of P_n)."""
+        key = (gpu_type, whole_free)
+        v = self._node_pen.get(key)
+        if v is None:
+            raw = self.workload.table(gpu_type).node(whole_free)
+            v = self._node_pen[key] = round(self.weights.frag_weight * raw)
+        return v
+
+    def gpu_pen(self, gpu_type: str, free: int) -> int:
+        """Penalty of one partially used GPU with `free` milli left."""
+        key = (gpu_type, free)
+        v = self._gpu_pen.get(key)
+        if v is None:
+            raw = self.workload.table(gpu_type).gpu(free)
+            v = self._gpu_pen[key] = round(self.weights.frag_weight * raw)
+        return v
+
+    def node_penalty(self, node: NodeFree) -> int:
+        whole = sum(1 for f in node.free_milli if f >= FULL_GPU)
+        t = node.gpu_type
+        return self.node_pen(t, whole) + sum(self.gpu_pen(t, f) for f in node.free_milli)
+
+    def evaluate(self, allocs: Sequence[Allocation]) -> int:
+        """Objective of placing `allocs` (assumed feasible) on the window's cluster."""
+        by_id = {n.node_id: n for n in self.nodes}
+        value = 0
+        spread = 0
+        touched: set[str] = set()
+        for a in allocs:
+            types = [by_id[n].gpu_type for n in a.node_ids]
+            slowest = min(types, key=lambda t: self.speed.get(t, 1.0))
+            value += self.value(self._pos[a.job_id], slowest)
+            spread += len(a.gpus) - 1
+            touched.update(a.node_ids)
+        after = {n.node_id: n for n in apply_allocations(self.nodes, allocs)}
+        frag = sum(self.node_penalty(after[n]) - self.node_penalty(by_id[n]) for n in touched)
+        return value - frag - round(self.weights.spread_weight * spread)
