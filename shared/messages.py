@@ -178,6 +178,10 @@ class TensorProfile(Struct):
     tensors: list[tuple[str, int, str, str]]  # (tensor_id, bytes, dtype, kind)
     order: list[str]  # tensor ids in first-use order of one step (repeats allowed)
     step_ms: float = 0.0
+    # appended for 10Cache planning (issue 5): the process's memory budgets, and its host
+    fast_budget_bytes: Bytes = 0
+    host_budget_bytes: Bytes = 0
+    node_id: str = ""
 
 
 class PrefetchPlan(Struct):

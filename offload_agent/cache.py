@@ -1,0 +1,312 @@
+"""The tensor cache: moves tensors between their home (host slab / NVMe file) and
+the fast tier, ahead of use when the policy says so, and keeps the books.
+
+Threading: every decision and every `Entry` change happens on the caller's
+(training) thread. I/O threads only run `_transfer`, which writes an evicted
+tensor back to its home (if it changed) and then fills the freed buffer with
+the incoming tensor, in that order, so a buffer is never refilled while its
+old bytes are still needed. A tensor is handed to compute only after the
+future of the copy into it has finished (and, on CUDA, after compute has been
+made to wait on the copy's event).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, Future
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from offload_agent.device import Device, Ready
+from offload_agent.nvme import NvmeStore
+from offload_agent.policies import Policy
+from offload_agent.residency import Entry, Residency, TensorSpec, Tier
+from offload_agent.slabs import PoolExhausted, SlabPool, Slot
+from offload_agent.stats import CacheStats
+
+__all__ = ["Bind", "TensorCache"]
+
+Bind = Callable[[str, "torch.Tensor | None"], None]
+
+
+def _no_bind(tensor_id: str, view: torch.Tensor | None) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _WriteBack:
+    spec: TensorSpec
+    home: Tier
+    host_slot: Slot | None
+
+
+class TensorCache:
+    def __init__(
+        self,
+        *,
+        device: Device,
+        fast: SlabPool,
+        host: SlabPool,
+        store: NvmeStore | None,
+        io: Executor,
+        policy: Policy,
+        stats: CacheStats,
+        bind: Bind = _no_bind,
+    ) -> None:
+        self.device, self.fast, self.host, self.store = device, fast, host, store
+        self.io, self.policy, self.stats, self.bind = io, policy, stats, bind
+        self.residency = Residency()
+        self.clock = 0
+        self._holders: dict[int, set[Entry]] = {}
+        self._staging: dict[int, queue.Queue[torch.Tensor]] = {}
+
+    def add_staging(self, size_class: int, buffers: Sequence[torch.Tensor]) -> None:
+        """Pinned host buffers through which NVMe bytes reach a GPU fast tier (CUDA
+        only; one per I/O thread is enough). Unused when the fast tier is host memory."""
+        q = self._staging.setdefault(size_class, queue.Queue())
+        for buf in buffers:
+            q.put(buf)
+
+    # ---- setup -------------------------------------------------------------
+
+    def install(
+        self, items: Sequence[tuple[TensorSpec, torch.Tensor]], homes: Mapping[str, Tier]
+    ) -> None:
+        """Put each tensor's current value at its home; the pools must be built."""
+        classes = self.fast.classes()
+        for spec, data in items:
+            home = homes[spec.tensor_id]
+            fits = [c for c in classes if c >= spec.nbytes]
+            if not fits:
+                raise PoolExhausted(
+                    f"no fast buffer class holds {spec.tensor_id} ({spec.nbytes} B)"
+                )
+            entry = Entry(spec, home=home, tier=home, fast_class=fits[0])
+            self.residency.add(entry)
+            if home is Tier.FAST:
+                entry.fast_slot = self.fast.take(entry.fast_class)
+                entry.fast_view().copy_(data)
+                self._holders.setdefault(entry.fast_class, set()).add(entry)
+                self.bind(spec.tensor_id, entry.fast_view())
+                continue
+            if home is Tier.HOST:
+                entry.host_slot = self.host.take(spec.size_class)
+                spec.view(entry.host_slot.view).copy_(data)
+            else:
+                self._write_initial(entry, data)
+            self.bind(spec.tensor_id, None)
+        self.stats.memory(self.fast.allocated_bytes, self.host.allocated_bytes)
+
+    def _write_initial(self, entry: Entry, data: torch.Tensor) -> None:
+        if self.store is None:
+            raise RuntimeError(f"{entry.spec.tensor_id} is placed on NVMe but no NVMe store is set")
+        scratch = self.fast.take(entry.fast_class)
+        try:
+            with self._host_buffer(scratch) as staged:
+                entry.spec.view(staged).copy_(data)
+                self.store.write(entry.spec.tensor_id, staged, entry.spec.nbytes)
+        finally:
+            self.fast.give_back(scratch)
+
+    @contextmanager
+    def _host_buffer(self, slot: Slot) -> Iterator[torch.Tensor]:
+        """A host buffer for file I/O of `slot`: the slot itself when the fast tier is
+        host memory, else a pinned staging buffer of the same class."""
+        if slot.view.device.type == "cpu":
+            yield slot.view
+            return
+        staging = self._staging[slot.size_class]
+        buf = staging.get()
+        try:
+            yield buf
+        finally:
+            staging.put(buf)
+
+    # ---- the training thread's calls ---------------------------------------
+
+    def begin_step(self) -> None:
+        self.policy.begin_step()
+        self.prefetch()
+
+    def use(self, tensor_id: str) -> torch.Tensor:
+        """The tensor, ready in the fast tier, pinned until `release`."""
+        entry = self.residency[tensor_id]
+        self.clock += 1
+        entry.last_use = self.clock
+        if entry.tier is Tier.FAST:
+            self.stats.access("hit")
+        elif entry.tier is Tier.FETCHING:
+            assert entry.pending is not None
+            self.stats.access("hit" if entry.pending.done() else "late")
+        else:
+            self.stats.access("miss")
+            got = self._slot_for(entry, demand=True, distance=0.0)
+            assert got is not None
+            self._submit(entry, *got)
+        self._settle(entry)
+        entry.pins += 1
+        self.policy.on_use(tensor_id, self.clock)
+        view = entry.fast_view()
+        self.bind(tensor_id, view)
+        self.prefetch()
+        return view
+
+    def release(self, tensor_id: str, *, all_pins: bool = False) -> None:
+        entry = self.residency[tensor_id]
+        entry.pins = 0 if all_pins else max(0, entry.pins - 1)
+
+    def mark_dirty(self, tensor_id: str) -> None:
+        self.residency[tensor_id].dirty = True
+
+    def prefetch(self) -> None:
+        """Start copies for the policy's upcoming tensors while buffers allow."""
+        for tensor_id, distance in self.policy.upcoming():
+            entry = self.residency.entries.get(tensor_id)
+            if entry is None or entry.tier in (Tier.FAST, Tier.FETCHING):
+                continue
+            got = self._slot_for(entry, demand=False, distance=distance)
+            if got is None:
+                return
+            self._submit(entry, *got)
+
+    def drain(self) -> None:
+        """Wait for every copy in flight (end of a run, before a re-plan)."""
+        for entry in self.residency:
+            if entry.pending is not None:
+                entry.pending.result()
+            if entry.tier is Tier.FETCHING:
+                self._settle(entry)
+
+    def materialize(self, tensor_id: str) -> torch.Tensor:
+        """A CPU copy of the tensor's current value, wherever it is."""
+        entry = self.residency[tensor_id]
+        if entry.tier in (Tier.FAST, Tier.FETCHING):
+            self._settle(entry)
+            return entry.fast_view().to("cpu", copy=True)
+        if entry.pending is not None:
+            entry.pending.result()
+        if entry.tier is Tier.HOST:
+            assert entry.host_slot is not None
+            return entry.spec.view(entry.host_slot.view).clone()
+        scratch = self.fast.take(entry.fast_class)  # a buffer must be free: callers drain
+        try:
+            with self._host_buffer(scratch) as staged:
+                assert self.store is not None
+                self.store.read(tensor_id, staged, entry.spec.nbytes)
+                return entry.spec.view(staged).clone()
+        finally:
+            self.fast.give_back(scratch)
+
+    # ---- internals ---------------------------------------------------------
+
+    def _settle(self, entry: Entry) -> None:
+        """Wait until the copy into `entry` is done and visible to compute."""
+        if entry.tier is Tier.FETCHING:
+            assert entry.pending is not None
+            entry.ready = entry.pending.result()[1]
+            self.residency.move(entry, Tier.FAST)
+        if entry.ready is not None:
+            self.device.wait(entry.ready)
+            entry.ready = None
+
+    def _slot_for(
+        self, entry: Entry, *, demand: bool, distance: float
+    ) -> tuple[Slot, _WriteBack | None] | None:
+        """A fast buffer for `entry`: a free one, or the evicted buffer of the holder
+        the policy ranks first. A prefetch gives up instead of evicting a tensor that
+        is needed sooner than the one it would bring in."""
+        c = entry.fast_class
+        if self.fast.free_count(c):
+            return self.fast.take(c), None
+        rank = self.policy.eviction_rank
+        candidates = [e for e in self._holders.get(c, ()) if e.evictable]
+        if not candidates:
+            if demand:
+                raise PoolExhausted(
+                    f"fast tier: all {self.fast.capacity(c)} buffers of {c} B are in use "
+                    f"when {entry.spec.tensor_id} is needed; the plan needs more buffers"
+                )
+            return None
+        victim = max(candidates, key=lambda e: rank(e.spec.tensor_id, e.last_use))
+        if (
+            not demand
+            and self.policy.protect_sooner
+            and rank(victim.spec.tensor_id, victim.last_use) <= distance
+        ):
+            return None
+        return self._evict(victim)
+
+    def _evict(self, victim: Entry) -> tuple[Slot, _WriteBack | None]:
+        self._settle(victim)
+        slot = victim.fast_slot
+        assert slot is not None
+        write = _WriteBack(victim.spec, victim.home, victim.host_slot) if victim.dirty else None
+        victim.fast_slot = None
+        victim.dirty = False
+        self._holders[victim.fast_class].discard(victim)
+        self.residency.move(victim, victim.home)
+        self.bind(victim.spec.tensor_id, None)
+        return slot, write
+
+    def _submit(self, entry: Entry, slot: Slot, write: _WriteBack | None) -> None:
+        before = entry.pending  # an earlier write-back of this tensor, if any
+        fut = self.io.submit(
+            self._transfer, entry.spec, entry.home, entry.host_slot, slot, write, before
+        )
+        if write is not None:
+            self.residency[write.spec.tensor_id].pending = fut
+        entry.fast_slot = slot
+        entry.pending = fut
+        self._holders.setdefault(entry.fast_class, set()).add(entry)
+        self.residency.move(entry, Tier.FETCHING)
+
+    def _transfer(
+        self,
+        spec: TensorSpec,
+        home: Tier,
+        host_slot: Slot | None,
+        slot: Slot,
+        write: _WriteBack | None,
+        before: Future[tuple[float, Ready]] | None,
+    ) -> tuple[float, Ready]:
+        """I/O thread: write back the previous occupant of `slot`, then fill it."""
+        t0 = time.perf_counter()
+        out = 0
+        if write is not None:
+            out = self._copy_out(write, slot)
+        if before is not None:
+            before.result()  # submitted earlier, so already running or done
+        ready = self._copy_in(spec, home, host_slot, slot)
+        ms = (time.perf_counter() - t0) * 1e3
+        self.stats.migrated(spec.nbytes, out, ms)
+        return ms, ready
+
+    def _copy_out(self, write: _WriteBack, slot: Slot) -> int:
+        if write.home is Tier.HOST:
+            assert write.host_slot is not None
+            self.device.copy(write.spec.view(write.host_slot.view), write.spec.view(slot.view))
+        else:
+            assert self.store is not None
+            with self._host_buffer(slot) as staged:
+                if staged is not slot.view:
+                    self.device.copy(staged, slot.view)  # GPU -> pinned, synchronous
+                self.store.write(write.spec.tensor_id, staged, write.spec.nbytes)
+        return write.spec.nbytes
+
+    def _copy_in(self, spec: TensorSpec, home: Tier, host_slot: Slot | None, slot: Slot) -> Ready:
+        if home is Tier.HOST:
+            assert host_slot is not None
+            return self.device.copy(spec.view(slot.view), spec.view(host_slot.view))
+        assert self.store is not None
+        with self._host_buffer(slot) as staged:
+            self.store.read(spec.tensor_id, staged, spec.nbytes)
+            if staged is slot.view:
+                return Ready()
+            ready = self.device.copy(spec.view(slot.view), spec.view(staged))
+            if ready.event is not None:  # the staging buffer goes back to the queue
+                ready.event.synchronize()
+            return ready

@@ -1,0 +1,136 @@
+"""The NVMe tier: one aligned swap file per tensor, O_DIRECT where the file system
+allows it, every file checksummed so a corrupted or truncated one is caught.
+
+File layout: one ALIGN-byte header block (magic, payload length, CRC-32 of the
+payload), then the payload padded to a multiple of ALIGN. Reads and writes go
+straight between the file and an ALIGN-aligned buffer slot, so with O_DIRECT
+they bypass the page cache (what a real NVMe offload does; without it a "disk"
+tier would silently be host memory). Calls are blocking and thread-safe per
+file; the engine runs them on its I/O thread pool. Nothing touches the disk
+until `prepare` (not in the constructor).
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import torch
+
+from offload_agent.device import ALIGN, align_up
+
+__all__ = ["NvmeStore", "SwapFileError", "SwapPathError"]
+
+_MAGIC = b"RLTSWAP1"
+_HEADER = struct.Struct("<8sQI")  # magic, payload bytes, crc32
+
+
+class SwapFileError(RuntimeError):
+    """A swap file is missing, truncated or fails its checksum: never read silently."""
+
+
+class SwapPathError(RuntimeError):
+    """The NVMe directory cannot be created, written or read."""
+
+
+def _memview(buf: torch.Tensor) -> memoryview:
+    return memoryview(buf.numpy()).cast("B")
+
+
+class NvmeStore:
+    """Swap files under `root`, one per tensor id."""
+
+    def __init__(self, root: Path, *, direct: bool | None = None) -> None:
+        self.root = Path(root)
+        self.direct = direct  # None: find out in prepare()
+        self.bytes_written = 0
+        self.bytes_read = 0
+
+    def prepare(self) -> None:
+        """Create the directory, prove it is writable and readable, settle O_DIRECT."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / ".probe"
+            probe.write_bytes(b"x" * 16)
+            if probe.read_bytes() != b"x" * 16:
+                raise OSError(errno.EIO, "read back differs")
+            probe.unlink()
+        except OSError as exc:
+            raise SwapPathError(
+                f"NVMe swap directory {self.root} is not usable ({exc.strerror or exc}); "
+                "pass a writable directory on a local disk"
+            ) from exc
+        if self.direct is None:
+            self.direct = self._direct_supported()
+
+    def _direct_supported(self) -> bool:
+        flag = getattr(os, "O_DIRECT", 0)
+        if not flag:
+            return False
+        try:
+            fd = os.open(self.root / ".probe_direct", os.O_RDWR | os.O_CREAT | flag, 0o600)
+        except OSError:
+            return False
+        try:
+            block = mmap.mmap(-1, ALIGN)
+            os.pwrite(fd, block, 0)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+            (self.root / ".probe_direct").unlink(missing_ok=True)
+
+    def path(self, tensor_id: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in tensor_id)
+        return self.root / f"{safe}-{zlib.crc32(tensor_id.encode()):08x}.swap"
+
+    def _open(self, path: Path, flags: int) -> int:
+        if self.direct:
+            flags |= os.O_DIRECT
+        return os.open(path, flags, 0o600)
+
+    def write(self, tensor_id: str, buf: torch.Tensor, nbytes: int) -> None:
+        """Write the first `nbytes` of the aligned buffer `buf` as this tensor's file."""
+        padded = align_up(nbytes)
+        payload = _memview(buf)[:padded]
+        header = mmap.mmap(-1, ALIGN)
+        header.write(_HEADER.pack(_MAGIC, nbytes, zlib.crc32(payload[:nbytes])))
+        fd = self._open(self.path(tensor_id), os.O_WRONLY | os.O_CREAT)
+        try:
+            os.pwritev(fd, [header, payload], 0)
+            os.ftruncate(fd, ALIGN + padded)
+        finally:
+            os.close(fd)
+        self.bytes_written += padded
+
+    def read(self, tensor_id: str, buf: torch.Tensor, nbytes: int) -> None:
+        """Fill the first `nbytes` of `buf` from the tensor's file, checking it whole."""
+        path = self.path(tensor_id)
+        padded = align_up(nbytes)
+        header = mmap.mmap(-1, ALIGN)
+        try:
+            fd = self._open(path, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise SwapFileError(f"swap file {path} for {tensor_id} is missing") from exc
+        try:
+            got = os.preadv(fd, [header, _memview(buf)[:padded]], 0)
+        finally:
+            os.close(fd)
+        magic, length, crc = _HEADER.unpack(header[: _HEADER.size])
+        if magic != _MAGIC or length != nbytes:
+            raise SwapFileError(f"swap file {path} has a bad header (not {tensor_id})")
+        if got < ALIGN + padded:
+            raise SwapFileError(f"swap file {path} is truncated: {got} of {ALIGN + padded} bytes")
+        if zlib.crc32(_memview(buf)[:nbytes]) != crc:
+            raise SwapFileError(f"swap file {path} for {tensor_id} fails its checksum")
+        self.bytes_read += padded
+
+    def remove_all(self) -> None:
+        if self.root.is_dir():
+            for f in self.root.glob("*.swap"):
+                f.unlink(missing_ok=True)

@@ -1,0 +1,136 @@
+"""What to fetch ahead and what to evict: the part that differs between strategies.
+
+* `PlanPolicy` (10Cache): the plan's prefetch order is the recorded access
+  order of one step; a cursor follows the accesses, the next `window` entries
+  are fetched ahead, and the victim is the buffer whose next use is furthest
+  away (Belady's rule, exact here because the order repeats every step). A
+  prefetch never evicts something needed sooner than what it brings in.
+* `LayerOrderPolicy` (ZeRO-Infinity style): prefetch the next `window`
+  parameters in module (layer) order, whatever the phase; evict the least
+  recently used.
+* `OnDemandPolicy` (naive offload, and `none`): no prefetch, evict the least
+  recently used.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from typing import Protocol
+
+__all__ = ["LayerOrderPolicy", "OnDemandPolicy", "PlanPolicy", "Policy"]
+
+_FAR = float("inf")
+
+
+class Policy(Protocol):
+    name: str
+    window: int
+    protect_sooner: bool  # a prefetch may only evict tensors needed later than it
+
+    def begin_step(self) -> None: ...
+
+    def on_use(self, tensor_id: str, clock: int) -> None: ...
+
+    def upcoming(self) -> list[tuple[str, float]]: ...
+
+    def eviction_rank(self, tensor_id: str, last_use: int) -> float: ...
+
+
+class _Cursor:
+    """Position in a cyclic order with repeats; finds each tensor's next use."""
+
+    def __init__(self, order: Sequence[str], lookahead: int = 256) -> None:
+        self.order = list(order)
+        self.pos = 0
+        self._lookahead = lookahead
+        self._where: dict[str, list[int]] = {}
+        for i, tid in enumerate(self.order):
+            self._where.setdefault(tid, []).append(i)
+
+    def advance(self, tensor_id: str) -> None:
+        hits = self._where.get(tensor_id)
+        if not hits:
+            return
+        i = bisect.bisect_left(hits, self.pos)
+        if i < len(hits) and hits[i] - self.pos <= self._lookahead:
+            self.pos = hits[i] + 1
+        elif hits[0] + len(self.order) - self.pos <= self._lookahead:
+            self.pos = hits[0] + 1  # wrapped into the next step
+        # else: an access the order does not predict here; keep the cursor
+
+    def distance(self, tensor_id: str) -> float:
+        """Accesses until the next use of `tensor_id` (cyclic), inf if never used."""
+        hits = self._where.get(tensor_id)
+        if not hits:
+            return _FAR
+        i = bisect.bisect_left(hits, self.pos)
+        if i < len(hits):
+            return float(hits[i] - self.pos)
+        return float(hits[0] + len(self.order) - self.pos)
+
+    def ahead(self, n: int) -> list[tuple[str, float]]:
+        size = len(self.order)
+        if not size:
+            return []
+        return [(self.order[(self.pos + k) % size], float(k)) for k in range(min(n, size))]
+
+
+class PlanPolicy:
+    name = "tencache"
+    protect_sooner = True
+
+    def __init__(self, order: Sequence[str], window: int) -> None:
+        self.window = window
+        self._cursor = _Cursor(order)
+
+    def begin_step(self) -> None:
+        self._cursor.pos = 0
+
+    def on_use(self, tensor_id: str, clock: int) -> None:
+        self._cursor.advance(tensor_id)
+
+    def upcoming(self) -> list[tuple[str, float]]:
+        return self._cursor.ahead(self.window)
+
+    def eviction_rank(self, tensor_id: str, last_use: int) -> float:
+        return self._cursor.distance(tensor_id)
+
+
+class LayerOrderPolicy:
+    name = "fixed"
+    protect_sooner = False
+
+    def __init__(self, layer_order: Sequence[str], window: int) -> None:
+        self.window = window
+        self._cursor = _Cursor(layer_order, lookahead=len(layer_order) + 1)
+
+    def begin_step(self) -> None:
+        self._cursor.pos = 0
+
+    def on_use(self, tensor_id: str, clock: int) -> None:
+        self._cursor.advance(tensor_id)
+
+    def upcoming(self) -> list[tuple[str, float]]:
+        return self._cursor.ahead(self.window)
+
+    def eviction_rank(self, tensor_id: str, last_use: int) -> float:
+        return float(-last_use)
+
+
+class OnDemandPolicy:
+    name = "lru"
+    protect_sooner = False
+    window = 0
+
+    def begin_step(self) -> None:
+        return None
+
+    def on_use(self, tensor_id: str, clock: int) -> None:
+        return None
+
+    def upcoming(self) -> list[tuple[str, float]]:
+        return []
+
+    def eviction_rank(self, tensor_id: str, last_use: int) -> float:
+        return float(-last_use)

@@ -1,0 +1,112 @@
+"""The four strategies as one shape, `Setup`: buffer layouts per tier, each tensor's
+home, and the prefetch/eviction policy. Same engine, same hooks, same optimizer
+for all of them, so the comparison is about caching only.
+
+* `none`: everything resident in the fast tier (no budget): the reference.
+* `lru`: naive offload and the engine's safe default. Homes fill the host
+  budget in first-use order, the rest goes to NVMe; the fast tier is a cache
+  with buffers per size class in proportion to the bytes of that class; fetch
+  on demand, evict the least recently used.
+* `fixed`: ZeRO-Infinity's scheme: `buffer_count` x `buffer_size` equal
+  buffers (`buffer_size` = the largest tensor), parameters on NVMe with one
+  swap file per tensor, optimizer states in host memory while the host budget
+  lasts (then NVMe), prefetch the next `window` parameters in layer order, LRU.
+* `tencache`: whatever the profiler's `PrefetchPlan` says (`from_plan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from offload_agent.policies import LayerOrderPolicy, OnDemandPolicy, PlanPolicy, Policy
+from offload_agent.residency import TensorSpec, Tier
+from services.profiler.planner import MIN_INUSE, Budgets
+from shared.messages import PrefetchPlan
+
+__all__ = ["STRATEGIES", "Setup", "fixed_setup", "from_plan", "lru_setup", "none_setup"]
+
+STRATEGIES = ("none", "lru", "fixed", "tencache")
+_TIER = {"gpu": Tier.FAST, "host": Tier.HOST, "nvme": Tier.NVME}
+
+
+@dataclass(frozen=True)
+class Setup:
+    name: str
+    fast_layout: dict[int, int]
+    host_layout: dict[int, int]
+    homes: dict[str, Tier]
+    policy: Policy
+
+    @property
+    def uses_nvme(self) -> bool:
+        return any(t is Tier.NVME for t in self.homes.values())
+
+
+def none_setup(specs: Sequence[TensorSpec]) -> Setup:
+    layout: dict[int, int] = {}
+    for s in specs:
+        layout[s.size_class] = layout.get(s.size_class, 0) + 1
+    return Setup("none", layout, {}, {s.tensor_id: Tier.FAST for s in specs}, OnDemandPolicy())
+
+
+def _fill_homes(
+    specs: Sequence[TensorSpec], host_budget: int
+) -> tuple[dict[str, Tier], dict[int, int]]:
+    homes: dict[str, Tier] = {}
+    host: dict[int, int] = {}
+    left = host_budget
+    for s in specs:
+        if s.size_class <= left:
+            homes[s.tensor_id] = Tier.HOST
+            host[s.size_class] = host.get(s.size_class, 0) + 1
+            left -= s.size_class
+        else:
+            homes[s.tensor_id] = Tier.NVME
+    return homes, host
+
+
+def lru_setup(specs: Sequence[TensorSpec], budgets: Budgets) -> Setup:
+    """Fast buffers per class in proportion to that class's bytes (at least
+    MIN_INUSE + 2 each), homes host-then-NVMe in the given (first-use) order."""
+    by_class: dict[int, int] = {}
+    for s in specs:
+        by_class[s.size_class] = by_class.get(s.size_class, 0) + 1
+    floor = {c: min(n, MIN_INUSE + 2) for c, n in by_class.items()}
+    spare = budgets.fast - sum(c * n for c, n in floor.items())
+    if spare < 0:
+        raise ValueError(
+            f"fast budget {budgets.fast} B is below the {budgets.fast - spare} B minimum"
+        )
+    total = sum(c * n for c, n in by_class.items())
+    layout = {}
+    for c, n in by_class.items():
+        extra = int(spare * (c * n / total)) // c
+        layout[c] = min(n, floor[c] + extra)
+    homes, host = _fill_homes(specs, budgets.host)
+    return Setup("lru", layout, host, homes, OnDemandPolicy())
+
+
+def fixed_setup(
+    specs: Sequence[TensorSpec], layer_order: Sequence[str], budgets: Budgets, window: int = 4
+) -> Setup:
+    buffer_size = max(s.size_class for s in specs)
+    buffer_count = budgets.fast // buffer_size
+    if buffer_count < MIN_INUSE:
+        raise ValueError(
+            f"fixed: fast budget {budgets.fast} B holds {buffer_count} buffers of {buffer_size} B"
+        )
+    params = [s for s in specs if s.kind == "param"]
+    states = [s for s in specs if s.kind != "param"]
+    homes, host = _fill_homes(states, budgets.host)
+    homes.update({s.tensor_id: Tier.NVME for s in params})
+    window = min(window, buffer_count - MIN_INUSE)
+    policy = LayerOrderPolicy(layer_order, window)
+    return Setup("fixed", {buffer_size: buffer_count}, host, homes, policy)
+
+
+def from_plan(plan: PrefetchPlan) -> Setup:
+    fast = {c: t.get("gpu", 0) for c, t in plan.buffers.items() if t.get("gpu", 0)}
+    host = {c: t.get("host", 0) for c, t in plan.buffers.items() if t.get("host", 0)}
+    homes = {tid: _TIER[tier] for tid, tier in plan.placement.items()}
+    return Setup("tencache", fast, host, homes, PlanPolicy(plan.prefetch, plan.window))
