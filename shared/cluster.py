@@ -146,7 +146,17 @@ def _node_group(g: Any, where: str) -> list[NodeSpec]:
         if g.get(k) is not None
     }
     ids = [name] if count == 1 and g.get("count") is None else [f"{name}-{i}" for i in range(count)]
-    return [NodeSpec(node_id=i, gpu_type=gpu_type, gpus=gpus, **extra) for i in ids]
+    return [
+        NodeSpec(
+            node_id=i,
+            gpu_type=gpu_type,
+            gpus=gpus,
+            pcie_gbps=extra.get("pcie_gbps", 16.0),
+            nvme_gbps=extra.get("nvme_gbps", 3.0),
+            host_mem_gib=extra.get("host_mem_gib", 256.0),
+        )
+        for i in ids
+    ]
 
 
 def _int_field(g: dict[str, Any], key: str, where: str, default: int | None, lo: int) -> int:

@@ -11,7 +11,9 @@ from shared.errors import UserError
 
 
 def available() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(bench_pkg.__path__) if not m.name.startswith("_"))
+    return sorted(
+        m.name for m in pkgutil.iter_modules(bench_pkg.__path__) if not m.name.startswith("_")
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,156 @@
+"""Admission of submitted jobs (DESIGN.md, "JobSpec"): decode, validate, normalise.
+
+Pure logic: no bus. `Admission.admit` turns the bytes of one `jobs.submit`
+message into a `Job`, or raises `Reject` with a reason that names the field.
+It keeps the set of live job ids (accepted and not yet finished) so that a
+second submission of a live id is refused, and, once the cluster inventory is
+known, refuses jobs that no set of nodes could ever hold.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.messages import Job, JobSpec, NodeStatus
+from shared.reject import Reject
+
+__all__ = ["Admission", "Inventory", "decode_spec"]
+
+_DECODER = msgspec.json.Decoder(JobSpec)
+_LOOSE = msgspec.json.Decoder()
+
+
+def decode_spec(value: bytes | None) -> JobSpec:
+    """The JobSpec in `value`; Reject naming the field (or the syntax error) otherwise."""
+    if not value:
+        raise Reject("empty message: expected a JobSpec JSON object", kind="not_json")
+    try:
+        return _DECODER.decode(value)
+    except msgspec.ValidationError as exc:
+        raise Reject(f"invalid JobSpec: {exc}", key=_guess_job_id(value), kind="invalid") from None
+    except msgspec.DecodeError as exc:
+        raise Reject(f"not a JSON JobSpec: {exc}", kind="not_json") from None
+
+
+def _guess_job_id(value: bytes) -> str:
+    """The job_id of an invalid spec, when it has a usable one (to file the rejection)."""
+    try:
+        obj = _LOOSE.decode(value)
+    except msgspec.DecodeError:
+        return ""
+    jid = obj.get("job_id") if isinstance(obj, dict) else None
+    return jid if isinstance(jid, str) and 0 < len(jid) <= 128 else ""
+
+
+class Inventory:
+    """GPUs per type in the cluster, from `cluster.nodes`; empty until a node reports."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[str, int]] = {}  # node_id -> (gpu_type, gpus)
+        self._by_type: dict[str, int] = {}
+        self._max_node: dict[str, int] = {}
+
+    @property
+    def known(self) -> bool:
+        return bool(self._nodes)
+
+    def update(self, status: NodeStatus) -> None:
+        if self._nodes.get(status.node_id) == (status.gpu_type, status.gpus):
+            return
+        self._nodes[status.node_id] = (status.gpu_type, status.gpus)
+        self._by_type = {}
+        self._max_node = {}
+        for t, g in self._nodes.values():
+            self._by_type[t] = self._by_type.get(t, 0) + g
+            self._max_node[t] = max(self._max_node.get(t, 0), g)
+
+    def why_unfit(self, spec: JobSpec) -> str | None:
+        """Why no set of nodes could ever hold the job, or None if some could."""
+        if not self.known:
+            return None
+        types = [t for t in (spec.gpu_types or list(self._by_type)) if t in self._by_type]
+        if not types:
+            return (
+                f"gpu_types {spec.gpu_types} names no GPU type of this cluster "
+                f"(it has {sorted(self._by_type)})"
+            )
+        capacity = sum(self._by_type[t] for t in types)
+        if spec.num_gpus > capacity:
+            return (
+                f"num_gpus={spec.num_gpus} exceeds the {capacity} GPUs of allowed types "
+                f"{sorted(types)} in the whole cluster"
+            )
+        return None
+
+
+class Admission:
+    """Validation and the live-job set of the arrival service.
+
+    A job id is live while it has been accepted more often than it has ended;
+    counting (rather than a set) keeps the read-back after a restart right
+    whatever order the accepted and ended records come back in.
+    """
+
+    def __init__(self) -> None:
+        self._accepted: dict[str, int] = {}
+        self._ended: dict[str, int] = {}
+        self._end_events: set[str] = set()  # positions of the end events already counted
+        self.inventory = Inventory()
+
+    def is_live(self, job_id: str) -> bool:
+        return self._accepted.get(job_id, 0) > self._ended.get(job_id, 0)
+
+    @property
+    def live_count(self) -> int:
+        return sum(1 for j in self._accepted if self.is_live(j))
+
+    def admit(self, value: bytes | None, timestamp_s: float) -> Job:
+        """Accept one submitted message (the job becomes live) or raise Reject."""
+        spec = decode_spec(value)
+        if spec.gpu_milli < 1000 and spec.num_gpus != 1:
+            raise Reject(
+                f"gpu_milli={spec.gpu_milli} (a share of one GPU) needs num_gpus=1, "
+                f"got num_gpus={spec.num_gpus}",
+                key=spec.job_id,
+            )
+        if self.is_live(spec.job_id):
+            raise Reject(
+                f"job_id {spec.job_id!r} duplicates a live job", key=spec.job_id, kind="duplicate"
+            )
+        unfit = self.inventory.why_unfit(spec)
+        if unfit is not None:
+            raise Reject(unfit, key=spec.job_id, kind="unfit")
+        job = normalise(spec, timestamp_s)
+        self.accepted(job.job_id)
+        return job
+
+    def accepted(self, job_id: str) -> None:
+        """A job was accepted (now, or before a restart: read back from `jobs.accepted`)."""
+        self._accepted[job_id] = self._accepted.get(job_id, 0) + 1
+
+    def ended(self, job_id: str, event_source: str) -> None:
+        """A job finished or failed: its id may be submitted again. `event_source` names
+        the event's position on the bus, so an event seen twice counts once."""
+        if event_source in self._end_events:
+            return
+        self._end_events.add(event_source)
+        self._ended[job_id] = self._ended.get(job_id, 0) + 1
+
+
+def normalise(spec: JobSpec, timestamp_s: float) -> Job:
+    """The accepted form: submit time set (from the message's own timestamp, so a
+    redelivered message gets the same one), GPU types without repeats."""
+    return Job(
+        job_id=spec.job_id,
+        num_gpus=spec.num_gpus,
+        submit_time=spec.submit_time if spec.submit_time is not None else timestamp_s,
+        user=spec.user,
+        vc=spec.vc,
+        gpu_types=list(dict.fromkeys(spec.gpu_types)),
+        gpu_milli=spec.gpu_milli,
+        model=spec.model,
+        command=spec.command,
+        duration_hint_s=spec.duration_hint_s,
+        weight=spec.weight,
+        offload=spec.offload,
+    )

@@ -1,0 +1,427 @@
+"""The consumer loop every service runs, and the producer it publishes with.
+
+A service is a handler: `Record -> Sequence[Outgoing]` (pure logic behind it).
+`run_service` does the rest, the same way for every service:
+
+* consume in batches with auto-commit off;
+* call the handler per record; a `Reject` (or any exception from a handler)
+  sends the record to its dead-letter topic with the reason, counts it, and
+  processing goes on: no byte string stops a service;
+* publish every output, wait for the broker's acks, and only then commit the
+  offsets that the work stands for (at-least-once delivery);
+* stamp every output with the input it came from (header `rltune-src`), so that
+  after a crash a restarted service reads its own outputs back, recognises the
+  inputs it had already answered, and skips them: exactly-once in effect,
+  without transactions (which the embedded broker does not support). The
+  handler's own state is rebuilt from the same read-back (`replay`);
+* stop cleanly on SIGTERM / SIGINT or when `stop` is set.
+
+Service counters go out on the metrics topic every few seconds (a
+`MetricsSnapshot` with `source` = the service) and to Prometheus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import inspect
+import logging
+import signal
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from shared.config import BusSettings
+from shared.messages import MetricsSnapshot, Rejection, encode
+from shared.prom import MESSAGES, REJECTED
+from shared.reject import Reject
+
+__all__ = [
+    "SRC_HEADER",
+    "SVC_HEADER",
+    "Outgoing",
+    "Producer",
+    "Record",
+    "Reject",
+    "ServiceStats",
+    "dead_letter",
+    "partitions_of",
+    "raw_text",
+    "read_back",
+    "run_service",
+]
+
+log = logging.getLogger("rltune.bus")
+
+SRC_HEADER = "rltune-src"  # "topic:partition:offset" of the input an output answers
+SVC_HEADER = "rltune-svc"  # name of the service that published it
+MAX_MESSAGE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int = 0
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def source(self) -> str:
+        return f"{self.topic}:{self.partition}:{self.offset}"
+
+    def header(self, name: str) -> bytes | None:
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    topic: str
+    key: str | bytes | None
+    value: bytes
+
+
+Handler = Callable[[Record], Sequence[Outgoing] | Awaitable[Sequence[Outgoing]]]
+
+
+@dataclass
+class ServiceStats:
+    """What a service counts: messages in and out, rejections by kind, batches."""
+
+    consumed: int = 0
+    published: int = 0
+    skipped_redelivered: int = 0
+    batches: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    extra: Counter[str] = field(default_factory=Counter)
+
+    def snapshot(self, source: str) -> MetricsSnapshot:
+        counters = {
+            "consumed": float(self.consumed),
+            "published": float(self.published),
+            "skipped_redelivered": float(self.skipped_redelivered),
+            "rejected_total": float(sum(self.rejected.values())),
+            **{k: float(v) for k, v in self.extra.items()},
+        }
+        return MetricsSnapshot(
+            window=f"service:{source}",
+            time=time.time(),
+            rejected=dict(self.rejected),
+            counters=counters,
+            source=source,
+        )
+
+
+def raw_text(value: bytes | None) -> str:
+    """The bytes as received: UTF-8 text, else "base64:" + base64."""
+    if value is None:
+        return ""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(value).decode("ascii")
+
+
+def dead_letter(settings: BusSettings, rec: Record, rej: Reject) -> Outgoing:
+    """The dead-letter message for a record a handler refused."""
+    msg = Rejection(
+        job_id=rej.key,
+        reason=rej.reason,
+        raw=raw_text(rec.value),
+        topic=rec.topic,
+        time=rec.timestamp_ms / 1000.0,
+    )
+    return Outgoing(settings.topics.dead_letter(rec.topic), rej.key or None, encode(msg))
+
+
+def _to_record(m: ConsumerRecord) -> Record:
+    return Record(
+        topic=m.topic,
+        partition=m.partition,
+        offset=m.offset,
+        key=m.key,
+        value=m.value,
+        timestamp_ms=m.timestamp or 0,
+        headers=tuple(m.headers or ()),
+    )
+
+
+class Producer:
+    """An aiokafka producer with the project's settings, as an async context manager."""
+
+    def __init__(self, settings: BusSettings, client_id: str = "rltune") -> None:
+        self._settings = settings
+        self._p = AIOKafkaProducer(
+            bootstrap_servers=settings.bootstrap,
+            client_id=client_id,
+            acks="all",
+            linger_ms=2,
+            max_batch_size=1 << 20,
+            max_request_size=4 << 20,
+            enable_idempotence=False,  # exactly-once effect comes from idempotent consumers
+        )
+
+    async def __aenter__(self) -> Producer:
+        await self._p.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._p.stop()
+
+    async def send(
+        self,
+        topic: str,
+        key: str | bytes | None,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[object]:
+        """Queue one message; the returned future resolves when the broker has it."""
+        k = key.encode() if isinstance(key, str) else key
+        return await self._p.send(topic, value, key=k, headers=list(headers) if headers else None)
+
+    async def send_all(self, outs: Iterable[Outgoing]) -> int:
+        """Publish and wait for every ack; the number published."""
+        futs = [await self.send(o.topic, o.key, o.value) for o in outs]
+        if futs:
+            await asyncio.gather(*futs)
+        return len(futs)
+
+    async def flush(self) -> None:
+        await self._p.flush()
+
+    @property
+    def raw(self) -> AIOKafkaProducer:
+        return self._p
+
+
+async def read_back(
+    settings: BusSettings,
+    topics: Sequence[str],
+    on_record: Callable[[Record], None],
+) -> dict[str, int]:
+    """Read `topics` from the beginning to their current end, calling `on_record` for
+    each record. Returns the count of records seen by topic."""
+    c = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=8 << 20,
+    )
+    await c.start()
+    seen: Counter[str] = Counter()
+    try:
+        parts = await partitions_of(c, topics)
+        if not parts:
+            return {}
+        c.assign(parts)
+        await c.seek_to_beginning(*parts)
+        end = await c.end_offsets(parts)
+        todo = {tp for tp in parts if end[tp] > 0}
+        while todo:
+            batch = await c.getmany(*todo, timeout_ms=500, max_records=10_000)
+            for tp, msgs in batch.items():
+                for m in msgs:
+                    seen[tp.topic] += 1
+                    on_record(_to_record(m))
+                if msgs and msgs[-1].offset + 1 >= end[tp]:
+                    todo.discard(tp)
+            for tp in list(todo):
+                if await c.position(tp) >= end[tp]:
+                    todo.discard(tp)
+    finally:
+        await c.stop()
+    return dict(seen)
+
+
+async def partitions_of(consumer: AIOKafkaConsumer, topics: Sequence[str]) -> list[TopicPartition]:
+    """Every partition of `topics` that exists (metadata refreshed first)."""
+    await consumer.topics()
+    return [
+        TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or [])
+    ]
+
+
+class _Redeliveries:
+    """Input positions already answered (learned from our own outputs at start-up)."""
+
+    def __init__(self) -> None:
+        self._done: dict[tuple[str, int], set[int]] = defaultdict(set)
+
+    def learn(self, rec: Record) -> None:
+        src = rec.header(SRC_HEADER)
+        if not src:
+            return
+        topic, part, off = src.decode().rsplit(":", 2)
+        self._done[(topic, int(part))].add(int(off))
+
+    def seen(self, rec: Record) -> bool:
+        done = self._done.get((rec.topic, rec.partition))
+        if not done:
+            return False
+        if rec.offset in done:
+            done.discard(rec.offset)
+            return True
+        return False
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._done.values())
+
+
+@dataclass
+class ServiceSpec:
+    """What `run_service` needs to know about one service."""
+
+    name: str
+    group_id: str
+    topics: Sequence[str]
+    handle: Handler
+    replay_topics: Sequence[str] = ()  # our own outputs, read back at start
+    replay: Callable[[Record], None] | None = None  # rebuilds handler state from them
+    # (`replay` sees every record of `replay_topics`; the service's own carry SVC_HEADER)
+    metrics_interval_s: float = 2.0
+    max_batch: int = 5000
+
+
+async def run_service(
+    settings: BusSettings,
+    spec: ServiceSpec,
+    stop: asyncio.Event | None = None,
+    stats: ServiceStats | None = None,
+    ready: asyncio.Event | None = None,
+) -> ServiceStats:
+    """Run one service until `stop` is set or SIGTERM/SIGINT arrives."""
+    stop = stop or asyncio.Event()
+    stats = stats or ServiceStats()
+    redelivered = _Redeliveries()
+    _install_signal_handlers(stop)
+
+    own = spec.name.encode()
+
+    def learn(rec: Record) -> None:
+        if rec.header(SVC_HEADER) == own:
+            redelivered.learn(rec)
+        if spec.replay is not None:
+            spec.replay(rec)
+
+    if spec.replay_topics:
+        await read_back(settings, spec.replay_topics, learn)
+        log.info("%s: read back %d answered inputs", spec.name, len(redelivered))
+    consumer = AIOKafkaConsumer(
+        *spec.topics,
+        bootstrap_servers=settings.bootstrap,
+        group_id=spec.group_id,
+        client_id=spec.name,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=8 << 20,
+        fetch_max_bytes=32 << 20,
+    )
+    async with Producer(settings, client_id=spec.name) as producer:
+        await consumer.start()
+        loop = _Loop(settings, spec, consumer, producer, stats, redelivered)
+        if ready is not None:
+            ready.set()
+        try:
+            await loop.run(stop)
+        finally:
+            with contextlib.suppress(Exception):
+                await producer.send_all([loop.metrics_message()])
+            await consumer.stop()
+    return stats
+
+
+def _install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+
+
+class _Loop:
+    """The consume → handle → publish → commit cycle of one service."""
+
+    def __init__(
+        self,
+        settings: BusSettings,
+        spec: ServiceSpec,
+        consumer: AIOKafkaConsumer,
+        producer: Producer,
+        stats: ServiceStats,
+        redelivered: _Redeliveries,
+    ) -> None:
+        self.settings = settings
+        self.spec = spec
+        self.consumer = consumer
+        self.producer = producer
+        self.stats = stats
+        self.redelivered = redelivered
+        self._svc = spec.name.encode()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        next_metrics = time.monotonic() + self.spec.metrics_interval_s
+        while not stop.is_set():
+            batch = await self.consumer.getmany(timeout_ms=200, max_records=self.spec.max_batch)
+            if batch:
+                await self._process(batch)
+            if time.monotonic() >= next_metrics:
+                await self.producer.send_all([self.metrics_message()])
+                next_metrics = time.monotonic() + self.spec.metrics_interval_s
+
+    def metrics_message(self) -> Outgoing:
+        snap = self.stats.snapshot(self.spec.name)
+        return Outgoing(self.settings.topics.metrics, self.spec.name, encode(snap))
+
+    async def _process(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> None:
+        futs: list[asyncio.Future[object]] = []
+        commits: dict[TopicPartition, int] = {}
+        n_in = 0
+        for tp, msgs in batch.items():
+            for m in msgs:
+                n_in += 1
+                rec = _to_record(m)
+                if self.redelivered.seen(rec):
+                    self.stats.skipped_redelivered += 1
+                    continue
+                headers = [(SRC_HEADER, rec.source.encode()), (SVC_HEADER, self._svc)]
+                for out in await self._answer(rec):
+                    futs.append(await self.producer.send(out.topic, out.key, out.value, headers))
+            commits[tp] = msgs[-1].offset + 1
+        if futs:
+            await asyncio.gather(*futs)  # published and acknowledged ...
+        await self.consumer.commit(commits)  # ... before the inputs count as done
+        self.stats.consumed += n_in
+        self.stats.published += len(futs)
+        self.stats.batches += 1
+        MESSAGES.labels(self.spec.name, "consumed").inc(n_in)
+        MESSAGES.labels(self.spec.name, "published").inc(len(futs))
+
+    async def _answer(self, rec: Record) -> Sequence[Outgoing]:
+        try:
+            if rec.value is not None and len(rec.value) > MAX_MESSAGE_BYTES:
+                raise Reject(f"message of {len(rec.value)} bytes exceeds 1 MiB", kind="too_large")
+            res = self.spec.handle(rec)
+            if inspect.isawaitable(res):
+                return await res
+            return res
+        except Reject as rej:
+            self._count_reject(rej.kind)
+            return [dead_letter(self.settings, rec, rej)]
+        except Exception as exc:  # a handler bug must not stop the service
+            log.exception("%s: handler failed on %s", self.spec.name, rec.source)
+            bug = Reject(f"internal error handling message: {type(exc).__name__}: {exc}")
+            self._count_reject("internal_error")
+            return [dead_letter(self.settings, rec, bug)]
+
+    def _count_reject(self, kind: str) -> None:
+        self.stats.rejected[kind] += 1
+        REJECTED.labels(self.spec.name, kind).inc()
