@@ -63,6 +63,7 @@ class TensorCache:
         self.clock = 0
         self._holders: dict[int, set[Entry]] = {}
         self._staging: dict[int, queue.Queue[torch.Tensor]] = {}
+        self._owners: dict[int, Entry] = {}  # fast slot address -> tensor in it
 
     def add_staging(self, size_class: int, buffers: Sequence[torch.Tensor]) -> None:
         """Pinned host buffers through which NVMe bytes reach a GPU fast tier (CUDA
@@ -89,6 +90,7 @@ class TensorCache:
             self.residency.add(entry)
             if home is Tier.FAST:
                 entry.fast_slot = self.fast.take(entry.fast_class)
+                self._owners[entry.fast_slot.address] = entry
                 entry.fast_view().copy_(data)
                 self._holders.setdefault(entry.fast_class, set()).add(entry)
                 self.bind(spec.tensor_id, entry.fast_view())
@@ -155,6 +157,14 @@ class TensorCache:
         self.prefetch()
         return view
 
+    def owner(self, t: torch.Tensor) -> Entry | None:
+        """The cached tensor whose fast buffer `t` points into, if any."""
+        slot = self.fast.locate(t.data_ptr())
+        entry = self._owners.get(slot.address) if slot is not None else None
+        if entry is None or entry.spec.dtype != t.dtype or entry.tier is not Tier.FAST:
+            return None
+        return entry
+
     def release(self, tensor_id: str, *, all_pins: bool = False) -> None:
         entry = self.residency[tensor_id]
         entry.pins = 0 if all_pins else max(0, entry.pins - 1)
@@ -192,14 +202,10 @@ class TensorCache:
         if entry.tier is Tier.HOST:
             assert entry.host_slot is not None
             return entry.spec.view(entry.host_slot.view).clone()
-        scratch = self.fast.take(entry.fast_class)  # a buffer must be free: callers drain
-        try:
-            with self._host_buffer(scratch) as staged:
-                assert self.store is not None
-                self.store.read(tensor_id, staged, entry.spec.nbytes)
-                return entry.spec.view(staged).clone()
-        finally:
-            self.fast.give_back(scratch)
+        assert self.store is not None
+        staged = self.device.alloc_host(entry.spec.size_class)  # rare: re-plans, checks
+        self.store.read(tensor_id, staged, entry.spec.nbytes)
+        return entry.spec.view(staged).clone()
 
     # ---- internals ---------------------------------------------------------
 
@@ -246,6 +252,7 @@ class TensorCache:
         assert slot is not None
         write = _WriteBack(victim.spec, victim.home, victim.host_slot) if victim.dirty else None
         victim.fast_slot = None
+        self._owners.pop(slot.address, None)
         victim.dirty = False
         self._holders[victim.fast_class].discard(victim)
         self.residency.move(victim, victim.home)
@@ -260,6 +267,7 @@ class TensorCache:
         if write is not None:
             self.residency[write.spec.tensor_id].pending = fut
         entry.fast_slot = slot
+        self._owners[slot.address] = entry
         entry.pending = fut
         self._holders.setdefault(entry.fast_class, set()).add(entry)
         self.residency.move(entry, Tier.FETCHING)

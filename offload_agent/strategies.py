@@ -68,11 +68,11 @@ def _fill_homes(
 
 def lru_setup(specs: Sequence[TensorSpec], budgets: Budgets) -> Setup:
     """Fast buffers per class in proportion to that class's bytes (at least
-    MIN_INUSE + 2 each), homes host-then-NVMe in the given (first-use) order."""
+    MIN_INUSE each), homes host-then-NVMe in the given (first-use) order."""
     by_class: dict[int, int] = {}
     for s in specs:
         by_class[s.size_class] = by_class.get(s.size_class, 0) + 1
-    floor = {c: min(n, MIN_INUSE + 2) for c, n in by_class.items()}
+    floor = {c: min(n, MIN_INUSE) for c, n in by_class.items()}
     spare = budgets.fast - sum(c * n for c, n in floor.items())
     if spare < 0:
         raise ValueError(

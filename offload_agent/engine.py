@@ -1,0 +1,289 @@
+"""`OffloadEngine`: 10Cache inside one training process.
+
+    engine = OffloadEngine(model, AdamW(lr=3e-4), EngineConfig(...),
+                           device=select_device(), store=NvmeStore(dir), io=pool)
+    engine.start()                      # buffers and swap files, safe-default layout
+    for batch in data:
+        with engine.step():             # the first step is the warm-up: it is recorded
+            loss = model(batch).backward()   # optimizer runs inside backward
+        if engine.profile_ready:        # after warm-up: plan locally or via the agent
+            engine.apply_plan(build_plan(engine.profile(), engine.budgets))
+
+A plan that does not fit (other job, over budget, NVMe unusable) is refused
+with a clear message in `last_error` and a log line; training carries on with
+the layout it had (the safe default: `lru`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from concurrent.futures import Executor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from offload_agent.cache import TensorCache
+from offload_agent.device import Device
+from offload_agent.hooks import install_hooks, saved_tensor_refs
+from offload_agent.nvme import NvmeStore, SwapPathError
+from offload_agent.optim import STATE_KINDS, AdamW, adamw_step
+from offload_agent.profiler import Recorder
+from offload_agent.residency import TensorSpec
+from offload_agent.slabs import SlabPool
+from offload_agent.stats import CacheStats
+from offload_agent.strategies import (
+    STRATEGIES,
+    Setup,
+    fixed_setup,
+    from_plan,
+    lru_setup,
+    none_setup,
+)
+from services.profiler.planner import Budgets, PlanError, check_plan
+from shared.messages import OffloadStats, PrefetchPlan, TensorProfile
+
+__all__ = ["EngineConfig", "OffloadEngine"]
+
+log = logging.getLogger("rltune.offload")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    job_id: str = "local"
+    strategy: str = "tencache"  # none | lru | fixed | tencache
+    fast_budget: int = 1 << 30
+    host_budget: int = 1 << 30
+    fixed_window: int = 4  # `fixed`: parameters prefetched ahead in layer order
+    node_id: str = ""
+
+
+class OffloadEngine:
+    def __init__(
+        self,
+        model: nn.Module,
+        optim: AdamW,
+        config: EngineConfig,
+        *,
+        device: Device,
+        store: NvmeStore | None,
+        io: Executor,
+    ) -> None:
+        if config.strategy not in STRATEGIES:
+            raise ValueError(f"strategy {config.strategy!r}: choose from {', '.join(STRATEGIES)}")
+        self.model, self.optim, self.config = model, optim, config
+        self.device, self.store, self.io = device, store, io
+        self.budgets = Budgets(config.fast_budget, config.host_budget)
+        self.stats = CacheStats()
+        self.recorder = Recorder()
+        self.names = {p: n for n, p in model.named_parameters()}
+        self.params = {n: p for p, n in self.names.items()}
+        self.specs = self._specs()
+        self.cache: TensorCache | None = None
+        self.setup_name = ""
+        self.last_error = ""
+        self.steps = 0
+        self._profile: TensorProfile | None = None
+        self._store_ok = False
+        self._handles: list[object] = []
+        self._placeholders: dict[str, torch.Tensor] = {}
+
+    def _specs(self) -> list[TensorSpec]:
+        specs = []
+        for name, p in self.model.named_parameters():
+            specs.append(TensorSpec(name, tuple(p.shape), p.dtype, "param"))
+            if p.requires_grad:
+                specs += [TensorSpec(f"{name}#{k}", tuple(p.shape), p.dtype, k) for k in STATE_KINDS]
+        return specs
+
+    # ---- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Allocate buffers, write swap files, install hooks (safe default layout)."""
+        self._store_ok = self._prepare_store()
+        values = {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
+        for s in self.specs:
+            if s.kind != "param":
+                values[s.tensor_id] = torch.zeros(s.shape, dtype=s.dtype)
+        self._placeholders = {
+            n: torch.full((1,), float("nan"), dtype=p.dtype, device=self.device.fast_device).expand(p.shape)
+            for n, p in self.params.items()
+        }
+        self._install(self._initial_setup(), values)
+        self._handles = install_hooks(self.model, self.names, self)
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.drain()
+        for h in self._handles:
+            h.remove()  # type: ignore[attr-defined]
+        self._handles = []
+
+    def _prepare_store(self) -> bool:
+        if self.store is None:
+            return False
+        try:
+            self.store.prepare()
+            return True
+        except SwapPathError as exc:
+            self.last_error = str(exc)
+            log.error("%s; continuing without the NVMe tier (host memory over budget)", exc)
+            return False
+
+    def _initial_setup(self) -> Setup:
+        if self.config.strategy == "none":
+            return none_setup(self.specs)
+        if self.config.strategy == "fixed" and self._store_ok:
+            order = [s.tensor_id for s in self.specs if s.kind == "param"]
+            return fixed_setup(self.specs, order, self.budgets, self.config.fixed_window)
+        return self._safe_setup()
+
+    def _safe_setup(self) -> Setup:
+        """`lru` within the budgets; without a usable NVMe tier, host memory takes
+        what the disk would have (over its budget, said in the log)."""
+        budgets = self.budgets
+        if not self._store_ok:
+            budgets = Budgets(budgets.fast, max(budgets.host, sum(s.size_class for s in self.specs)))
+        return lru_setup(self.specs, budgets)
+
+    def _install(self, setup: Setup, values: dict[str, torch.Tensor]) -> None:
+        if setup.uses_nvme and not self._store_ok:
+            raise SwapPathError(f"{setup.name} places tensors on NVMe but the NVMe tier is unusable")
+        fast = SlabPool("gpu", self.device.alloc_fast, self._limit(self.budgets.fast, setup))
+        host = SlabPool("host", self.device.alloc_host, self._limit(self.budgets.host, setup))
+        fast.build(setup.fast_layout)
+        host.build(setup.host_layout)
+        cache = TensorCache(
+            device=self.device,
+            fast=fast,
+            host=host,
+            store=self.store if self._store_ok else None,
+            io=self.io,
+            policy=setup.policy,
+            stats=self.stats,
+            bind=self._bind,
+        )
+        if self.device.fast_device.type != "cpu" and setup.uses_nvme:
+            for c in fast.classes():
+                cache.add_staging(c, [self.device.alloc_host(c) for _ in range(2)])
+        cache.install([(s, values[s.tensor_id]) for s in self.specs], setup.homes)
+        self.cache, self.setup_name = cache, setup.name
+
+    def _limit(self, budget: int, setup: Setup) -> int:
+        if setup.name == "none" or (setup.name == "lru" and not self._store_ok):
+            return 1 << 62  # `none` has no budget; no-NVMe fallback overflows host
+        return budget
+
+    # ---- a training step ---------------------------------------------------
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """One training step: forward and backward (with the optimizer) inside."""
+        cache = self._cache()
+        self.steps += 1
+        warmup = self._profile is None and self.config.strategy == "tencache"
+        if warmup:
+            self.recorder.start()
+        t0 = time.perf_counter()
+        with ExitStack() as stack:
+            stack.enter_context(saved_tensor_refs(self))
+            cache.begin_step()
+            yield
+        for entry in cache.residency:
+            entry.pins = 0
+        self.device.synchronize()
+        self.stats.step_ms.append((time.perf_counter() - t0) * 1e3)
+        self.stats.memory(cache.fast.allocated_bytes, cache.host.allocated_bytes)
+        if warmup:
+            self.recorder.stop()
+            self._profile = self.recorder.profile(
+                self.config.job_id,
+                self.specs,
+                fast_budget=self.budgets.fast,
+                host_budget=self.budgets.host,
+                node_id=self.config.node_id,
+            )
+
+    # HookTarget: called by the hooks ------------------------------------------
+
+    def use(self, tensor_id: str) -> torch.Tensor:
+        self.recorder.on_use(tensor_id)
+        return self._cache().use(tensor_id)
+
+    def release(self, tensor_id: str, *, all_pins: bool = False) -> None:
+        self._cache().release(tensor_id, all_pins=all_pins)
+
+    def owner_of(self, t: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+        cache = self._cache()
+        if t.device != self.device.fast_device:
+            return None
+        entry = cache.owner(t)
+        return None if entry is None else (entry.spec.tensor_id, entry.fast_view())
+
+    def optimizer_step(self, tensor_id: str, param: nn.Parameter) -> None:
+        grad = param.grad
+        assert grad is not None
+        p = self.use(tensor_id)
+        m, v = (self.use(f"{tensor_id}#{k}") for k in STATE_KINDS)
+        adamw_step(self.optim, self.steps, p, grad, m, v)
+        param.grad = None
+        cache = self._cache()
+        for tid in (tensor_id, *(f"{tensor_id}#{k}" for k in STATE_KINDS)):
+            cache.mark_dirty(tid)
+            cache.release(tid, all_pins=True)
+
+    def _bind(self, tensor_id: str, view: torch.Tensor | None) -> None:
+        param = self.params.get(tensor_id)
+        if param is not None:
+            param.data = view if view is not None else self._placeholders[tensor_id]
+
+    def _cache(self) -> TensorCache:
+        if self.cache is None:
+            raise RuntimeError("OffloadEngine.start() has not been called")
+        return self.cache
+
+    # ---- profile, plan, stats ----------------------------------------------
+
+    @property
+    def profile_ready(self) -> bool:
+        return self._profile is not None and self.setup_name != "tencache"
+
+    def profile(self) -> TensorProfile:
+        if self._profile is None:
+            raise RuntimeError("no profile yet: run one warm-up step first")
+        return self._profile
+
+    def apply_plan(self, plan: PrefetchPlan) -> bool:
+        """Switch to `plan`; on any problem keep training on what runs now."""
+        try:
+            check_plan(plan, self.profile(), self.budgets)
+            setup = from_plan(plan)
+            if setup.uses_nvme and not self._store_ok:
+                raise PlanError(
+                    f"plan for {plan.job_id} puts tensors on NVMe but the NVMe tier is unusable "
+                    f"({self.last_error or 'no store configured'})"
+                )
+        except (PlanError, RuntimeError) as exc:
+            self.last_error = str(exc)
+            log.error("plan refused: %s; continuing on %s", exc, self.setup_name)
+            return False
+        self._install(setup, self.snapshot())
+        return True
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """CPU copies of every tensor's current value (parameters and states)."""
+        cache = self._cache()
+        cache.drain()
+        return {s.tensor_id: cache.materialize(s.tensor_id) for s in self.specs}
+
+    def stats_message(self) -> OffloadStats:
+        """What this process measured, as published on `offload.stats`."""
+        return self.stats.to_message(
+            self.config.job_id,
+            self.config.node_id,
+            fast_budget=self.budgets.fast,
+            host_budget=self.budgets.host,
+        )
