@@ -1,29 +1,53 @@
 """Default relative throughput per GPU type (higher = faster), used where a
-cluster spec names no `speed` for a type.
+cluster spec names no `speed` for a type. P100 = 1.0.
 
-K80, P100 and V100 come from Gavel's measured throughputs
-(`../shared/traces/gavel/throughputs.json`): for each of the 26 model/batch-size
-job types measured alone (scale factor 1, key "null"), the ratio of its
-throughput on the type to that on K80; the factor is the geometric mean of
-those ratios over the job types, normalised so P100 = 1.0.
-Types Gavel did not measure are placed relative to those.
+Measured (K80, P100, V100): Gavel's throughputs
+(`../shared/traces/gavel/throughputs.json`, stanford-futuredata/gavel). For each
+of the 26 model/batch-size job types measured alone (scale factor 1, key
+"null"), take the ratio of its throughput on the type to that on P100; the
+factor is the geometric mean of those ratios. `gavel_speeds(path)` recomputes
+them from the file and a test checks the constants below against it.
+
+Assumed (types Gavel did not measure), placed relative to Gavel's V100 by the
+ratio of typical data-parallel training throughput in vendor and MLPerf-style
+training benchmarks; they are round numbers, stated here so they can be argued
+with, and a cluster YAML's `speed:` overrides any of them:
+
+* T4 = 0.5 x V100 (70 W inference part; about half a V100 when training);
+* A10 = 0.9 x V100; A100 = 2.0 x V100 (NVIDIA's A100 launch training speed-ups);
+* V100 16 GB and 32 GB variants (V100M16, V100M32, V100_16GB, V100_32GB) = V100;
+* G2, G3 (the Alibaba 2023 trace's anonymised models) and MISC (PAI 2020's
+  "other" GPUs) = P100, the median generation of those fleets; unknown: 1.0.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
+from pathlib import Path
 from types import MappingProxyType
 
-__all__ = ["DEFAULT_SPEEDS", "speed_of"]
+__all__ = ["DEFAULT_SPEEDS", "gavel_speeds", "speed_of"]
 
-_K80_PER_P100 = 1.0 / 3.172958  # geomean throughput(K80)/throughput(P100), Gavel
-_V100_PER_P100 = 3.364836 / 3.172958  # geomean throughput(V100)/throughput(P100), Gavel
+_K80_PER_P100 = 0.315163  # geomean throughput(K80)/throughput(P100), Gavel
+_V100_PER_P100 = 1.060473  # geomean throughput(V100)/throughput(P100), Gavel
 
 DEFAULT_SPEEDS: Mapping[str, float] = MappingProxyType(
     {
         "K80": round(_K80_PER_P100, 4),
         "P100": 1.0,
         "V100": round(_V100_PER_P100, 4),
+        "V100M16": round(_V100_PER_P100, 4),
+        "V100M32": round(_V100_PER_P100, 4),
+        "V100_16GB": round(_V100_PER_P100, 4),
+        "V100_32GB": round(_V100_PER_P100, 4),
+        "T4": round(0.5 * _V100_PER_P100, 4),
+        "A10": round(0.9 * _V100_PER_P100, 4),
+        "A100": round(2.0 * _V100_PER_P100, 4),
+        "G2": 1.0,
+        "G3": 1.0,
+        "MISC": 1.0,
     }
 )
 
@@ -33,3 +57,18 @@ def speed_of(gpu_type: str, table: Mapping[str, float] = DEFAULT_SPEEDS) -> floa
     if gpu_type in table:
         return table[gpu_type]
     return DEFAULT_SPEEDS.get(gpu_type, 1.0)
+
+
+def gavel_speeds(path: str | Path) -> dict[str, float]:
+    """Per-type speed relative to P100 from Gavel's throughput file (see module doc)."""
+    data = json.loads(Path(path).read_text())
+    base = data["p100"]
+    out: dict[str, float] = {}
+    for gpu_type in ("k80", "p100", "v100"):
+        logs = [
+            math.log(rec["null"] / base[job]["null"])
+            for job, rec in data[gpu_type].items()
+            if job.endswith(", 1)") and job in base and rec["null"] > 0 and base[job]["null"] > 0
+        ]
+        out[gpu_type.upper()] = math.exp(sum(logs) / len(logs))
+    return out

@@ -26,6 +26,7 @@ class TraceJob:
     vc: str = ""
     model: str = ""
     param_bytes: int | None = None  # offload model size, where the trace knows it
+    weight: float = 1.0  # the job's priority weight (JobSpec.weight)
 
 
 @dataclass

@@ -1,0 +1,44 @@
+"""Baseline prioritisation policies, one module each, all `shared.policy_api.Policy`.
+
+`make_policy(name)` builds one by its `--policy` name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.scoring.policies.drf import Drf
+from services.scoring.policies.f1 import F1
+from services.scoring.policies.fifo import Fifo
+from services.scoring.policies.las import Las
+from services.scoring.policies.multifactor import Multifactor
+from services.scoring.policies.random_order import RandomOrder
+from services.scoring.policies.sjf_est import SjfEstimate
+from services.scoring.policies.sjf_oracle import SjfOracle
+from services.scoring.policies.smallest import Smallest
+from shared.errors import UserError
+from shared.policy_api import Policy
+
+__all__ = ["BASELINES", "POLICIES", "make_policy"]
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "fifo": Fifo,
+    "sjf-oracle": SjfOracle,
+    "sjf-est": SjfEstimate,
+    "smallest": Smallest,
+    "f1": F1,
+    "multifactor": Multifactor,
+    "las": Las,
+    "drf": Drf,
+    "random": RandomOrder,
+}
+BASELINES = tuple(POLICIES)
+
+
+def make_policy(name: str) -> Policy:
+    """A fresh policy object by `--policy` name; UserError naming the choices if unknown."""
+    if name in POLICIES:
+        return POLICIES[name]()
+    if name == "rl" or name.startswith("rl:"):
+        raise UserError(f"policy {name!r}: the RL policy is not built into this checkout yet")
+    raise UserError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}, rl:PATH")

@@ -1,0 +1,157 @@
+"""The interface between whoever keeps the waiting queue (the simulator, the
+scoring service) and a prioritisation policy (DESIGN.md, "Prioritisation").
+
+A policy keeps its own index of the waiting jobs, told of every job that joins
+(`add`) or leaves (`remove`) the queue, and answers `window(k, obs)`: the first
+`k` waiting jobs in its priority order, most urgent first. Everything a policy
+may know is here, and it is application-agnostic: what a job requests (GPUs,
+share, allowed types), how long it has waited and been served, what its user
+and VC did before (`History`, learned online from finished jobs) and what the
+cluster looks like (`Observation`: free and total GPUs and waiting demand per
+type, fragmentation, GPUs held per VC). A job's true run time is not among them:
+only a policy that declares `oracle = True` is handed `PolicyContext.true_run_s`.
+
+A learned policy implements the same protocol: keep the jobs in arrival order,
+encode the first N (features from `QueuedJob` + `Observation`), score them and
+return the top `k` by score (`shared.policy_features.encode`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from shared.cluster import ClusterSpec
+
+__all__ = ["History", "Observation", "Policy", "PolicyContext", "QueuedJob"]
+
+
+@dataclass(slots=True, eq=False)
+class QueuedJob:
+    """A job as a policy sees it (never its true run time)."""
+
+    seq: int  # position in submit order: the final tie-break everywhere
+    job_id: str
+    submit_s: float
+    num_gpus: int
+    gpu_milli: int = 1000
+    gpu_types: frozenset[str] = frozenset()  # allowed types (cluster names); empty = any
+    user: str = ""
+    vc: str = ""
+    weight: float = 1.0
+    attained_gpu_s: float = 0.0  # GPU-seconds of service received so far (preempted jobs)
+    runs: int = 0  # how many times it has started
+
+    @property
+    def who(self) -> str:
+        """The user if the trace names one, else the VC: whose history to learn from."""
+        return self.user or self.vc
+
+    @property
+    def gpus(self) -> float:
+        """GPUs requested, counting a share as its fraction of one GPU."""
+        return self.num_gpus * self.gpu_milli / 1000.0
+
+
+class History:
+    """Run times of finished jobs, learned online (running means)."""
+
+    __slots__ = ("_group", "_who")
+
+    def __init__(self) -> None:
+        self._group: dict[tuple[str, int], list[float]] = {}  # (who, gpus) -> [sum, count]
+        self._who: dict[str, list[float]] = {}
+
+    def record(self, job: QueuedJob, run_s: float) -> None:
+        """`job` finished after holding its GPUs for `run_s` seconds."""
+        acc = self._group.setdefault((job.who, job.num_gpus), [0.0, 0.0])
+        acc[0] += run_s
+        acc[1] += 1.0
+        acc = self._who.setdefault(job.who, [0.0, 0.0])
+        acc[0] += run_s
+        acc[1] += 1.0
+
+    def mean_run(self, who: str, num_gpus: int) -> float | None:
+        """Mean run time of `who`'s finished jobs of `num_gpus` GPUs; None if there are none."""
+        acc = self._group.get((who, num_gpus))
+        return acc[0] / acc[1] if acc else None
+
+    def mean_run_any(self, who: str) -> float | None:
+        """Mean run time of all of `who`'s finished jobs; None if there are none."""
+        acc = self._who.get(who)
+        return acc[0] / acc[1] if acc else None
+
+    def finished(self, who: str) -> int:
+        acc = self._who.get(who)
+        return int(acc[1]) if acc else 0
+
+
+class Observation(Protocol):
+    """The cluster and queue as a policy may see them at one round."""
+
+    now: float
+    history: History
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]: ...
+
+    def total_gpus(self, gpu_type: str | None = None) -> int: ...
+
+    def free_gpus(self, gpu_type: str | None = None) -> int:
+        """Whole GPUs free (of one type, or all)."""
+        ...
+
+    def waiting_gpus(self, gpu_type: str | None = None) -> float:
+        """GPUs asked for by waiting jobs that may run on `gpu_type` (None: all waiting)."""
+        ...
+
+    def fragmentation(self, gpu_type: str | None = None) -> float:
+        """Share of the free whole GPUs that sit on partly used nodes (0 = none, 1 = all)."""
+        ...
+
+    def vc_gpus(self, vc: str) -> float:
+        """GPUs held now by the running jobs of `vc`."""
+        ...
+
+    def queue_length(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy is given at the start of a run."""
+
+    cluster: ClusterSpec
+    history: History
+    seed: int = 0
+    true_run_s: Callable[[QueuedJob], float] | None = None  # only for oracle policies
+    options: dict[str, float] = field(default_factory=dict)
+
+
+class Policy(Protocol):
+    """Decides which waiting job goes next. Same object in simulation and in service."""
+
+    name: str
+    oracle: bool  # reads true run times (PolicyContext.true_run_s)
+    time_invariant: bool  # the order of two waiting jobs changes only when a job finishes
+
+    @property
+    def label(self) -> str:
+        """How results are shown: the name, with "(oracle)" when `oracle`."""
+        ...
+
+    def reset(self, ctx: PolicyContext) -> None:
+        """Forget every job: a new run on `ctx.cluster` starts."""
+        ...
+
+    def add(self, job: QueuedJob) -> None:
+        """`job` joined the waiting queue (it arrived, or was preempted)."""
+        ...
+
+    def remove(self, job: QueuedJob) -> None:
+        """`job` left the waiting queue (it started)."""
+        ...
+
+    def window(self, k: int, obs: Observation) -> list[QueuedJob]:
+        """The first `k` waiting jobs in priority order, most urgent first."""
+        ...

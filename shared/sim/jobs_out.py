@@ -1,0 +1,70 @@
+"""The `--jobs-out` CSV (DESIGN.md): one row per run segment of a job, jobs in
+submit order, empty start/finish for jobs that never ran. Times are written
+with `repr` (the shortest text that reads back as the same float), so the file
+is byte-identical for identical runs and the metrics recomputed from it match
+the summary exactly.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from pathlib import Path
+
+from shared.errors import UserError
+from shared.metrics import JobRecord, Segment
+
+__all__ = ["HEADER", "read_jobs_csv", "write_jobs_csv"]
+
+HEADER = (
+    "job_id",
+    "vc",
+    "submit_s",
+    "start_s",
+    "finish_s",
+    "num_gpus",
+    "gpu_milli",
+    "gpu_type",
+    "nodes",
+)
+
+
+def write_jobs_csv(records: Iterable[JobRecord], path: str | Path) -> None:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(HEADER)
+    for r in records:
+        sub = repr(r.submit_s)
+        if not r.segments:
+            w.writerow((r.job_id, r.vc, sub, "", "", r.num_gpus, r.gpu_milli, "", ""))
+        for s in r.segments:
+            w.writerow(
+                (r.job_id, r.vc, sub, repr(s.start_s), repr(s.finish_s), r.num_gpus, r.gpu_milli,
+                 s.gpu_type, s.nodes)
+            )  # fmt: skip
+    try:
+        Path(path).write_text(buf.getvalue())
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def read_jobs_csv(path: str | Path) -> list[JobRecord]:
+    """Records back from a `--jobs-out` file (segments of a job joined, in file order)."""
+    out: dict[str, JobRecord] = {}
+    with Path(path).open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            rec = out.get(row["job_id"])
+            if rec is None:
+                rec = JobRecord(
+                    row["job_id"], row["vc"], float(row["submit_s"]), int(row["num_gpus"]),
+                    int(row["gpu_milli"] or 1000),
+                )  # fmt: skip
+            if row["start_s"]:
+                seg = Segment(
+                    float(row["start_s"]), float(row["finish_s"]), row["gpu_type"], row["nodes"]
+                )
+                rec = JobRecord(rec.job_id, rec.vc, rec.submit_s, rec.num_gpus, rec.gpu_milli,
+                                (*rec.segments, seg))  # fmt: skip
+            out[rec.job_id] = rec
+    return list(out.values())
