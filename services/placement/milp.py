@@ -37,7 +37,8 @@ Objective (objective.py; all coefficients integers)
     max Σ_{j,t} V_{j,t}·y_{j,t}
         − Σ_{c,p} (P^node_t(W − |p|) − P^node_t(W))·z_{c,p}
         − Σ_{g,q} (P^gpu_t(f − |q|) − P^gpu_t(f))·v_{g,q}
-    V_{j,t} = value_scale · k_j·m_j/1000 · weight_j · (1 + position_weight·(|J| − i_j)/|J|) · speed_t
+    V_{j,t} = value_scale · k_j·m_j/1000 · weight_j · π_j · speed_t
+    π_j = 1 + position_weight·(|J| − i_j)/|J|        (head of the window is worth more)
     P^node, P^gpu: the node and GPU terms of the ATC'23 fragmentation F_n (frag.py),
     so the penalty is exactly the fragmentation the placement adds.
 
@@ -66,7 +67,7 @@ from services.placement.objective import ObjectiveWeights, Scorer
 from services.placement.state import apply_allocations
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, PlacementResult
 
-__all__ = ["MilpConfig", "MilpPlacer"]
+__all__ = ["MilpConfig", "MilpPlacer", "relevant_nodes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,7 @@ class MilpPlacer:
     ) -> PlacementResult:
         t0 = time.perf_counter()
         cfg = self.config
+        nodes = relevant_nodes(jobs, nodes)
         scorer = Scorer(jobs, nodes, speed, cfg.weights, self.workload or Workload.of(jobs))
         greedy = greedy_allocations(jobs, nodes)
         greedy_obj = scorer.evaluate(greedy)
@@ -126,6 +128,25 @@ class MilpPlacer:
         )
 
 
+def relevant_nodes(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> list[NodeFree]:
+    """The nodes any placement of `jobs` could touch, in input order.
+
+    Nodes with the same type and free shape are interchangeable, and a window
+    touches at most Σ_j k_j of them; so keep that many of each shape. Greedy
+    on the result places exactly as on all nodes (it always takes the first
+    fitting node, and untouched nodes of one shape are taken in order).
+    """
+    cap = sum(j.num_gpus for j in jobs)
+    kept: dict[tuple[str, tuple[int, ...]], int] = {}
+    out = []
+    for n in nodes:
+        key = (n.gpu_type, n.free_milli)
+        if kept.get(key, 0) < cap and any(f > 0 for f in n.free_milli):
+            kept[key] = kept.get(key, 0) + 1
+            out.append(n)
+    return out
+
+
 def _split(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> tuple[list[int], list[int]]:
     """Window positions of single-node candidates, and of multi-node jobs."""
     max_whole: dict[str, int] = {}
@@ -142,7 +163,9 @@ def _split(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> tuple[list[
     return single, multi
 
 
-def _spread(jobs: Sequence[JobRequest], multi: Sequence[int], left: Sequence[NodeFree]) -> list[Allocation]:
+def _spread(
+    jobs: Sequence[JobRequest], multi: Sequence[int], left: Sequence[NodeFree]
+) -> list[Allocation]:
     """Multi-node jobs on the capacity the solution left, fewest nodes first (greedy.py)."""
     if not multi:
         return []

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from services.placement.classes import ClassIndex, GpuRef, enumerate_patterns
+from services.placement.milp_jobs import JobVars
 from services.placement.objective import Scorer
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
 
@@ -68,8 +69,8 @@ class WindowModel:
             for t in ts:
                 sizes[t][size] += 1
         # ---- variables
-        # y[j, t] = 1 iff job j starts on GPU type t
-        self.y = {(j, t): self.m.new_bool_var(f"y{j}_{t}") for j, ts in self.types_of.items() for t in ts}
+        # which jobs start, on which type (x, n of milp_jobs.py)
+        self.jv = JobVars(self.m, jobs, self.types_of, scorer)
         # opened[t] = whole free GPUs of type t handed to sharing jobs
         self.opened: dict[str, cp_model.IntVar] = {}
         self._opened_ub: dict[str, int] = {}  # upper bound of opened[t]
@@ -140,9 +141,6 @@ class WindowModel:
 
     def _constraints(self) -> None:
         m = self.m
-        for j, ts in self.types_of.items():  # each job starts at most once
-            if len(ts) > 1:
-                m.add_at_most_one(self.y[j, t] for t in ts)
         for (_, w), cv in self.node_vars.items():  # patterns per class <= its members
             m.add(sum(cv.count) <= len(self.classes.node_classes[(cv.gpu_type, w)]))
         for key, cv in self.gpu_vars.items():
@@ -153,26 +151,15 @@ class WindowModel:
         # slots of each size offered by the patterns == jobs (and opened GPUs) using them
         for t in sorted(set(self.whole_sizes) | set(self.opened)):
             for k in sorted(set(self.whole_sizes[t]) | ({1} if t in self.opened else set())):
-                jobs = [self.y[j, t] for j in self._claimants(t, k, share=False)]
+                jobs = self.jv.users(t, False, k)
                 if k == 1 and t in self.opened:
                     jobs.append(self.opened[t])
                 m.add(sum(jobs) == self._offered(self.node_vars.values(), t, k))
         for t, sizes in self.share_sizes.items():
             for k in sizes:
-                jobs = [self.y[j, t] for j in self._claimants(t, k, share=True)]
+                jobs = self.jv.users(t, True, k)
                 offered = self._offered([*self.gpu_vars.values(), *self.fresh_vars.values()], t, k)
                 m.add(sum(jobs) == offered)
-
-    def _claimants(self, t: str, size: int, share: bool) -> list[int]:
-        """Window positions of candidate jobs of this slot size that may use type t."""
-        out = []
-        for j, ts in self.types_of.items():
-            job = self.jobs[j]
-            if t not in ts or (job.gpu_milli < FULL_GPU) != share:
-                continue
-            if (job.gpu_milli if share else job.num_gpus) == size:
-                out.append(j)
-        return out
 
     @staticmethod
     def _offered(classes: Sequence[_ClassVars] | object, t: str, size: int) -> cp_model.LinearExpr:
@@ -192,9 +179,9 @@ class WindowModel:
         sc = self.scorer
         vars_: list[cp_model.IntVar] = []
         coefs: list[int] = []
-        for (j, t), var in self.y.items():  # throughput
+        for key, var in self.jv.x.items():  # throughput
             vars_.append(var)
-            coefs.append(sc.value(j, t))
+            coefs.append(self.jv.value[key])
         for (t, w), cv in self.node_vars.items():  # fragmentation of whole free GPUs
             for p, var in zip(cv.pats, cv.count, strict=True):
                 used = sum(c * k for c, k in zip(p, cv.sizes, strict=True))
@@ -214,7 +201,7 @@ class WindowModel:
         """Hint every variable from `allocs` (single-node allocations of candidates)."""
         pos = {n.node_id: i for i, n in enumerate(self.nodes)}
         jpos = {self.jobs[j].job_id: j for j in self.types_of}
-        y_val = dict.fromkeys(self.y, 0)
+        placed: dict[int, str] = {}  # window position -> type it starts on
         node_use: dict[int, Counter[int]] = defaultdict(Counter)  # node -> slot size -> count
         gpu_use: dict[GpuRef, Counter[int]] = defaultdict(Counter)  # GPU -> share -> count
         for a in allocs:
@@ -224,9 +211,9 @@ class WindowModel:
             node_id, idx = a.gpus[0]
             n = pos[node_id]
             t = self.nodes[n].gpu_type
-            if (j, t) not in self.y:
+            if t not in self.types_of[j]:
                 continue
-            y_val[(j, t)] = 1
+            placed[j] = t
             if a.gpu_milli >= FULL_GPU:
                 node_use[n][len(idx)] += 1
                 continue
@@ -244,8 +231,7 @@ class WindowModel:
                 opened[t] += 1
             cv = self.fresh_vars.get(t) if f >= FULL_GPU else self.gpu_vars.get((t, f))
             self._count(cv, use, counts)
-        for key, var in self.y.items():
-            self.m.add_hint(var, y_val[key])
+        self.jv.hint(self.m, placed)
         for t, var in self.opened.items():
             self.m.add_hint(var, opened[t])
         for cv in [*self.node_vars.values(), *self.gpu_vars.values(), *self.fresh_vars.values()]:
@@ -265,6 +251,7 @@ class WindowModel:
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(time_limit_s, 0.001)
         solver.parameters.num_workers = workers
+        solver.parameters.cp_model_probing_level = 0  # probing alone costs ~90 ms here
         code = solver.solve(self.m)
         nvars = len(self.m.proto.variables)
         if code not in _STATUS:
@@ -278,6 +265,7 @@ class WindowModel:
 
     def _decode(self, solver: cp_model.CpSolver) -> list[Allocation]:
         nodes, out = self.nodes, []
+        starts = self.jv.decode(solver)  # (type, share, size) -> jobs starting there
         whole_slots: dict[tuple[str, int], list[tuple[int, tuple[int, ...]]]] = defaultdict(list)
         for (t, w), cv in self.node_vars.items():
             members = iter(self.classes.node_classes[(t, w)])
@@ -291,7 +279,7 @@ class WindowModel:
                             at += k
         fresh: dict[str, list[GpuRef]] = defaultdict(list)  # opened GPUs, per type
         for (t, k), slots in whole_slots.items():
-            jobs = [j for j in self._claimants(t, k, share=False) if solver.value(self.y[j, t])]
+            jobs = starts[(t, False, k)]
             for j, (n, idx) in zip(jobs, slots, strict=False):
                 out.append(Allocation(self.jobs[j].job_id, ((nodes[n].node_id, idx),)))
             fresh[t].extend((n, idx[0]) for n, idx in slots[len(jobs) :])
@@ -305,7 +293,7 @@ class WindowModel:
                     for c, k in zip(p, cv.sizes, strict=True):
                         share_slots[(cv.gpu_type, k)].extend([ref] * c)
         for (t, k), refs in share_slots.items():
-            jobs = [j for j in self._claimants(t, k, share=True) if solver.value(self.y[j, t])]
+            jobs = starts[(t, True, k)]
             for j, (n, g) in zip(jobs, refs, strict=True):
                 out.append(Allocation(self.jobs[j].job_id, ((nodes[n].node_id, (g,)),), k))
         return out

@@ -1,0 +1,130 @@
+"""Job-side variables of the MILP, aggregated so identical jobs do not multiply it.
+
+Jobs with the same demand (whole GPUs k, or share m) and the same fitting types
+form a job class. Its members differ only in value, so:
+
+    x_{j,s} ∈ {0,1}   job j starts on some type of speed group s (types of equal speed)
+    n_{c,t} ∈ Z+      members of job class c that start on type t
+    Σ_s x_{j,s} ≤ 1                      once
+    Σ_{j∈c} x_{j,s} = Σ_{t∈s} n_{c,t}     the class's starts, split by type
+    Σ_s x_{j,s} ≥ Σ_s x_{j',s}            j before j' in c by value (symmetry breaking:
+                                          swapping two members never loses value)
+
+This is y_{j,t} of milp.py with y_{j,t} ↦ (x_{j,speed(t)}, n_{c(j),t}): exact,
+because V_{j,t} depends on t only through speed_t.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from services.placement.objective import Scorer
+from shared.placement_api import FULL_GPU, JobRequest
+
+__all__ = ["JobClass", "JobVars"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobClass:
+    share: bool  # a single-GPU sharing job class
+    size: int  # whole GPUs per job, or milli of the share
+    types: tuple[str, ...]  # GPU types its jobs may use and could fit on
+    members: tuple[int, ...]  # window positions, most valuable first
+
+
+class JobVars:
+    def __init__(
+        self,
+        m: cp_model.CpModel,
+        jobs: Sequence[JobRequest],
+        types_of: Mapping[int, Sequence[str]],
+        scorer: Scorer,
+    ) -> None:
+        self.jobs = jobs
+        speed = scorer.speed
+        # speed group of each type: types of equal speed are interchangeable for value
+        self.group = {t: speed.get(t, 1.0) for ts in types_of.values() for t in ts}
+        self.classes = self._classes(jobs, types_of, scorer)
+        # x[j, s] = 1 iff job j starts on a type of speed group s
+        self.x: dict[tuple[int, float], cp_model.IntVar] = {}
+        # n[c, t] = members of job class c that start on type t
+        self.n: dict[tuple[int, str], cp_model.IntVar] = {}
+        self.value: dict[tuple[int, float], int] = {}  # objective coefficient of x[j, s]
+        for ci, c in enumerate(self.classes):
+            groups = sorted({self.group[t] for t in c.types})
+            for j in c.members:
+                for s in groups:
+                    self.x[j, s] = m.new_bool_var(f"x{j}_{s}")
+                    t = next(t for t in c.types if self.group[t] == s)
+                    self.value[j, s] = scorer.value(j, t)
+                if len(groups) > 1:
+                    m.add_at_most_one(self.x[j, s] for s in groups)
+            for t in c.types:
+                self.n[ci, t] = m.new_int_var(0, len(c.members), f"n{ci}_{t}")
+            for s in groups:
+                starts = [self.x[j, s] for j in c.members]
+                split = [self.n[ci, t] for t in c.types if self.group[t] == s]
+                m.add(sum(starts) == sum(split))
+            for a, b in zip(c.members, c.members[1:], strict=False):
+                m.add(sum(self.x[a, s] for s in groups) >= sum(self.x[b, s] for s in groups))
+
+    @staticmethod
+    def _classes(
+        jobs: Sequence[JobRequest], types_of: Mapping[int, Sequence[str]], scorer: Scorer
+    ) -> list[JobClass]:
+        members: dict[tuple[bool, int, tuple[str, ...]], list[int]] = defaultdict(list)
+        for j, ts in types_of.items():
+            share = jobs[j].gpu_milli < FULL_GPU
+            size = jobs[j].gpu_milli if share else jobs[j].num_gpus
+            members[(share, size, tuple(ts))].append(j)
+        out = []
+        for (share, size, ts), js in sorted(members.items()):
+            js.sort(key=lambda j: (-scorer.value(j, ts[0]), j))
+            out.append(JobClass(share, size, ts, tuple(js)))
+        return out
+
+    def users(self, t: str, share: bool, size: int) -> list[cp_model.IntVar]:
+        """n variables of the job classes that fill slots of this kind on type t."""
+        return [
+            self.n[ci, t]
+            for ci, c in enumerate(self.classes)
+            if c.share == share and c.size == size and t in c.types
+        ]
+
+    def hint(self, m: cp_model.CpModel, placed: Mapping[int, str]) -> None:
+        """Hint from a placement: window position -> GPU type it starts on."""
+        counts: dict[tuple[int, str], int] = defaultdict(int)
+        starts: dict[int, int] = defaultdict(int)  # class -> members started
+        for ci, c in enumerate(self.classes):
+            for j in c.members:
+                if j in placed and placed[j] in c.types:
+                    counts[ci, placed[j]] += 1
+                    starts[ci] += 1
+        # respect the symmetry breaking: the class's starts are its first members
+        for ci, c in enumerate(self.classes):
+            by_group: list[float] = []
+            for t in c.types:
+                by_group += [self.group[t]] * counts[ci, t]
+            for i, j in enumerate(c.members):
+                for s in {self.group[t] for t in c.types}:
+                    m.add_hint(self.x[j, s], int(i < len(by_group) and by_group[i] == s))
+            for t in c.types:
+                m.add_hint(self.n[ci, t], counts[ci, t])
+
+    def decode(self, solver: cp_model.CpSolver) -> dict[tuple[str, bool, int], list[int]]:
+        """(type, share, size) -> window positions of the jobs that start there."""
+        out: dict[tuple[str, bool, int], list[int]] = defaultdict(list)
+        for ci, c in enumerate(self.classes):
+            for s in sorted({self.group[t] for t in c.types}):
+                started = [j for j in c.members if solver.value(self.x[j, s])]
+                for t in c.types:
+                    if self.group[t] != s:
+                        continue
+                    k = solver.value(self.n[ci, t])
+                    out[(t, c.share, c.size)].extend(started[:k])
+                    started = started[k:]
+        return out
