@@ -18,7 +18,7 @@ return the top `k` by score (`shared.policy_features.encode`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -152,6 +152,10 @@ class Policy(Protocol):
         """`job` left the waiting queue (it started)."""
         ...
 
-    def window(self, k: int, obs: Observation) -> list[QueuedJob]:
-        """The first `k` waiting jobs in priority order, most urgent first."""
+    def window(self, k: int, obs: Observation) -> Iterable[QueuedJob]:
+        """The first `k` waiting jobs in priority order, most urgent first.
+
+        The caller may stop reading early (the simulator does once nothing more can
+        fit), so an iterator that computes lazily is the cheap way to answer.
+        """
         ...

@@ -40,6 +40,7 @@ from shared.traces import TraceJob
 __all__ = ["SimConfig", "SimResult", "Simulator", "simulate"]
 
 _FINISH, _TICK = 0, 1
+IN_ORDER_PLACERS = {"greedy"}  # place in window order, skipping what does not fit
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,8 @@ class Simulator:
         self.runs: list[_Run] = []
         self.events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, epoch)
         self.settled = True
+        self.in_order = int(placer.name in IN_ORDER_PLACERS)
+        self.has_limits = any(q.limit_gpus is not None for q in cluster.queues.values())
         self.preemptor = (
             Preemptor(self) if config.preempt and getattr(policy, "preemptive", False) else None
         )
@@ -192,10 +195,7 @@ class Simulator:
         self.settled = True
         if not self.waiting.count or not self.waiting.any_fits(self.state):
             return
-        k = self.config.window
-        window = self.policy.window(k, self.obs)
-        fits, queue_ok = self.state.fits, self._queue_allows
-        cands = [j for j in window if fits(j.num_gpus, j.gpu_milli, j.gpu_types) and queue_ok(j)]
+        cands = self._candidates()
         if not cands:
             return
         reqs = window_requests(cands)
@@ -212,14 +212,43 @@ class Simulator:
                 job is None
                 or claim is None
                 or alloc.gpu_milli != job.gpu_milli
-                or not queue_ok(job)
+                or not self._queue_allows(job)
             ):
                 self.result.conflicts += 1
                 continue
             self._start(self.runs[job.seq], claim, now)
             started += 1
-        if started and len(window) >= k:
-            self.settled = False  # jobs past the window may now be in it
+        if started and self.waiting.count:
+            self.settled = False  # jobs past the part of the window read may now be in it
+
+    def _candidates(self) -> list[QueuedJob]:
+        """The window jobs that could start, in order; stops once nothing more can fit.
+
+        Each could fit the free GPUs alone. With an in-order first-fit placer, and
+        as long as only untyped whole-GPU jobs were taken, `budget` is exactly the
+        whole GPUs the placer will have left, so a job that needs more is dropped
+        (the placer would skip it) and the scan ends when none is left: a round
+        costs what it starts, not the window size. After a typed or sharing job,
+        `budget` stops shrinking and is only an upper bound, which is still safe.
+        """
+        st = self.state
+        fits, limits = st.fits, self.has_limits
+        budget, exact = st.whole_total, self.in_order
+        out = []
+        for j in self.policy.window(self.config.window, self.obs):
+            if limits and not self._queue_allows(j):
+                continue
+            if j.gpu_types or (j.gpu_milli < FULL_GPU and j.num_gpus == 1):
+                if fits(j.num_gpus, j.gpu_milli, j.gpu_types):
+                    out.append(j)
+                    exact = False
+            elif j.num_gpus <= budget:
+                out.append(j)
+                if exact:
+                    budget -= j.num_gpus
+            if budget <= 0 and not st.partial:
+                break  # no whole GPU left for anyone, no shared GPU with room
+        return out
 
     def _queue_allows(self, job: QueuedJob) -> bool:
         q = self.cluster.queues.get(self.cluster.queue_of(job.vc))

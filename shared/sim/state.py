@@ -33,6 +33,7 @@ class ClusterState:
         self.whole_total = sum(self.size)
         self.total = self.whole_total
         self.held_milli = 0  # milli-GPUs held by running jobs
+        self.partial = 0  # GPUs partly taken by sharing jobs (0 < free < 1000)
         self._open = [i for i, g in enumerate(self.size) if g > 0]  # nodes with anything free
         self._view: dict[int, NodeFree] = {}
 
@@ -109,6 +110,7 @@ class ClusterState:
             before = row[g]
             row[g] = after = before + delta
             self.held_milli -= delta
+            self.partial += (0 < after < FULL_GPU) - (0 < before < FULL_GPU)
             if before == FULL_GPU:
                 self.whole[i] -= 1
                 self.whole_by_type[t] -= 1

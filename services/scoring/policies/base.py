@@ -12,6 +12,8 @@ import heapq
 from bisect import bisect_left, insort
 from collections.abc import Hashable, Iterator
 from itertools import islice
+from operator import itemgetter
+from typing import Any
 
 from shared.policy_api import Observation, PolicyContext, QueuedJob
 
@@ -38,18 +40,19 @@ class SortedQueue:
 
     def remove(self, key: Key) -> None:
         del self._keys[bisect_left(self._keys, key)]
-        del self._jobs[int(key[-1])]
+        del self._jobs[key[-1]]  # type: ignore[arg-type]
 
-    def head(self, k: int) -> list[QueuedJob]:
+    def head(self, k: int) -> Iterator[QueuedJob]:
+        """The first `k` jobs, lazily (a round often reads only a few)."""
         jobs = self._jobs
-        return [jobs[int(key[-1])] for key in self._keys[:k]]
+        return (jobs[key[-1]] for key in islice(self._keys, k))  # type: ignore[index]
 
     def first_key(self) -> Key:
         return self._keys[0]
 
     def keyed(self) -> Iterator[tuple[Key, QueuedJob]]:
         jobs = self._jobs
-        return ((key, jobs[int(key[-1])]) for key in self._keys)
+        return ((key, jobs[key[-1]]) for key in self._keys)  # type: ignore[index]
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -88,7 +91,7 @@ class StaticKeyPolicy(_Base):
     def remove(self, job: QueuedJob) -> None:
         self._queue.remove(self._key_of.pop(job.seq))
 
-    def window(self, k: int, obs: Observation) -> list[QueuedJob]:
+    def window(self, k: int, obs: Observation) -> Iterator[QueuedJob]:
         return self._queue.head(k)
 
 
@@ -130,30 +133,34 @@ class GroupedPolicy(_Base):
         if not len(q):
             del self._groups[gid]
 
-    def window(self, k: int, obs: Observation) -> list[QueuedJob]:
-        if not self._groups:
-            return []
-        ranked = [(self.group_rank(g, obs), q.first_key(), q) for g, q in self._groups.items()]
+    def window(self, k: int, obs: Observation) -> Iterator[QueuedJob]:
+        groups = self._groups
+        if not groups:
+            return iter(())
+        rank = self.group_rank
+        ranked = [(rank(g, obs), q.first_key(), n, q) for n, (g, q) in enumerate(groups.items())]
         if ranked[0][0] is None:
             return self._merged(k, obs)
-        ranked.sort(key=lambda x: (x[0], x[1]))
-        out: list[QueuedJob] = []
-        i = 0
-        while i < len(ranked) and len(out) < k:
+        ranked.sort()
+        return islice(self._by_rank(ranked), k)
+
+    @staticmethod
+    def _by_rank(ranked: list[tuple[Any, Key, int, SortedQueue]]) -> Iterator[QueuedJob]:
+        i, n = 0, len(ranked)
+        while i < n:
             j = i + 1
-            while j < len(ranked) and ranked[j][0] == ranked[i][0]:
+            while j < n and ranked[j][0] == ranked[i][0]:
                 j += 1
             if j == i + 1:
-                out.extend(ranked[i][2].head(k - len(out)))
+                q = ranked[i][3]
+                yield from q.head(len(q))
             else:  # equal ranks: FIFO across the tied groups
-                tied = heapq.merge(*(q.keyed() for _, _, q in ranked[i:j]), key=lambda x: x[0])
-                out.extend(job for _, job in islice(tied, k - len(out)))
+                tied = heapq.merge(*(r[3].keyed() for r in ranked[i:j]), key=itemgetter(0))
+                for _, job in tied:
+                    yield job
             i = j
-        return out
 
-    def _merged(self, k: int, obs: Observation) -> list[QueuedJob]:
-        streams = [
-            ((self.job_key(job, obs), job) for _, job in q.keyed()) for q in self._groups.values()
-        ]
-        merged = heapq.merge(*streams, key=lambda x: x[0])
-        return [job for _, job in islice(merged, k)]
+    def _merged(self, k: int, obs: Observation) -> Iterator[QueuedJob]:
+        key = self.job_key
+        streams = [((key(job, obs), job) for _, job in q.keyed()) for q in self._groups.values()]
+        return (job for _, job in islice(heapq.merge(*streams, key=itemgetter(0)), k))
