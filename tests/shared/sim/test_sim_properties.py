@@ -1,0 +1,83 @@
+"""Properties of the simulator over many random traces and clusters (hypothesis)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.placement.greedy import GreedyPlacer
+from services.scoring.policies import BASELINES, make_policy
+from shared.cluster import parse_cluster
+from shared.sim import SimConfig, simulate, write_jobs_csv
+from shared.traces import TraceJob
+from tests.shared.sim.jobs_check import violations
+
+TYPES = ("P100", "V100")
+SPEED = {"P100": 1.0, "V100": 2.0}
+
+
+@st.composite
+def job_lists(draw: st.DrawFn) -> list[TraceJob]:
+    n = draw(st.integers(1, 40))
+    jobs = []
+    for i in range(n):
+        gpus = draw(st.sampled_from([1, 1, 1, 2, 3, 4, 8, 9]))
+        milli = draw(st.sampled_from([1000, 1000, 300, 500])) if gpus == 1 else 1000
+        types = draw(st.sampled_from([(), (), ("P100",), ("V100",), ("P100", "V100")]))
+        jobs.append(
+            TraceJob(
+                f"j{i}",
+                float(draw(st.integers(0, 200))),
+                float(draw(st.integers(0, 100))),
+                gpus,
+                gpu_milli=milli,
+                gpu_types=types,
+                vc=draw(st.sampled_from(["a", "b", "c"])),
+            )
+        )
+    return jobs
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> dict:
+    groups = [
+        {
+            "name": f"g{i}",
+            "count": draw(st.integers(1, 3)),
+            "gpu_type": draw(st.sampled_from(TYPES)),
+            "gpus": draw(st.sampled_from([1, 2, 4, 8])),
+        }
+        for i in range(draw(st.integers(1, 3)))
+    ]
+    return {"nodes": groups, "speed": SPEED, "reference": "P100"}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(job_lists(), clusters(), st.sampled_from(BASELINES), st.booleans(), st.integers(1, 8))
+def test_invariants(
+    jobs: list[TraceJob], spec: dict, policy: str, preempt: bool, window: int
+) -> None:
+    cluster = parse_cluster(spec)
+    r = simulate(jobs, cluster, make_policy(policy), GreedyPlacer(), SimConfig(window, 1, preempt))
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "jobs.csv"
+        write_jobs_csv(r.records, out)
+        assert violations(out) == []
+    # every job either finished or was rejected; none is left waiting
+    finished = sum(1 for rec in r.records if rec.segments)
+    assert finished + sum(r.rejected.values()) == len(jobs)
+    assert r.conflicts == 0
+    by_id = {j.job_id: j for j in jobs}
+    node_type = {n.node_id: n.gpu_type for n in cluster.nodes}
+    for rec in r.records:
+        job = by_id[rec.job_id]
+        for seg in rec.segments:
+            used = {node_type[p.rsplit(":", 1)[0]] for p in seg.nodes.split(";")}
+            assert not job.gpu_types or used <= set(job.gpu_types)
+        if len(rec.segments) == 1:  # never preempted: ran duration x ref speed / its speed
+            seg = rec.segments[0]
+            speed = min(SPEED[t] for t in seg.gpu_type.split("+"))
+            assert abs((seg.finish_s - seg.start_s) - job.duration_s / speed) < 1e-6  # type: ignore[operator]
