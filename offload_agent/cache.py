@@ -75,18 +75,18 @@ class TensorCache:
     # ---- setup -------------------------------------------------------------
 
     def install(
-        self, items: Sequence[tuple[TensorSpec, torch.Tensor]], homes: Mapping[str, Tier]
+        self,
+        items: Sequence[tuple[TensorSpec, torch.Tensor]],
+        homes: Mapping[str, Tier],
+        fast_class: Mapping[str, int],
     ) -> None:
         """Put each tensor's current value at its home; the pools must be built."""
-        classes = self.fast.classes()
         for spec, data in items:
             home = homes[spec.tensor_id]
-            fits = [c for c in classes if c >= spec.nbytes]
-            if not fits:
-                raise PoolExhausted(
-                    f"no fast buffer class holds {spec.tensor_id} ({spec.nbytes} B)"
-                )
-            entry = Entry(spec, home=home, tier=home, fast_class=fits[0])
+            c = fast_class[spec.tensor_id]
+            if c < spec.nbytes or not self.fast.capacity(c):
+                raise PoolExhausted(f"no fast buffer of {c} B for {spec.tensor_id}")
+            entry = Entry(spec, home=home, tier=home, fast_class=c)
             self.residency.add(entry)
             if home is Tier.FAST:
                 entry.fast_slot = self.fast.take(entry.fast_class)
@@ -181,6 +181,7 @@ class TensorCache:
             got = self._slot_for(entry, demand=False, distance=distance)
             if got is None:
                 return
+            entry.last_use = self.clock  # just fetched: not the next LRU victim
             self._submit(entry, *got)
 
     def drain(self) -> None:

@@ -96,7 +96,9 @@ class OffloadEngine:
         for name, p in self.model.named_parameters():
             specs.append(TensorSpec(name, tuple(p.shape), p.dtype, "param"))
             if p.requires_grad:
-                specs += [TensorSpec(f"{name}#{k}", tuple(p.shape), p.dtype, k) for k in STATE_KINDS]
+                specs += [
+                    TensorSpec(f"{name}#{k}", tuple(p.shape), p.dtype, k) for k in STATE_KINDS
+                ]
         return specs
 
     # ---- lifecycle ---------------------------------------------------------
@@ -109,7 +111,9 @@ class OffloadEngine:
             if s.kind != "param":
                 values[s.tensor_id] = torch.zeros(s.shape, dtype=s.dtype)
         self._placeholders = {
-            n: torch.full((1,), float("nan"), dtype=p.dtype, device=self.device.fast_device).expand(p.shape)
+            n: torch.full((1,), float("nan"), dtype=p.dtype, device=self.device.fast_device).expand(
+                p.shape
+            )
             for n, p in self.params.items()
         }
         self._install(self._initial_setup(), values)
@@ -146,12 +150,16 @@ class OffloadEngine:
         what the disk would have (over its budget, said in the log)."""
         budgets = self.budgets
         if not self._store_ok:
-            budgets = Budgets(budgets.fast, max(budgets.host, sum(s.size_class for s in self.specs)))
+            budgets = Budgets(
+                budgets.fast, max(budgets.host, sum(s.size_class for s in self.specs))
+            )
         return lru_setup(self.specs, budgets)
 
     def _install(self, setup: Setup, values: dict[str, torch.Tensor]) -> None:
         if setup.uses_nvme and not self._store_ok:
-            raise SwapPathError(f"{setup.name} places tensors on NVMe but the NVMe tier is unusable")
+            raise SwapPathError(
+                f"{setup.name} places tensors on NVMe but the NVMe tier is unusable"
+            )
         fast = SlabPool("gpu", self.device.alloc_fast, self._limit(self.budgets.fast, setup))
         host = SlabPool("host", self.device.alloc_host, self._limit(self.budgets.host, setup))
         fast.build(setup.fast_layout)
@@ -169,7 +177,7 @@ class OffloadEngine:
         if self.device.fast_device.type != "cpu" and setup.uses_nvme:
             for c in fast.classes():
                 cache.add_staging(c, [self.device.alloc_host(c) for _ in range(2)])
-        cache.install([(s, values[s.tensor_id]) for s in self.specs], setup.homes)
+        cache.install([(s, values[s.tensor_id]) for s in self.specs], setup.homes, setup.fast_class)
         self.cache, self.setup_name = cache, setup.name
 
     def _limit(self, budget: int, setup: Setup) -> int:
@@ -260,7 +268,7 @@ class OffloadEngine:
         """Switch to `plan`; on any problem keep training on what runs now."""
         try:
             check_plan(plan, self.profile(), self.budgets)
-            setup = from_plan(plan)
+            setup = from_plan(plan, self.specs)
             if setup.uses_nvme and not self._store_ok:
                 raise PlanError(
                     f"plan for {plan.job_id} puts tensors on NVMe but the NVMe tier is unusable "

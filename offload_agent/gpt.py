@@ -26,7 +26,9 @@ class GPTConfig:
 
     def param_count(self) -> int:
         per_layer = 12 * self.dim * self.dim + 13 * self.dim
-        return 2 * self.vocab * self.dim + self.seq * self.dim + self.layers * per_layer + 2 * self.dim
+        return (
+            2 * self.vocab * self.dim + self.seq * self.dim + self.layers * per_layer + 2 * self.dim
+        )
 
 
 class Block(nn.Module):

@@ -43,7 +43,9 @@ class SavedRef:
     offset: int  # elements from the start of the cached tensor
 
 
-def install_hooks(model: nn.Module, names: dict[nn.Parameter, str], target: HookTarget) -> list[Any]:
+def install_hooks(
+    model: nn.Module, names: dict[nn.Parameter, str], target: HookTarget
+) -> list[Any]:
     handles: list[Any] = []
     for module in model.modules():
         own = [p for p in module.parameters(recurse=False) if p in names]

@@ -38,7 +38,7 @@ class SwapPathError(RuntimeError):
 
 
 def _memview(buf: torch.Tensor) -> memoryview:
-    return memoryview(buf.numpy()).cast("B")
+    return memoryview(buf.numpy()).cast("B")  # type: ignore[arg-type]
 
 
 class NvmeStore:

@@ -6,7 +6,8 @@
   away (Belady's rule, exact here because the order repeats every step). A
   prefetch never evicts something needed sooner than what it brings in.
 * `LayerOrderPolicy` (ZeRO-Infinity style): prefetch the next `window`
-  parameters in module (layer) order, whatever the phase; evict the least
+  parameters in module (layer) order, forward in the forward pass and backward
+  in the backward pass; optimizer states come on demand; evict the least
   recently used.
 * `OnDemandPolicy` (naive offload, and `none`): no prefetch, evict the least
   recently used.
@@ -98,21 +99,37 @@ class PlanPolicy:
 
 
 class LayerOrderPolicy:
+    """Parameters in module order; prefetch the next `window` in the direction the
+    step is going (forward: later layers, backward: earlier ones)."""
+
     name = "fixed"
     protect_sooner = False
 
     def __init__(self, layer_order: Sequence[str], window: int) -> None:
         self.window = window
-        self._cursor = _Cursor(layer_order, lookahead=len(layer_order) + 1)
+        self._order = list(layer_order)
+        self._index = {t: i for i, t in enumerate(self._order)}
+        self._at = -1
+        self._dir = 1
 
     def begin_step(self) -> None:
-        self._cursor.pos = 0
+        self._at, self._dir = -1, 1
 
     def on_use(self, tensor_id: str, clock: int) -> None:
-        self._cursor.advance(tensor_id)
+        i = self._index.get(tensor_id)
+        if i is None:
+            return
+        if i != self._at:
+            self._dir = 1 if i > self._at else -1
+        self._at = i
 
     def upcoming(self) -> list[tuple[str, float]]:
-        return self._cursor.ahead(self.window)
+        out = []
+        for k in range(1, self.window + 1):
+            i = self._at + k * self._dir
+            if 0 <= i < len(self._order):
+                out.append((self._order[i], float(k)))
+        return out
 
     def eviction_rank(self, tensor_id: str, last_use: int) -> float:
         return float(-last_use)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from offload_agent.policies import LayerOrderPolicy, OnDemandPolicy, PlanPolicy, Policy
 from offload_agent.residency import TensorSpec, Tier
-from services.profiler.planner import MIN_INUSE, Budgets
+from services.profiler.planner import MIN_INUSE, Budgets, buffer_classes, in_use_floor
 from shared.messages import PrefetchPlan
 
 __all__ = ["STRATEGIES", "Setup", "fixed_setup", "from_plan", "lru_setup", "none_setup"]
@@ -37,6 +37,7 @@ class Setup:
     host_layout: dict[int, int]
     homes: dict[str, Tier]
     policy: Policy
+    fast_class: dict[str, int]  # the fast buffer class each tensor uses
 
     @property
     def uses_nvme(self) -> bool:
@@ -47,7 +48,12 @@ def none_setup(specs: Sequence[TensorSpec]) -> Setup:
     layout: dict[int, int] = {}
     for s in specs:
         layout[s.size_class] = layout.get(s.size_class, 0) + 1
-    return Setup("none", layout, {}, {s.tensor_id: Tier.FAST for s in specs}, OnDemandPolicy())
+    homes = {s.tensor_id: Tier.FAST for s in specs}
+    return Setup("none", layout, {}, homes, OnDemandPolicy(), _own(specs))
+
+
+def _own(specs: Sequence[TensorSpec]) -> dict[str, int]:
+    return {s.tensor_id: s.size_class for s in specs}
 
 
 def _fill_homes(
@@ -68,11 +74,11 @@ def _fill_homes(
 
 def lru_setup(specs: Sequence[TensorSpec], budgets: Budgets) -> Setup:
     """Fast buffers per class in proportion to that class's bytes (at least
-    MIN_INUSE each), homes host-then-NVMe in the given (first-use) order."""
+    the in-use floor each), homes host-then-NVMe in the given (first-use) order."""
     by_class: dict[int, int] = {}
     for s in specs:
         by_class[s.size_class] = by_class.get(s.size_class, 0) + 1
-    floor = {c: min(n, MIN_INUSE) for c, n in by_class.items()}
+    floor = {c: min(n, in_use_floor(c)) for c, n in by_class.items()}
     spare = budgets.fast - sum(c * n for c, n in floor.items())
     if spare < 0:
         raise ValueError(
@@ -84,7 +90,7 @@ def lru_setup(specs: Sequence[TensorSpec], budgets: Budgets) -> Setup:
         extra = int(spare * (c * n / total)) // c
         layout[c] = min(n, floor[c] + extra)
     homes, host = _fill_homes(specs, budgets.host)
-    return Setup("lru", layout, host, homes, OnDemandPolicy())
+    return Setup("lru", layout, host, homes, OnDemandPolicy(), _own(specs))
 
 
 def fixed_setup(
@@ -102,11 +108,13 @@ def fixed_setup(
     homes.update({s.tensor_id: Tier.NVME for s in params})
     window = min(window, buffer_count - MIN_INUSE)
     policy = LayerOrderPolicy(layer_order, window)
-    return Setup("fixed", {buffer_size: buffer_count}, host, homes, policy)
+    one = {s.tensor_id: buffer_size for s in specs}
+    return Setup("fixed", {buffer_size: buffer_count}, host, homes, policy, one)
 
 
-def from_plan(plan: PrefetchPlan) -> Setup:
+def from_plan(plan: PrefetchPlan, specs: Sequence[TensorSpec]) -> Setup:
     fast = {c: t.get("gpu", 0) for c, t in plan.buffers.items() if t.get("gpu", 0)}
     host = {c: t.get("host", 0) for c, t in plan.buffers.items() if t.get("host", 0)}
     homes = {tid: _TIER[tier] for tid, tier in plan.placement.items()}
-    return Setup("tencache", fast, host, homes, PlanPolicy(plan.prefetch, plan.window))
+    classes = buffer_classes(plan, {s.tensor_id: s.nbytes for s in specs})
+    return Setup("tencache", fast, host, homes, PlanPolicy(plan.prefetch, plan.window), classes)

@@ -8,9 +8,13 @@ budgets of the fast tier (GPU) and the pinned host tier. Steps:
    so every buffer of a class holds any tensor of it and can be read into
    straight from a swap file.
 2. Streaming buffers per class: enough for the accesses of that class inside
-   any `window` consecutive accesses (what prefetch keeps in flight) plus
-   `MIN_INUSE` in use at once (a parameter and its two optimizer states, plus
-   one held by backward). The window shrinks until these fit the fast budget.
+   any `window` consecutive streamed accesses (what prefetch keeps in flight)
+   plus the buffers in use at once (a parameter and its two optimizer states,
+   plus one held by backward in small classes). A streamed class may borrow
+   the buffers of a class at most `MERGE` times bigger, so a few idle buffers
+   serve several sizes. The window shrinks until these take at most
+   `stream_share` of the fast budget: measured on the benchmark, a prefetch
+   lead of a few tensors is worth more than keeping a few more resident.
 3. Residents: the rest of the fast budget keeps tensors there for good,
    chosen by accesses per byte (ties: first used first) — every access to
    them is a hit and moves nothing. Small tensors go first at equal density.
@@ -37,13 +41,17 @@ __all__ = [
     "MIN_INUSE",
     "Budgets",
     "PlanError",
+    "buffer_classes",
     "build_plan",
     "check_plan",
+    "in_use_floor",
     "size_class",
 ]
 
 ALIGN = 4096  # equal to offload_agent.device.ALIGN (a test keeps them equal)
 MIN_INUSE = 4
+SMALL = 1 << 16  # classes up to this size get one more in-use buffer
+MERGE = 1.34  # a streamed class may use buffers of a class up to this much bigger
 TIERS = ("gpu", "host", "nvme")
 
 
@@ -85,18 +93,34 @@ def _window_need(order: Sequence[str], cls: dict[str, int], window: int) -> Coun
         live[cls[tid]] += 1
         if i >= window:
             live[cls[order[i - window]]] -= 1
-        for c, n in live.items():
-            if n > need[c]:
-                need[c] = n
+        c = cls[tid]
+        if live[c] > need[c]:
+            need[c] = live[c]
     return need
 
 
-def _stream_layout(
-    order: Sequence[str], cls: dict[str, int], streamed: set[str], window: int
-) -> dict[int, int]:
-    seq = [t for t in order if t in streamed]
-    need = _window_need(seq, cls, window) if window > 0 else Counter()
-    return {c: MIN_INUSE + need[c] for c in {cls[t] for t in streamed}}
+def in_use_floor(size: int) -> int:
+    """Buffers of a class that may be in use at once: a parameter and its two
+    optimizer states, plus (small classes, where LayerNorm weight and bias share
+    one) a weight held by backward."""
+    return MIN_INUSE if size <= SMALL else MIN_INUSE - 1
+
+
+def stream_classes(sizes: dict[str, int], streamed: set[str]) -> dict[str, int]:
+    """The buffer class each streamed tensor uses: its own size class, or a larger
+    streamed class at most MERGE times bigger (fewer classes, fewer idle buffers)."""
+    own = sorted({size_class(sizes[t]) for t in streamed}, reverse=True)
+    target: dict[int, int] = {}
+    for c in own:
+        bigger = [target[b] for b in own if b > c and target[b] <= c * MERGE]
+        target[c] = min(bigger) if bigger else c
+    return {t: target[size_class(sizes[t])] for t in streamed}
+
+
+def _stream_layout(order: Sequence[str], bufcls: dict[str, int], window: int) -> dict[int, int]:
+    seq = [t for t in order if t in bufcls]
+    need = _window_need(seq, bufcls, window) if window > 0 else Counter()
+    return {c: in_use_floor(c) + need[c] for c in set(bufcls.values())}
 
 
 def _bytes(layout: dict[int, int]) -> int:
@@ -104,32 +128,31 @@ def _bytes(layout: dict[int, int]) -> int:
 
 
 def build_plan(
-    profile: TensorProfile, budgets: Budgets, *, window: int = 8, version: int = 1
+    profile: TensorProfile,
+    budgets: Budgets,
+    *,
+    window: int = 8,
+    stream_share: float = 0.9,
+    version: int = 1,
 ) -> PrefetchPlan:
-    """The plan for one job; raises `PlanError` when no plan fits the budgets."""
+    """The plan for one job; raises `PlanError` when no plan fits the budgets.
+
+    `window` is the most streamed accesses prefetched ahead; it shrinks until the
+    streaming buffers take at most `stream_share` of the fast budget (or, failing
+    that, until they fit at all)."""
     sizes = _validate_profile(profile)
     cls = {t: size_class(n) for t, n in sizes.items()}
     uses = Counter(profile.order)
-    first = {}
+    first: dict[str, int] = {}
     for i, t in enumerate(profile.order):
         first.setdefault(t, i)
     ranked = sorted(sizes, key=lambda t: (-uses[t] / cls[t], first.get(t, 1 << 60), cls[t]))
-
-    streamed = set(sizes)
-    window = max(0, window)
-    stream = _stream_layout(profile.order, cls, streamed, window)
-    while _bytes(stream) > budgets.fast and window > 0:
-        window //= 2
-        stream = _stream_layout(profile.order, cls, streamed, window)
-    if _bytes(stream) > budgets.fast:
-        raise PlanError(
-            f"fast budget {budgets.fast} B cannot hold the {_bytes(stream)} B of buffers "
-            f"that streaming job {profile.job_id}'s tensors needs; raise the budget"
-        )
-
-    resident = _choose_residents(ranked, cls, streamed, stream, budgets.fast, profile.order, window)
+    window = _choose_window(profile.order, sizes, set(sizes), budgets.fast, window, stream_share)
+    resident = _choose_residents(ranked, cls, sizes, profile.order, budgets.fast, window)
+    streamed = set(sizes) - resident
+    bufcls = stream_classes(sizes, streamed)
+    stream = _stream_layout(profile.order, bufcls, window)
     placement, host_counts = _homes(ranked, cls, resident, budgets.host)
-    stream = _stream_layout(profile.order, cls, streamed - resident, window)
     buffers: dict[int, dict[str, int]] = {}
     for c, n in stream.items():
         buffers.setdefault(c, {})["gpu"] = n
@@ -138,41 +161,63 @@ def build_plan(
         slot["gpu"] = slot.get("gpu", 0) + 1
     for c, n in host_counts.items():
         buffers.setdefault(c, {})["host"] = n
-    prefetch = [t for t in profile.order if t not in resident]
     return PrefetchPlan(
         job_id=profile.job_id,
         version=version,
         buffers=buffers,
         placement=placement,
-        prefetch=prefetch,
+        prefetch=[t for t in profile.order if t not in resident],
         window=window,
     )
+
+
+def _choose_window(
+    order: Sequence[str],
+    sizes: dict[str, int],
+    streamed: set[str],
+    budget: int,
+    window: int,
+    share: float,
+) -> int:
+    bufcls = stream_classes(sizes, streamed)
+    fits = None
+    for w in range(max(0, window), -1, -1):
+        need = _bytes(_stream_layout(order, bufcls, w))
+        if need <= budget * share:
+            return w
+        if fits is None and need <= budget:
+            fits = w
+    if fits is None:
+        floor = _bytes(_stream_layout(order, bufcls, 0))
+        raise PlanError(
+            f"fast budget {budget} B cannot hold the {floor} B of buffers that streaming "
+            "this job's tensors needs; raise the budget"
+        )
+    return fits
 
 
 def _choose_residents(
     ranked: list[str],
     cls: dict[str, int],
-    streamed: set[str],
-    stream: dict[int, int],
-    budget: int,
+    sizes: dict[str, int],
     order: Sequence[str],
+    budget: int,
     window: int,
 ) -> set[str]:
-    """Greedy by accesses per byte; a class whose last streamed tensor becomes
-    resident gives its streaming buffers back to the budget."""
+    """Greedy by accesses per byte: keep a tensor for good while the residents plus
+    the streaming buffers the others still need fit the fast budget."""
     resident: set[str] = set()
-    left = budget - _bytes(stream)
-    per_class = Counter(cls[t] for t in streamed)
+    streamed = set(sizes)
+    used = _bytes(_stream_layout(order, stream_classes(sizes, streamed), window))
     for t in ranked:
-        c = cls[t]
-        refund = stream.get(c, 0) * c if per_class[c] == 1 else 0
-        if c <= left + refund:
+        rest = streamed - {t}
+        after = _bytes(_stream_layout(order, stream_classes(sizes, rest), window)) if rest else 0
+        resident_bytes = sum(cls[r] for r in resident) + cls[t]
+        if resident_bytes + after <= budget:
             resident.add(t)
-            per_class[c] -= 1
-            left -= c
-            if refund:
-                left += refund
-                stream.pop(c, None)
+            streamed = rest
+            used = resident_bytes + after
+    assert used <= budget
     return resident
 
 
@@ -223,21 +268,28 @@ def check_plan(plan: PrefetchPlan, profile: TensorProfile, budgets: Budgets) -> 
     _check_counts(plan, sizes)
 
 
+def buffer_classes(plan: PrefetchPlan, sizes: dict[str, int]) -> dict[str, int]:
+    """The fast buffer class of every tensor under `plan`: residents their own size
+    class, streamed tensors the class `stream_classes` gives (engine and check agree)."""
+    streamed = {t for t, tier in plan.placement.items() if tier != "gpu"}
+    out = {t: size_class(sizes[t]) for t, tier in plan.placement.items() if tier == "gpu"}
+    out.update(stream_classes(sizes, streamed))
+    return out
+
+
 def _check_counts(plan: PrefetchPlan, sizes: dict[str, int]) -> None:
-    """Every resident and host-homed tensor has its own buffer; streamed classes
-    keep at least MIN_INUSE free for use."""
-    want: dict[tuple[int, str], int] = Counter()
+    """Every resident and host-homed tensor has its own buffer, and every class that
+    streams keeps its in-use floor on top of its residents."""
+    want: Counter[tuple[int, str]] = Counter()
     for t, tier in plan.placement.items():
         if tier != "nvme":
             want[size_class(sizes[t]), tier] += 1
-    streamed = {size_class(sizes[t]) for t, tier in plan.placement.items() if tier != "gpu"}
+    streaming = {c for t, c in buffer_classes(plan, sizes).items() if plan.placement[t] != "gpu"}
+    for c in streaming:
+        want[c, "gpu"] += in_use_floor(c)
     for (c, tier), n in want.items():
-        extra = MIN_INUSE if tier == "gpu" and c in streamed else 0
         have = plan.buffers.get(c, {}).get(tier, 0)
-        if have < n + extra:
+        if have < n:
             raise PlanError(
-                f"plan for {plan.job_id}: {n + extra} {tier} buffers of {c} B needed, {have} given"
+                f"plan for {plan.job_id}: {n} {tier} buffers of {c} B needed, {have} given"
             )
-    for c in streamed:
-        if plan.buffers.get(c, {}).get("gpu", 0) < MIN_INUSE + want.get((c, "gpu"), 0):
-            raise PlanError(f"plan for {plan.job_id}: too few fast buffers of {c} B to stream")
