@@ -6,7 +6,7 @@ CSV (`../shared/traces/philly/philly-sep-oct.csv`, from the Pollux artifact):
 
 `timestamp` is the submit time (`YYYY-MM-DD HH:MM:SS`, read as UTC), `duration`
 the run time in seconds, `cluster` the virtual cluster (VC). Rows have no id;
-a job is named `philly-<data row number>` (1-based).
+a job is named `philly-<data line number>` (1-based, after the header).
 
 Raw JSON (msr-fiddle/philly-traces `cluster_job_log`): one JSON array of jobs
 
@@ -68,6 +68,8 @@ def _csv_jobs(
     width = len(header)
     with fh:
         for n, row in enumerate(rows, start=1):
+            if not row:
+                continue  # a blank line
             if len(row) != width:
                 stats.skip("bad row", ",".join(row))
                 continue
