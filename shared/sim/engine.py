@@ -20,6 +20,7 @@ only `placement_ms` (wall time of each solve) differs between identical runs.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import time
 from collections import Counter
@@ -133,6 +134,17 @@ class Simulator:
 
     # ---- the run loop -------------------------------------------------------------------
     def run(self, trace: Iterable[TraceJob]) -> SimResult:
+        """Simulate to the end. The cyclic GC is paused meanwhile: the run makes no
+        garbage cycles, and its scans of the live jobs cost a quarter of the time."""
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run(trace)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _run(self, trace: Iterable[TraceJob]) -> SimResult:
         t0 = time.perf_counter()
         ordered = sorted(trace, key=lambda j: j.submit_s)  # stable: file order breaks ties
         events = self.events
