@@ -1,0 +1,100 @@
+"""`rltune simulate` from the command line: the JSON contract and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shared.cli import main
+from shared.metrics import SUMMARY_KEYS
+
+ROOT = Path(__file__).resolve().parents[3]
+PHILLY_HEAD = "timestamp,duration,num_gpus,gpu_time,cluster\n"
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        PHILLY_HEAD
+        + "2017-10-01 00:00:00,100.0,1,100.0,a\n"
+        + "2017-10-01 00:00:10,50.0,2,100.0,b\n"
+        + "this,is,not,a,row\n"
+        + "2017-10-01 00:00:20,10.0,0,0.0,b\n"
+    )
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes:\n  - {name: n, gpu_type: P100, gpus: 2}\nreference: P100\n")
+    return {"trace": trace, "cluster": cluster, "dir": tmp_path}
+
+
+def sim(files: dict[str, Path], *extra: str, trace: Path | None = None) -> list[str]:
+    return [
+        "simulate", "--trace", str(trace or files["trace"]), "--format", "philly",
+        "--cluster", str(files["cluster"]), "--policy", "fifo", *extra,
+    ]  # fmt: skip
+
+
+def test_json_to_stdout_has_exactly_the_metric_keys(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(sim(files, "--json", "-")) == 0
+    out, err = capsys.readouterr()
+    s = json.loads(out)
+    assert list(s) == list(SUMMARY_KEYS)
+    assert s["jobs"] == 2 and s["avg_jct_s"] == (100 + 140) / 2  # b waits for a: 10..100
+    assert "1 bad row" in err and "1 zero GPUs" in err
+
+
+def test_limit_takes_the_first_jobs_by_submit(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = files["dir"] / "jobs.csv"
+    assert main(sim(files, "--limit", "1", "--jobs-out", str(out))) == 0
+    assert out.read_text().splitlines()[1].startswith("philly-1,a,")
+    assert len(out.read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"trace": "missing.csv"}, "trace file not found"),
+        ({"format": "phily"}, "unknown trace format 'phily'"),
+        ({"policy": "best"}, "unknown policy 'best'"),
+        ({"placer": "magic"}, "unknown placer 'magic'"),
+        ({"cluster": "nogpu.yaml"}, "the cluster has no GPUs"),
+        ({"cluster": "missing.yaml"}, "cluster file not found"),
+        ({"trace": "garbage.csv"}, "no usable job in the trace (2 bad row)"),
+        ({"trace": "binary.csv"}, "not a Philly CSV"),
+        ({"limit": "0"}, "--limit must be a positive number"),
+        ({"json": "/no/such/dir/out.json"}, "cannot write /no/such/dir/out.json"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], change: dict, message: str
+) -> None:
+    d = files["dir"]
+    (d / "nogpu.yaml").write_text("nodes:\n  - {name: n, gpu_type: P100, gpus: 0}\n")
+    (d / "garbage.csv").write_text(PHILLY_HEAD + "x,y,z,w,v\n\x00\x01,2\n")
+    (d / "binary.csv").write_bytes(b"\xff\xfe\x00garbage\x00" * 50)
+    args = {"trace": files["trace"], "format": "philly", "cluster": files["cluster"]}
+    args.update({"policy": "fifo"})
+    args.update({k: (d / v if k in ("trace", "cluster") else v) for k, v in change.items()})
+    argv = ["simulate"] + [x for k, v in args.items() for x in (f"--{k}", str(v))]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_missing_flag_through_the_real_entry_point(files: dict[str, Path]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "simulate", "--trace", str(files["trace"])],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2
+    assert "required" in done.stderr and "Traceback" not in done.stderr
