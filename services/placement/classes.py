@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from shared.placement_api import FULL_GPU, NodeFree
 
-__all__ = ["ClassIndex", "GpuRef", "enumerate_patterns", "index_classes"]
+__all__ = ["ClassIndex", "GpuRef", "enumerate_patterns", "index_classes", "used_capacity"]
 
 GpuRef = tuple[int, int]  # (node position in the input, GPU index on that node)
 
@@ -67,30 +67,38 @@ def enumerate_patterns(
     limit: int,
 ) -> tuple[list[tuple[int, ...]], bool]:
     """Non-empty multisets of `sizes` (count vectors, count_i <= max_counts[i]) with
-    Σ count_i · size_i <= capacity; at most `limit` of them, largest fills first.
+    Σ count_i · size_i <= capacity.
 
-    Returns the patterns and whether the list was cut at `limit`.
+    Past `limit` patterns, keep every single-slot pattern and then the fullest
+    ones (least capacity left), and say so (the second value): the model stays
+    feasible for every job but may miss the optimum.
     """
-    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
     out: list[tuple[int, ...]] = []
     counts = [0] * len(sizes)
-    truncated = False
+    hard_cap = 50 * limit  # stop enumerating at all past this
 
-    def rec(pos: int, left: int) -> None:
-        nonlocal truncated
-        if len(out) >= limit:
-            truncated = True
+    def rec(i: int, left: int) -> None:
+        if len(out) >= hard_cap:
             return
-        if pos == len(order):
+        if i == len(sizes):
             if left < capacity:  # non-empty
                 out.append(tuple(counts))
             return
-        i = order[pos]
         top = min(max_counts[i], left // sizes[i]) if sizes[i] > 0 else 0
-        for c in range(top, -1, -1):
+        for c in range(top + 1):
             counts[i] = c
-            rec(pos + 1, left - c * sizes[i])
+            rec(i + 1, left - c * sizes[i])
         counts[i] = 0
 
     rec(0, capacity)
-    return out, truncated
+    if len(out) <= limit:
+        return out, False
+    singles = [p for p in out if sum(p) == 1]
+    rest = sorted(
+        (p for p in out if sum(p) > 1), key=lambda p: used_capacity(p, sizes), reverse=True
+    )
+    return singles + rest[: max(limit - len(singles), 0)], True
+
+
+def used_capacity(p: tuple[int, ...], sizes: Sequence[int]) -> int:
+    return sum(c * s for c, s in zip(p, sizes, strict=True))

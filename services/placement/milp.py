@@ -56,12 +56,14 @@ FALLBACK_GREEDY, when the solver has no solution or its solution scores lower.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.placement.classes import index_classes
 from services.placement.frag import Workload
 from services.placement.greedy import greedy_allocations
+from services.placement.milp_hint import class_greedy_hint
 from services.placement.milp_model import WindowModel
 from services.placement.objective import ObjectiveWeights, Scorer
 from services.placement.state import apply_allocations
@@ -72,9 +74,11 @@ __all__ = ["MilpConfig", "MilpPlacer", "relevant_nodes"]
 
 @dataclass(frozen=True, slots=True)
 class MilpConfig:
-    time_limit_s: float = 0.040  # hard wall-clock limit of one CP-SAT solve
+    time_limit_s: float = 0.040  # wall-clock budget of one place(); CP-SAT gets what is left
+    min_solve_s: float = 0.010  # ... but never less than this
     workers: int = 1  # CP-SAT search workers (this machine has 2 cores; 1 is fastest at ms scale)
     max_patterns: int = 400  # per class; beyond it the pattern list is cut (reported)
+    warm_start: str = "classes"  # hint: "classes" (milp_hint.py) or "first-fit" (greedy.py)
     weights: ObjectiveWeights = field(default_factory=ObjectiveWeights)
 
 
@@ -97,54 +101,62 @@ class MilpPlacer:
         cfg = self.config
         nodes = relevant_nodes(jobs, nodes)
         scorer = Scorer(jobs, nodes, speed, cfg.weights, self.workload or Workload.of(jobs))
-        greedy = greedy_allocations(jobs, nodes)
-        greedy_obj = scorer.evaluate(greedy)
-        classes = index_classes(nodes)
         single, multi = _split(jobs, nodes)
-        model = WindowModel(jobs, single, nodes, classes, scorer, cfg.max_patterns)
-        model.hint([a for a in greedy if len(a.gpus) == 1])
-        left = cfg.time_limit_s - (time.perf_counter() - t0)
-        out = model.solve(left, cfg.workers)
-        extra = {
-            "greedy_objective": float(greedy_obj),
-            "bound": out.bound,
-            "variables": float(out.variables),
-            "patterns_truncated": float(out.truncated),
-        }
-        allocs: list[Allocation] = list(out.allocations)
-        status = out.status
-        if status in ("OPTIMAL", "TIMEOUT_FEASIBLE"):
+        model = WindowModel(jobs, single, nodes, index_classes(nodes), scorer, cfg.max_patterns)
+        if cfg.warm_start == "first-fit":
+            model.hint([a for a in greedy_allocations(jobs, nodes) if len(a.gpus) == 1])
+        else:
+            class_greedy_hint(model)
+        t1 = time.perf_counter()
+        out = model.solve(max(cfg.time_limit_s - (t1 - t0), cfg.min_solve_s), cfg.workers)
+        t2 = time.perf_counter()
+        if out.status in ("OPTIMAL", "TIMEOUT_FEASIBLE", "TIMEOUT_HINT"):
+            allocs = list(out.allocations)
             allocs += _spread(jobs, multi, apply_allocations(nodes, allocs))
-            obj = scorer.evaluate(allocs)
-        if status not in ("OPTIMAL", "TIMEOUT_FEASIBLE") or obj < greedy_obj:
-            extra["solver_status"] = 0.0 if status not in ("OPTIMAL", "TIMEOUT_FEASIBLE") else 1.0
-            allocs, obj, status = greedy, greedy_obj, "FALLBACK_GREEDY"
+            status = out.status
+        else:  # no solution in time: the greedy placement in priority order
+            allocs, status = greedy_allocations(jobs, nodes), "FALLBACK_GREEDY"
         return PlacementResult(
             allocations=tuple(allocs),
             solver_ms=(time.perf_counter() - t0) * 1e3,
             status=status,
-            objective=float(obj),
-            extra=extra,
+            objective=float(scorer.evaluate(allocs)),
+            extra={
+                "build_ms": (t1 - t0) * 1e3,
+                "cpsat_ms": (t2 - t1) * 1e3,
+                "bound": out.bound,
+                "variables": float(out.variables),
+                "patterns_truncated": float(out.truncated),
+            },
         )
 
 
 def relevant_nodes(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> list[NodeFree]:
-    """The nodes any placement of `jobs` could touch, in input order.
+    """The nodes a placement of `jobs` could touch, in input order.
 
-    Nodes with the same type and free shape are interchangeable, and a window
-    touches at most Σ_j k_j of them; so keep that many of each shape. Greedy
-    on the result places exactly as on all nodes (it always takes the first
-    fitting node, and untouched nodes of one shape are taken in order).
+    Nodes of one type and free shape are interchangeable, and a window touches
+    at most as many of them as it has jobs that fit them (a multi-node job
+    counts its GPUs); keep that many of each shape. Any sequential placer that
+    takes the first of equal nodes (greedy.py, baselines.py) places exactly as
+    on all nodes.
     """
-    cap = sum(j.num_gpus for j in jobs)
-    kept: dict[tuple[str, tuple[int, ...]], int] = {}
-    out = []
-    for n in nodes:
-        key = (n.gpu_type, n.free_milli)
-        if kept.get(key, 0) < cap and any(f > 0 for f in n.free_milli):
-            kept[key] = kept.get(key, 0) + 1
-            out.append(n)
-    return out
+    demand = Counter((j.num_gpus, j.gpu_milli, j.gpu_types) for j in jobs)
+    shapes: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+    for i, n in enumerate(nodes):
+        shapes.setdefault((n.gpu_type, n.free_milli), []).append(i)
+    keep: list[int] = []
+    for (t, free), members in shapes.items():
+        whole = sum(1 for f in free if f >= FULL_GPU)
+        cap = 0
+        for (k, milli, types), count in demand.items():
+            if types and t not in types:
+                continue
+            if milli < FULL_GPU:
+                cap += count if max(free) >= milli else 0
+            elif whole:
+                cap += count * (1 if k <= whole else k)
+        keep += members[:cap]
+    return [nodes[i] for i in sorted(keep)]
 
 
 def _split(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> tuple[list[int], list[int]]:

@@ -17,7 +17,7 @@ because V_{j,t} depends on t only through speed_t.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
@@ -115,16 +115,18 @@ class JobVars:
             for t in c.types:
                 m.add_hint(self.n[ci, t], counts[ci, t])
 
-    def decode(self, solver: cp_model.CpSolver) -> dict[tuple[str, bool, int], list[int]]:
+    def decode(
+        self, value: Callable[[cp_model.IntVar], int]
+    ) -> dict[tuple[str, bool, int], list[int]]:
         """(type, share, size) -> window positions of the jobs that start there."""
         out: dict[tuple[str, bool, int], list[int]] = defaultdict(list)
         for ci, c in enumerate(self.classes):
             for s in sorted({self.group[t] for t in c.types}):
-                started = [j for j in c.members if solver.value(self.x[j, s])]
+                started = [j for j in c.members if value(self.x[j, s])]
                 for t in c.types:
                     if self.group[t] != s:
                         continue
-                    k = solver.value(self.n[ci, t])
+                    k = value(self.n[ci, t])
                     out[(t, c.share, c.size)].extend(started[:k])
                     started = started[k:]
         return out

@@ -8,12 +8,12 @@ node / GPU indices.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from services.placement.classes import ClassIndex, GpuRef, enumerate_patterns
+from services.placement.classes import ClassIndex, GpuRef, enumerate_patterns, used_capacity
 from services.placement.milp_jobs import JobVars
 from services.placement.objective import Scorer
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
@@ -41,6 +41,7 @@ class _ClassVars:
     sizes: tuple[int, ...]  # slot sizes the counts refer to (GPUs, or milli)
     pats: list[tuple[int, ...]]
     count: list[cp_model.IntVar]
+    coef: list[int]  # objective coefficient of each pattern: − fragmentation it adds
 
 
 class WindowModel:
@@ -102,14 +103,20 @@ class WindowModel:
                 out[j] = ts
         return out
 
-    def _new_class(self, t: str, cap: int, sizes: Counter[int], ub: int) -> _ClassVars | None:
+    def _new_class(
+        self, t: str, cap: int, sizes: Counter[int], ub: int, node: bool
+    ) -> _ClassVars | None:
+        """Patterns and their count variables for one class (node or GPU level)."""
         keys = tuple(sorted(sizes))
         pats, cut = enumerate_patterns(cap, keys, [sizes[k] for k in keys], self._max_patterns)
         self.truncated |= cut
         if not pats:
             return None
         count = [self.m.new_int_var(0, ub, f"n{t}_{cap}_{i}") for i in range(len(pats))]
-        return _ClassVars(t, cap, keys, pats, count)
+        pen = self.scorer.node_pen if node else self.scorer.gpu_pen
+        # fragmentation the pattern adds: penalty of what it leaves − penalty of before
+        coef = [pen(t, cap) - pen(t, cap - used_capacity(p, keys)) for p in pats]
+        return _ClassVars(t, cap, keys, pats, count, coef)
 
     def _node_classes(self) -> dict[tuple[str, int], _ClassVars]:
         out: dict[tuple[str, int], _ClassVars] = {}
@@ -120,7 +127,7 @@ class WindowModel:
                 if t not in self.opened:
                     self.opened[t] = self.m.new_int_var(0, self.share_sizes[t].total(), f"o{t}")
                     self._opened_ub[t] = self.share_sizes[t].total()
-            cv = self._new_class(t, w, sizes, len(members)) if sizes else None
+            cv = self._new_class(t, w, sizes, len(members), True) if sizes else None
             if cv is not None:
                 out[(t, w)] = cv
         return out
@@ -129,12 +136,12 @@ class WindowModel:
         partial: dict[tuple[str, int], _ClassVars] = {}
         for (t, f), members in self.classes.gpu_classes.items():
             if self.share_sizes[t]:
-                cv = self._new_class(t, f, self.share_sizes[t], len(members))
+                cv = self._new_class(t, f, self.share_sizes[t], len(members), False)
                 if cv is not None:
                     partial[(t, f)] = cv
         fresh: dict[str, _ClassVars] = {}
         for t in self.opened:
-            cv = self._new_class(t, FULL_GPU, self.share_sizes[t], self._opened_ub[t])
+            cv = self._new_class(t, FULL_GPU, self.share_sizes[t], self._opened_ub[t], False)
             if cv is not None:
                 fresh[t] = cv
         return partial, fresh
@@ -149,50 +156,44 @@ class WindowModel:
             fresh = self.fresh_vars.get(t)
             m.add(o == (sum(fresh.count) if fresh else 0))
         # slots of each size offered by the patterns == jobs (and opened GPUs) using them
-        for t in sorted(set(self.whole_sizes) | set(self.opened)):
-            for k in sorted(set(self.whole_sizes[t]) | ({1} if t in self.opened else set())):
-                jobs = self.jv.users(t, False, k)
-                if k == 1 and t in self.opened:
-                    jobs.append(self.opened[t])
-                m.add(sum(jobs) == self._offered(self.node_vars.values(), t, k))
-        for t, sizes in self.share_sizes.items():
-            for k in sizes:
-                jobs = self.jv.users(t, True, k)
-                offered = self._offered([*self.gpu_vars.values(), *self.fresh_vars.values()], t, k)
-                m.add(sum(jobs) == offered)
+        offered = self._offered()
+        for (t, share, k), (vars_, coefs) in offered.items():
+            users = self.jv.users(t, share, k)
+            if not share and k == 1 and t in self.opened:
+                users.append(self.opened[t])
+            m.add(sum(users) == cp_model.LinearExpr.weighted_sum(vars_, coefs))
+        for t in self.opened:  # opened GPUs need size-1 slots even if no 1-GPU job exists
+            if (t, False, 1) not in offered:
+                m.add(self.opened[t] == 0)
+        for ci, c in enumerate(self.jv.classes):  # a job kind no pattern offers cannot start
+            for t in c.types:
+                if (t, c.share, c.size) not in offered:
+                    m.add(self.jv.n[ci, t] == 0)
 
-    @staticmethod
-    def _offered(classes: Sequence[_ClassVars] | object, t: str, size: int) -> cp_model.LinearExpr:
-        vars_: list[cp_model.IntVar] = []
-        coefs: list[int] = []
-        for cv in classes:  # type: ignore[attr-defined]
-            if cv.gpu_type != t or size not in cv.sizes:
-                continue
-            i = cv.sizes.index(size)
-            for p, var in zip(cv.pats, cv.count, strict=True):
-                if p[i]:
-                    vars_.append(var)
-                    coefs.append(p[i])
-        return cp_model.LinearExpr.weighted_sum(vars_, coefs)
+    def _offered(self) -> dict[tuple[str, bool, int], tuple[list[cp_model.IntVar], list[int]]]:
+        """(type, share, size) -> pattern-count variables and the slots each offers."""
+        out: dict[tuple[str, bool, int], tuple[list[cp_model.IntVar], list[int]]] = {}
+        groups = [(False, self.node_vars.values())]
+        groups.append((True, [*self.gpu_vars.values(), *self.fresh_vars.values()]))
+        for share, classes in groups:
+            for cv in classes:
+                for p, var in zip(cv.pats, cv.count, strict=True):
+                    for c, k in zip(p, cv.sizes, strict=True):
+                        if c:
+                            vars_, coefs = out.setdefault((cv.gpu_type, share, k), ([], []))
+                            vars_.append(var)
+                            coefs.append(c)
+        return out
 
     def _objective(self) -> None:
-        sc = self.scorer
         vars_: list[cp_model.IntVar] = []
         coefs: list[int] = []
         for key, var in self.jv.x.items():  # throughput
             vars_.append(var)
             coefs.append(self.jv.value[key])
-        for (t, w), cv in self.node_vars.items():  # fragmentation of whole free GPUs
-            for p, var in zip(cv.pats, cv.count, strict=True):
-                used = sum(c * k for c, k in zip(p, cv.sizes, strict=True))
-                vars_.append(var)
-                coefs.append(sc.node_pen(t, w) - sc.node_pen(t, w - used))
-        for cv in [*self.gpu_vars.values(), *self.fresh_vars.values()]:  # ... of shared GPUs
-            t, f = cv.gpu_type, cv.capacity
-            for p, var in zip(cv.pats, cv.count, strict=True):
-                used = sum(c * k for c, k in zip(p, cv.sizes, strict=True))
-                vars_.append(var)
-                coefs.append(sc.gpu_pen(t, f) - sc.gpu_pen(t, f - used))
+        for cv in [*self.node_vars.values(), *self.gpu_vars.values(), *self.fresh_vars.values()]:
+            vars_ += cv.count  # fragmentation added by each pattern
+            coefs += cv.coef
         self.m.maximize(cp_model.LinearExpr.weighted_sum(vars_, coefs))
 
     # ---- warm start: a feasible placement (the greedy one) as a complete hint -------
@@ -231,6 +232,13 @@ class WindowModel:
                 opened[t] += 1
             cv = self.fresh_vars.get(t) if f >= FULL_GPU else self.gpu_vars.get((t, f))
             self._count(cv, use, counts)
+        self.hint_values(placed, counts, opened)
+
+    def hint_values(
+        self, placed: dict[int, str], counts: dict[int, int], opened: Counter[str]
+    ) -> None:
+        """Hint all variables: job -> type started on, pattern variable index -> count,
+        type -> GPUs opened to sharing."""
         self.jv.hint(self.m, placed)
         for t, var in self.opened.items():
             self.m.add_hint(var, opened[t])
@@ -252,25 +260,33 @@ class WindowModel:
         solver.parameters.max_time_in_seconds = max(time_limit_s, 0.001)
         solver.parameters.num_workers = workers
         solver.parameters.cp_model_probing_level = 0  # probing alone costs ~90 ms here
+        solver.parameters.max_presolve_iterations = 1
+        solver.parameters.linearization_level = 2  # the pattern LP is tight: use it fully
         code = solver.solve(self.m)
         nvars = len(self.m.proto.variables)
-        if code not in _STATUS:
-            return SolveOutcome(solver.status_name(code), (), 0.0, self.truncated, nvars)
-        allocs = self._decode(solver)
+        if code not in _STATUS:  # e.g. the limit hit during presolve: the hint is feasible
+            hint = self.m.proto.solution_hint
+            if not hint.vars:
+                return SolveOutcome(solver.status_name(code), (), 0.0, self.truncated, nvars)
+            values = dict(zip(hint.vars, hint.values, strict=True))
+            allocs = self._decode(lambda v: values.get(v.index, 0))
+            return SolveOutcome("TIMEOUT_HINT", tuple(allocs), 0.0, self.truncated, nvars)
+        allocs = self._decode(solver.value)
         return SolveOutcome(
             _STATUS[code], tuple(allocs), solver.best_objective_bound, self.truncated, nvars
         )
 
     # ---- decoding: class counts -> concrete GPU indices -------------------------------
 
-    def _decode(self, solver: cp_model.CpSolver) -> list[Allocation]:
+    def _decode(self, value: Callable[[cp_model.IntVar], int]) -> list[Allocation]:
+        """Allocations from variable values (a solver's solution, or the hint)."""
         nodes, out = self.nodes, []
-        starts = self.jv.decode(solver)  # (type, share, size) -> jobs starting there
+        starts = self.jv.decode(value)  # (type, share, size) -> jobs starting there
         whole_slots: dict[tuple[str, int], list[tuple[int, tuple[int, ...]]]] = defaultdict(list)
         for (t, w), cv in self.node_vars.items():
             members = iter(self.classes.node_classes[(t, w)])
             for p, var in zip(cv.pats, cv.count, strict=True):
-                for _ in range(solver.value(var)):
+                for _ in range(value(var)):
                     n = next(members)
                     idx, at = self.classes.whole_idx[n], 0
                     for c, k in sorted(zip(p, cv.sizes, strict=True), key=lambda x: -x[1]):
@@ -288,7 +304,7 @@ class WindowModel:
         groups += [(cv, iter(fresh[t])) for t, cv in self.fresh_vars.items()]
         for cv, members in groups:
             for p, var in zip(cv.pats, cv.count, strict=True):
-                for _ in range(solver.value(var)):
+                for _ in range(value(var)):
                     ref = next(members)
                     for c, k in zip(p, cv.sizes, strict=True):
                         share_slots[(cv.gpu_type, k)].extend([ref] * c)
