@@ -24,7 +24,7 @@ import gc
 import heapq
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from shared.cluster import ClusterSpec
@@ -41,7 +41,8 @@ from shared.traces import TraceJob
 __all__ = ["SimConfig", "SimResult", "Simulator", "simulate"]
 
 _FINISH, _TICK = 0, 1
-IN_ORDER_PLACERS = {"greedy"}  # place in window order, skipping what does not fit
+IN_ORDER_PLACERS = {"greedy"}
+_REPORT_EVERY = 4096  # place in window order, skipping what does not fit
 
 
 @dataclass(frozen=True)
@@ -100,9 +101,15 @@ def simulate(
     policy: Policy,
     placer: Placer,
     config: SimConfig | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SimResult:
-    """Run `trace` (any order; simulated in submit order) to completion."""
-    return Simulator(cluster, policy, placer, config or SimConfig()).run(trace)
+    """Run `trace` (any order; simulated in submit order) to completion.
+
+    `progress(arrived, total)` is called every few thousand arrivals, if given.
+    """
+    sim = Simulator(cluster, policy, placer, config or SimConfig())
+    sim.progress = progress
+    return sim.run(trace)
 
 
 class Simulator:
@@ -121,6 +128,7 @@ class Simulator:
         self.runs: list[_Run] = []
         self.events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, epoch)
         self.settled = True
+        self.progress: Callable[[int, int], None] | None = None
         self.in_order = int(placer.name in IN_ORDER_PLACERS)
         self.has_limits = any(q.limit_gpus is not None for q in cluster.queues.values())
         self.preemptor = (
@@ -149,7 +157,11 @@ class Simulator:
         ordered = sorted(trace, key=lambda j: j.submit_s)  # stable: file order breaks ties
         events = self.events
         i, n = 0, len(ordered)
+        report = _REPORT_EVERY if self.progress is not None else n + 1
         while i < n or events:
+            if i >= report and self.progress is not None:
+                self.progress(i, n)
+                report = i + _REPORT_EVERY
             now = ordered[i].submit_s if i < n else events[0][0]
             if events and events[0][0] <= now:
                 now = events[0][0]
@@ -176,6 +188,8 @@ class Simulator:
                 freed |= self.preemptor.check(now)
             if freed or not self.settled or arrivals_fit or not self.policy.time_invariant:
                 self._round(now)
+        if self.progress is not None:
+            self.progress(n, n)
         self.result.records = [self._record(r) for r in self.runs]
         self.result.wall_s = time.perf_counter() - t0
         return self.result

@@ -1,0 +1,94 @@
+"""`rltune eval`: several policies on the same trace and cluster, compared in one
+table (markdown + CSV) and PNG plots, written to `--out DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from shared.cli.simulate import add_run_args
+from shared.cluster import load_cluster
+from shared.errors import UserError
+from shared.traces import SkipStats
+
+__all__ = ["register", "run"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="compare policies on one trace: table and plots")
+    add_run_args(p)
+    p.add_argument(
+        "--policies",
+        required=True,
+        help="comma-separated policy names, e.g. fifo,sjf-est,sjf-oracle,rl:MODEL",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for table and plots")
+    p.add_argument("--no-jobs", action="store_true", help="do not write jobs-<policy>.csv files")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+    from services.placement.registry import make_placer
+    from services.scoring.policies import make_policy
+    from shared.report import PolicyRun, markdown_table, write_csv, write_plots
+    from shared.sim import SimConfig, load_jobs, simulate, write_jobs_csv
+
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    if not names:
+        raise UserError("--policies names no policy")
+    policies = [make_policy(n) for n in names]  # every name checked before any long run
+    make_placer(args.placer)
+    out = _out_dir(args.out)
+    cluster = load_cluster(args.cluster)
+    stats = SkipStats()
+    jobs = load_jobs(args.trace, args.format, cluster, stats, args.limit)
+    config = SimConfig(window=args.window, seed=args.seed, preempt=args.preempt)
+    console = Console(stderr=True)
+    runs: list[PolicyRun] = []
+    columns = (
+        TextColumn("{task.description:<22}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} jobs"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as bar:
+        for name, policy in zip(names, policies, strict=True):
+            task = bar.add_task(policy.label, total=len(jobs))
+
+            def tick(done: int, total: int, task: TaskID = task) -> None:
+                bar.update(task, completed=done)
+
+            result = simulate(jobs, cluster, policy, make_placer(args.placer), config, tick)
+            runs.append(PolicyRun(policy.label, result.summary(), result.records, result.wall_s))
+            if not args.no_jobs:
+                write_jobs_csv(result.records, out / f"jobs-{name.replace(':', '_')}.csv")
+    table = markdown_table(runs)
+    (out / "summary.md").write_text(_preamble(args, len(jobs), stats, cluster.total_gpus) + table)
+    write_csv(runs, out / "summary.csv")
+    plots = write_plots(runs, cluster.total_gpus, out)
+    sys.stdout.write(table)
+    console.print(f"wrote {out / 'summary.md'}, summary.csv, " + ", ".join(p.name for p in plots))
+    return 0
+
+
+def _out_dir(path: str) -> Path:
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create --out {out}: {exc.strerror or exc}") from exc
+    return out
+
+
+def _preamble(args: argparse.Namespace, n: int, stats: SkipStats, gpus: int) -> str:
+    skipped = ", ".join(f"{k} {r}" for r, k in sorted(stats.counts.items())) or "none"
+    cmd = " ".join(["rltune", *sys.argv[1:]]) if sys.argv[1:2] == ["eval"] else "rltune eval ..."
+    return (
+        f"Trace `{args.trace}` ({args.format}, {n} jobs; rows skipped: {skipped}) on cluster "
+        f"`{args.cluster}` ({gpus} GPUs), placer `{args.placer}`, window {args.window}, "
+        f"seed {args.seed}{', preemption on' if args.preempt else ''}.\n\n`{cmd}`\n\n"
+    )

@@ -1,0 +1,142 @@
+"""Comparison of several simulated runs on one trace: a table (markdown and CSV)
+and PNG plots (JCT CDF, queueing delay over time, GPU utilisation over time).
+Used by `rltune eval`; plots use matplotlib's Agg backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.metrics import JobRecord, jct_cdf, queue_delay_series, utilisation_series
+
+__all__ = ["PolicyRun", "markdown_table", "write_csv", "write_plots"]
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    label: str  # e.g. "sjf-oracle (oracle)"
+    summary: dict[str, object]
+    records: list[JobRecord]
+    wall_s: float
+
+
+COLUMNS = (
+    ("policy", "policy"),
+    ("jobs", "jobs"),
+    ("avg_jct_s", "avg JCT (h)"),
+    ("p50_jct_s", "p50 JCT (h)"),
+    ("p99_jct_s", "p99 JCT (h)"),
+    ("avg_queue_s", "avg queue (h)"),
+    ("p99_queue_s", "p99 queue (h)"),
+    ("avg_bsld", "avg bsld"),
+    ("gpu_util", "GPU util"),
+    ("makespan_s", "makespan (d)"),
+    ("placement_p50_ms", "place p50 (ms)"),
+    ("placement_p99_ms", "place p99 (ms)"),
+    ("rejected", "rejected"),
+    ("wall_s", "sim wall (s)"),
+)
+
+
+def _cell(key: str, value: object) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {v}" for k, v in value.items()) or "0"
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "-"
+    if key.endswith("_jct_s") or key.endswith("_queue_s"):
+        return f"{value / 3600:.2f}"
+    if key == "makespan_s":
+        return f"{value / DAY:.1f}"
+    if key in ("avg_bsld", "wall_s"):
+        return f"{value:.2f}"
+    if key == "gpu_util":
+        return f"{value:.3f}"
+    if key.startswith("placement"):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def markdown_table(runs: Sequence[PolicyRun]) -> str:
+    head = "| " + " | ".join(title for _, title in COLUMNS) + " |"
+    rule = "|" + "|".join("---" if k == "policy" else "---:" for k, _ in COLUMNS) + "|"
+    rows = ["| " + " | ".join(_cell(k, _value(run, k)) for k, _ in COLUMNS) + " |" for run in runs]
+    return "\n".join([head, rule, *rows]) + "\n"
+
+
+def write_csv(runs: Sequence[PolicyRun], path: Path) -> None:
+    """The same table with the summary JSON's keys and units (seconds), one row per policy."""
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow([k for k, _ in COLUMNS])
+        for run in runs:
+            w.writerow([_raw(_value(run, k)) for k, _ in COLUMNS])
+
+
+def _value(run: PolicyRun, key: str) -> object:
+    if key == "policy":
+        return run.label
+    if key == "wall_s":
+        return run.wall_s
+    return run.summary.get(key)
+
+
+def _raw(v: object) -> object:
+    if isinstance(v, dict):
+        return ";".join(f"{k}={n}" for k, n in v.items())
+    return v
+
+
+def write_plots(runs: Sequence[PolicyRun], total_gpus: int, out: Path) -> list[Path]:
+    """jct_cdf.png, queue_delay.png, gpu_util.png in `out`; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = min((r.submit_s for run in runs for r in run.records), default=0.0)
+    paths = []
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for run in runs:
+        xs, fr = jct_cdf(run.records)
+        if xs:
+            ax.step([max(x, 1.0) / 3600 for x in xs], fr, where="post", label=run.label)
+    ax.set(
+        xscale="log", xlabel="JCT (hours, log scale)", ylabel="fraction of jobs", title="JCT CDF"
+    )
+    paths.append(_save(fig, ax, out / "jct_cdf.png"))
+    span = max((s.finish_s for run in runs for r in run.records for s in r.segments), default=t0)
+    bin_s = max(3600.0, (span - t0) / 120)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for run in runs:
+        t, q = queue_delay_series(run.records, bin_s)
+        ax.plot([(x - t0) / DAY for x in t], [v / 3600 for v in q], label=run.label)
+    ax.set(xlabel="submit time (days)", ylabel="mean queueing delay (hours)",
+           title=f"Queueing delay of jobs submitted per {bin_s / 3600:.1f} h")  # fmt: skip
+    paths.append(_save(fig, ax, out / "queue_delay.png"))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for run in runs:
+        t, u = utilisation_series(run.records, total_gpus, bin_s)
+        ax.plot([(x - t0) / DAY for x in t], u, label=run.label)
+    ax.set(xlabel="time (days)", ylabel="share of GPUs held", ylim=(0, 1.05),
+           title=f"GPU utilisation per {bin_s / 3600:.1f} h")  # fmt: skip
+    paths.append(_save(fig, ax, out / "gpu_util.png"))
+    return paths
+
+
+def _save(fig: object, ax: object, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    ax.grid(True, alpha=0.3)  # type: ignore[attr-defined]
+    ax.legend(fontsize=8)  # type: ignore[attr-defined]
+    fig.tight_layout()  # type: ignore[attr-defined]
+    fig.savefig(path, dpi=110)  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[arg-type]
+    return path
