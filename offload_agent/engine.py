@@ -120,8 +120,13 @@ class OffloadEngine:
         self._handles = install_hooks(self.model, self.names, self)
 
     def close(self) -> None:
+        """Wait for copies in flight and remove the hooks (errors already raised to
+        training, such as a bad swap file, are only logged here)."""
         if self.cache is not None:
-            self.cache.drain()
+            try:
+                self.cache.drain()
+            except Exception as exc:  # shutting down: report and go on
+                log.warning("offload engine closed with an I/O error: %s", exc)
         for h in self._handles:
             h.remove()  # type: ignore[attr-defined]
         self._handles = []

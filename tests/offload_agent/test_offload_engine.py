@@ -1,0 +1,195 @@
+"""The engine inside a training loop: numbers unchanged, buffers reused, copies
+never read early, bad plans and bad disks survived."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+
+import offload_agent.engine as engine_mod
+from offload_agent.device import ALIGN, CpuDevice
+from offload_agent.gpt import GPT, batch
+from offload_agent.nvme import NvmeStore, SwapFileError
+from offload_agent.residency import Tier
+from services.profiler.planner import build_plan
+from tests.offload_agent.tiny import PARAM_BYTES, TINY, MakeEngine, train
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[float]:
+    """Losses with everything resident (`none`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from offload_agent.engine import EngineConfig, OffloadEngine
+    from offload_agent.optim import AdamW
+
+    torch.manual_seed(0)
+    with ThreadPoolExecutor(1) as io:
+        e = OffloadEngine(
+            GPT(TINY),
+            AdamW(lr=1e-3),
+            EngineConfig(strategy="none"),
+            device=CpuDevice(),
+            store=None,
+            io=io,
+        )
+        e.start()
+        return train(e, STEPS)
+
+
+@pytest.mark.parametrize("strategy", ["lru", "fixed", "tencache"])
+def test_losses_identical_to_none(
+    make_engine: MakeEngine, reference: list[float], strategy: str
+) -> None:
+    engine = make_engine(strategy)
+    assert train(engine, STEPS) == reference
+    homes = {e.home for e in engine.cache.residency}  # type: ignore[union-attr]
+    assert Tier.NVME in homes  # the run really went through swap files
+
+
+def test_none_matches_torch_adamw(reference: list[float]) -> None:
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-2, foreach=False)
+    losses = []
+    for step in range(STEPS):
+        x, y = batch(TINY, 2, step)
+        loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))
+    assert losses == pytest.approx(reference, rel=1e-5)
+
+
+def test_buffers_allocated_once_after_warmup(make_engine: MakeEngine) -> None:
+    device = CpuDevice()
+    engine = make_engine("tencache", device=device)
+    train(engine, 2)  # warm-up, plan applied, one step on the plan
+    assert engine.setup_name == "tencache"
+    before = device.allocations
+    train(engine, 3, start=2)
+    assert device.allocations == before
+
+
+class SlowStore(NvmeStore):
+    """Reads take 5 ms, so prefetches are really in flight when compute comes."""
+
+    def read(self, tensor_id: str, buf: torch.Tensor, nbytes: int) -> None:
+        time.sleep(0.005)
+        super().read(tensor_id, buf, nbytes)
+
+
+def _assert_ready(engine: engine_mod.OffloadEngine, tensors: list[torch.Tensor]) -> None:
+    cache = engine.cache
+    assert cache is not None
+    for t in tensors:
+        entry = cache.owner(t)
+        assert entry is not None, "a cached tensor is used outside its fast buffer"
+        assert entry.tier is Tier.FAST
+        assert entry.pending is None or entry.pending.done()
+
+
+def test_no_tensor_used_while_its_copy_is_in_flight(
+    make_engine: MakeEngine, tmp_path: Path, reference: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine("tencache", fast=1.2, host=0.0, store=SlowStore(tmp_path / "slow"))
+    checked = {"modules": 0, "steps": 0}
+
+    def check_module(module: torch.nn.Module, args: object) -> None:
+        _assert_ready(engine, list(module.parameters(recurse=False)))
+        checked["modules"] += 1
+
+    for m in engine.model.modules():
+        if list(m.parameters(recurse=False)):
+            m.register_forward_pre_hook(check_module)  # runs after the engine's own hook
+
+    real_step = engine_mod.adamw_step
+
+    def checked_step(cfg, step, p, g, m, v):  # type: ignore[no-untyped-def]
+        _assert_ready(engine, [p, m, v])
+        checked["steps"] += 1
+        real_step(cfg, step, p, g, m, v)
+
+    monkeypatch.setattr(engine_mod, "adamw_step", checked_step)
+    assert train(engine, STEPS) == reference
+    assert checked["modules"] > 0 and checked["steps"] > 0
+    assert engine.stats.late + engine.stats.misses > 0  # copies really were in flight
+
+
+def test_plan_for_unknown_job_is_refused_and_training_goes_on(
+    make_engine: MakeEngine, reference: list[float]
+) -> None:
+    engine = make_engine("tencache", job_id="job-1")
+    losses = train(engine, 1, plan=False)
+    plan = build_plan(engine.profile(), engine.budgets)
+    foreign = msgspec.structs.replace(plan, job_id="someone-else")
+    assert not engine.apply_plan(foreign)
+    assert "someone-else" in engine.last_error and "job-1" in engine.last_error
+    assert engine.setup_name == "lru"  # the safe default
+    losses += train(engine, STEPS - 1, plan=False, start=1)
+    assert losses == reference
+
+
+def test_plan_over_budget_is_refused(make_engine: MakeEngine, reference: list[float]) -> None:
+    engine = make_engine("tencache")
+    losses = train(engine, 1, plan=False)
+    plan = build_plan(engine.profile(), engine.budgets)
+    greedy = msgspec.structs.replace(plan, buffers={**plan.buffers, 1 << 30: {"gpu": 4}})
+    assert not engine.apply_plan(greedy)
+    assert "budget" in engine.last_error
+    losses += train(engine, STEPS - 1, plan=False, start=1)
+    assert losses == reference
+
+
+def test_unreadable_nvme_path_falls_back_to_host(
+    make_engine: MakeEngine, tmp_path: Path, reference: list[float]
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    engine = make_engine("tencache", store=NvmeStore(blocker / "swap"))
+    assert "not usable" in engine.last_error
+    losses = train(engine, 1, plan=False)
+    plan = build_plan(engine.profile(), engine.budgets)
+    assert "nvme" in plan.placement.values()
+    assert not engine.apply_plan(plan)
+    assert "NVMe tier is unusable" in engine.last_error
+    losses += train(engine, STEPS - 1, plan=False, start=1)
+    assert losses == reference
+    assert all(e.home is not Tier.NVME for e in engine.cache.residency)  # type: ignore[union-attr]
+
+
+def test_corrupted_swap_file_stops_the_read(make_engine: MakeEngine, tmp_path: Path) -> None:
+    store = NvmeStore(tmp_path / "swap")
+    engine = make_engine("lru", fast=1.2, host=0.0, store=store)
+    train(engine, 1)
+    victims = [e for e in engine.cache.residency if e.tier is Tier.NVME]  # type: ignore[union-attr]
+    assert victims
+    for e in victims:
+        with open(store.path(e.spec.tensor_id), "r+b") as f:
+            f.seek(ALIGN + e.spec.nbytes // 2)  # inside the payload, past the header
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(SwapFileError):
+        train(engine, 1, start=1)
+
+
+def test_profile_records_forward_backward_and_optimizer(make_engine: MakeEngine) -> None:
+    engine = make_engine("tencache")
+    train(engine, 1, plan=False)
+    profile = engine.profile()
+    ids = [t[0] for t in profile.tensors]
+    assert len(ids) == len(set(ids)) == 3 * len(list(engine.model.parameters()))
+    order = profile.order
+    w = "blocks.0.fc.weight"
+    assert order.count(w) == 3  # forward, backward (saved for grad input), optimizer
+    assert order.index(w) < order.index(f"{w}#exp_avg")
+    assert profile.fast_budget_bytes == int(PARAM_BYTES * 1.5)
