@@ -1,0 +1,46 @@
+"""`rltune eval`: table and plots for several policies on one small trace."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from shared.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+RLTUNE = ROOT.parent / "shared" / "traces" / "rltune" / "synthetic_trace.csv"
+
+
+@pytest.mark.skipif(not RLTUNE.exists(), reason="no RLTune trace beside the checkout")
+def test_eval_writes_table_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(
+        "nodes:\n"
+        "  - {name: t4, count: 2, gpu_type: T4, gpus: 4}\n"
+        "  - {name: v100, count: 2, gpu_type: V100M32, gpus: 8}\n"
+        "  - {name: p100, count: 2, gpu_type: P100, gpus: 4}\n"
+        "  - {name: misc, count: 1, gpu_type: MISC, gpus: 8}\n"
+    )
+    out = tmp_path / "out"
+    argv = ["eval", "--trace", str(RLTUNE), "--format", "rltune", "--cluster", str(cluster)]
+    assert main([*argv, "--policies", "fifo,sjf-oracle,smallest", "--out", str(out)]) == 0
+    md = (out / "summary.md").read_text()
+    assert "| sjf-oracle (oracle) |" in md and "| fifo |" in md
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert [r["policy"] for r in rows] == ["fifo", "sjf-oracle (oracle)", "smallest"]
+    assert all(int(r["jobs"]) + sum(
+        int(x.split("=")[1]) for x in r["rejected"].split(";") if x
+    ) == 960 for r in rows)  # fmt: skip
+    for name in ("jct_cdf.png", "queue_delay.png", "gpu_util.png", "jobs-fifo.csv"):
+        assert (out / name).stat().st_size > 1000
+    assert (out / "jct_cdf.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_checks_every_policy_name_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["eval", "--trace", "x.csv", "--format", "philly", "--cluster", "c.yaml"]
+    assert main([*argv, "--policies", "fifo,sjf", "--out", str(tmp_path)]) == 2
+    assert "unknown policy 'sjf'" in capsys.readouterr().err
