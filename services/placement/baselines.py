@@ -96,7 +96,7 @@ def best_fit_score(job: JobRequest, shape: Shape) -> tuple[float, tuple[int, ...
         fits = [(f, g) for g, f in enumerate(free) if f >= job.gpu_milli]
         if not fits:
             return None
-        f, g = min(fits)  # tightest GPU
+        _, g = min(fits)  # tightest GPU
         return float(sum(free) - job.gpu_milli), (g,)
     idx = _whole_idx(free, job.num_gpus)
     return None if idx is None else (float(sum(free) - FULL_GPU * job.num_gpus), idx)

@@ -89,10 +89,11 @@ def _plus(cv: _ClassVars, p: Pattern | None, size: int) -> Pattern | None:
 def class_greedy_hint(wm: WindowModel) -> None:
     """Hint every variable of `wm` from a class-level greedy placement."""
     cls = wm.classes
+    node_cls: dict[Hashable, _ClassVars] = {k: cv for k, cv in wm.node_vars.items()}
     node_avail: dict[Hashable, int] = {k: len(cls.node_classes[k]) for k in wm.node_vars}
-    nodes = _Level(dict(wm.node_vars), node_avail, lambda k: k[0])  # type: ignore[index]
-    gpu_cls: dict[Hashable, _ClassVars] = dict(wm.gpu_vars)  # type: ignore[arg-type]
-    avail: dict[Hashable, int] = {k: len(cls.gpu_classes[k]) for k in wm.gpu_vars}  # type: ignore[index]
+    nodes = _Level(node_cls, node_avail, lambda k: k[0])  # type: ignore[index]
+    gpu_cls: dict[Hashable, _ClassVars] = {k: cv for k, cv in wm.gpu_vars.items()}
+    avail: dict[Hashable, int] = {k: len(cls.gpu_classes[k]) for k in wm.gpu_vars}
     for t, cv in wm.fresh_vars.items():
         gpu_cls[("fresh", t)] = cv
         avail[("fresh", t)] = 0  # grows as node slots are opened to sharing
@@ -129,8 +130,8 @@ def _steps(
 ) -> list[tuple[_Level, Option]] | None:
     """How one job would go on type t: the options to apply, best first; None if it cannot."""
     if milli >= FULL_GPU:
-        opt = nodes.best(t, k)
-        return None if opt is None else [(nodes, opt)]
+        whole = nodes.best(t, k)
+        return None if whole is None else [(nodes, whole)]
     fresh = ("fresh", t)
     ways: list[tuple[int, list[tuple[_Level, Option]]]] = []
     shared = gpus.best(t, milli)
@@ -139,6 +140,6 @@ def _steps(
     slot = nodes.best(t, 1) if fresh in gpus.classes else None
     q = _plus(gpus.classes[fresh], None, milli) if slot is not None else None
     if slot is not None and q is not None and q in gpus.gain[fresh]:
-        opt: Option = (gpus.gain[fresh][q], fresh, None, q)
-        ways.append((slot[0] + opt[0], [(nodes, slot), (gpus, opt)]))
+        open_gpu: Option = (gpus.gain[fresh][q], fresh, None, q)
+        ways.append((slot[0] + open_gpu[0], [(nodes, slot), (gpus, open_gpu)]))
     return max(ways, key=lambda w: w[0])[1] if ways else None

@@ -173,7 +173,7 @@ class WindowModel:
     def _offered(self) -> dict[tuple[str, bool, int], tuple[list[cp_model.IntVar], list[int]]]:
         """(type, share, size) -> pattern-count variables and the slots each offers."""
         out: dict[tuple[str, bool, int], tuple[list[cp_model.IntVar], list[int]]] = {}
-        groups = [(False, self.node_vars.values())]
+        groups: list[tuple[bool, list[_ClassVars]]] = [(False, list(self.node_vars.values()))]
         groups.append((True, [*self.gpu_vars.values(), *self.fresh_vars.values()]))
         for share, classes in groups:
             for cv in classes:
@@ -282,34 +282,46 @@ class WindowModel:
         """Allocations from variable values (a solver's solution, or the hint)."""
         nodes, out = self.nodes, []
         starts = self.jv.decode(value)  # (type, share, size) -> jobs starting there
-        whole_slots: dict[tuple[str, int], list[tuple[int, tuple[int, ...]]]] = defaultdict(list)
-        for (t, w), cv in self.node_vars.items():
-            members = iter(self.classes.node_classes[(t, w)])
-            for p, var in zip(cv.pats, cv.count, strict=True):
-                for _ in range(value(var)):
-                    n = next(members)
-                    idx, at = self.classes.whole_idx[n], 0
-                    for c, k in sorted(zip(p, cv.sizes, strict=True), key=lambda x: -x[1]):
-                        for _ in range(c):
-                            whole_slots[(t, k)].append((n, idx[at : at + k]))
-                            at += k
-        fresh: dict[str, list[GpuRef]] = defaultdict(list)  # opened GPUs, per type
-        for (t, k), slots in whole_slots.items():
+        fresh: dict[str, list[GpuRef]] = defaultdict(list)  # GPUs opened to sharing, per type
+        for (t, k), slots in self._whole_slots(value).items():
             jobs = starts[(t, False, k)]
             for j, (n, idx) in zip(jobs, slots, strict=False):
                 out.append(Allocation(self.jobs[j].job_id, ((nodes[n].node_id, idx),)))
             fresh[t].extend((n, idx[0]) for n, idx in slots[len(jobs) :])
-        share_slots: dict[tuple[str, int], list[GpuRef]] = defaultdict(list)
-        groups = [(cv, iter(self.classes.gpu_classes[k])) for k, cv in self.gpu_vars.items()]
-        groups += [(cv, iter(fresh[t])) for t, cv in self.fresh_vars.items()]
-        for cv, members in groups:
-            for p, var in zip(cv.pats, cv.count, strict=True):
-                for _ in range(value(var)):
-                    ref = next(members)
-                    for c, k in zip(p, cv.sizes, strict=True):
-                        share_slots[(cv.gpu_type, k)].extend([ref] * c)
-        for (t, k), refs in share_slots.items():
+        for (t, k), refs in self._share_slots(value, fresh).items():
             jobs = starts[(t, True, k)]
             for j, (n, g) in zip(jobs, refs, strict=True):
                 out.append(Allocation(self.jobs[j].job_id, ((nodes[n].node_id, (g,)),), k))
         return out
+
+    def _whole_slots(
+        self, value: Callable[[cp_model.IntVar], int]
+    ) -> dict[tuple[str, int], list[tuple[int, tuple[int, ...]]]]:
+        """(type, k) -> (node, GPU indices) of each k-GPU slot the node patterns offer."""
+        slots: dict[tuple[str, int], list[tuple[int, tuple[int, ...]]]] = defaultdict(list)
+        for (t, w), cv in self.node_vars.items():
+            node_iter = iter(self.classes.node_classes[(t, w)])
+            for p, var in zip(cv.pats, cv.count, strict=True):
+                for _ in range(value(var)):
+                    n = next(node_iter)
+                    idx, at = self.classes.whole_idx[n], 0
+                    for c, k in sorted(zip(p, cv.sizes, strict=True), key=lambda x: -x[1]):
+                        for _ in range(c):
+                            slots[(t, k)].append((n, idx[at : at + k]))
+                            at += k
+        return slots
+
+    def _share_slots(
+        self, value: Callable[[cp_model.IntVar], int], fresh: dict[str, list[GpuRef]]
+    ) -> dict[tuple[str, int], list[GpuRef]]:
+        """(type, milli) -> the GPU of each share slot the GPU patterns offer."""
+        slots: dict[tuple[str, int], list[GpuRef]] = defaultdict(list)
+        members_of = [(cv, iter(self.classes.gpu_classes[k])) for k, cv in self.gpu_vars.items()]
+        members_of += [(cv, iter(fresh[t])) for t, cv in self.fresh_vars.items()]
+        for cv, gpu_iter in members_of:
+            for p, var in zip(cv.pats, cv.count, strict=True):
+                for _ in range(value(var)):
+                    ref = next(gpu_iter)
+                    for c, k in zip(p, cv.sizes, strict=True):
+                        slots[(cv.gpu_type, k)].extend([ref] * c)
+        return slots
