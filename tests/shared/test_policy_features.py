@@ -1,0 +1,49 @@
+"""The observation encoder on a hand-set cluster state."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from shared.cluster import parse_cluster
+from shared.placement_api import Allocation
+from shared.policy_api import History, QueuedJob
+from shared.policy_features import JOB_FEATURES, cluster_features, encode
+from shared.sim.observe import SimObservation, WaitingIndex
+from shared.sim.state import ClusterState
+
+
+def test_encode_by_hand() -> None:
+    spec = parse_cluster(
+        {"nodes": [{"name": "p", "count": 2, "gpu_type": "P100", "gpus": 4},
+                   {"name": "v", "gpu_type": "V100", "gpus": 8}]}
+    )  # fmt: skip
+    state = ClusterState(spec)
+    assert state.claim(Allocation("r", (("p-0", (0, 1)),)), 2) is not None  # 2 P100 busy
+    waiting, history = WaitingIndex(), History()
+    a = QueuedJob(0, "a", 100.0, 4, gpu_types=frozenset({"P100"}), vc="x")
+    b = QueuedJob(1, "b", 50.0, 1, gpu_milli=500, vc="y", attained_gpu_s=99.0)
+    for j in (a, b):
+        waiting.add(j)
+    history.record(QueuedJob(9, "old", 0.0, 4, vc="x"), 999.0)
+    obs = SimObservation(state, waiting, history, {})
+    obs.now = 1099.0
+    x, mask = encode([a, b], obs, max_jobs=3)
+    assert x.shape == (3, len(JOB_FEATURES)) and mask.tolist() == [True, True, False]
+    f = dict(zip(JOB_FEATURES, x[0].tolist(), strict=True))
+    assert f["log2_gpus"] == 2.0 and f["share"] == 1.0 and f["types_allowed"] == 0.5
+    assert math.isclose(f["log_wait_s"], 3.0, rel_tol=1e-6)  # log10(1 + 999)
+    assert (
+        math.isclose(f["log_mean_run_group_s"], 3.0, rel_tol=1e-6) and f["has_group_history"] == 1
+    )
+    assert f["fits_now"] == 1.0  # 6 P100 free
+    assert math.isclose(f["demand_over_free"], (4 + 0.5) / 6, rel_tol=1e-6)  # a (P100) + b (any)
+    assert math.isclose(f["free_over_total"], 6 / 8, rel_tol=1e-6)
+    assert math.isclose(f["fragmentation"], 2 / 6, rel_tol=1e-6)  # 2 of 6 free P100 on a used node
+    g = dict(zip(JOB_FEATURES, x[1].tolist(), strict=True))
+    assert g["share"] == 0.5 and g["types_allowed"] == 1.0 and g["has_group_history"] == 0
+    assert math.isclose(g["log_attained_gpu_s"], 2.0, rel_tol=1e-6)
+    assert not np.any(x[2])
+    c = cluster_features(obs)
+    np.testing.assert_allclose(c, [6 / 8, 4.5 / 8, 2 / 6, 1.0, 0.5 / 8, 0.0, 2 / 1000], rtol=1e-6)
