@@ -306,6 +306,7 @@ class Simulator:
         job = run.job
         self._stop(run, now)
         run.work = 0.0
+        run.epoch += 1  # its pending threshold checks are stale now
         self.history.record(job, sum(s.finish_s - s.start_s for s in run.segments))
 
     def _stop(self, run: _Run, now: float) -> None:

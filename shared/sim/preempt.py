@@ -2,11 +2,13 @@
 
 A preemptive policy also gives
 * `rank(job, attained_gpu_s) -> tuple`: smaller = more urgent, comparable between
-  a waiting and a running job;
+  a waiting and a running job, and constant between two thresholds;
 * `next_threshold(attained_gpu_s) -> float | None`: the attained service at which a
-  job's rank next drops (the simulator then schedules a check).
+  job's rank next changes (the simulator schedules a check at that time).
 
-At each arrival and each such drop, the first few window jobs that do not fit
+Running jobs are kept sorted by rank (re-ranked only at their thresholds), so
+finding victims costs what it stops, not the number of running jobs. At each
+arrival and each threshold crossing, the first few window jobs that do not fit
 may stop running jobs of a strictly lower rank, least urgent first, but only if
 stopping them frees enough GPUs of the allowed types for the job to fit.
 """
@@ -14,6 +16,7 @@ stopping them frees enough GPUs of the allowed types for the job to fit.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from typing import TYPE_CHECKING, Any
 
 from shared.placement_api import FULL_GPU
@@ -31,15 +34,36 @@ class Preemptor:
         self.sim = sim
         self.policy: Any = sim.policy
         self.running: dict[int, _Run] = {}
+        self._ranked: list[tuple[Any, int]] = []  # (rank, seq) of running jobs, sorted
+        self._rank_of: dict[int, Any] = {}
 
     def started(self, run: _Run, now: float) -> None:
         self.running[run.job.seq] = run
+        self._rank(run, run.job.attained_gpu_s)
         self._schedule(run, now, run.job.attained_gpu_s)
 
     def ticked(self, run: _Run, now: float) -> None:
-        """A running job crossed a threshold: schedule its next one."""
+        """A running job crossed a threshold: re-rank it and schedule its next one."""
         job = run.job
-        self._schedule(run, now, job.attained_gpu_s + job.gpus * (now - run.seg_start))
+        if job.seq not in self.running:
+            return
+        attained = job.attained_gpu_s + job.gpus * (now - run.seg_start)
+        self._unrank(job.seq)
+        self._rank(run, attained)
+        self._schedule(run, now, attained)
+
+    def stopped(self, run: _Run) -> None:
+        if self.running.pop(run.job.seq, None) is not None:
+            self._unrank(run.job.seq)
+
+    def _rank(self, run: _Run, attained: float) -> None:
+        rank = self.policy.rank(run.job, attained)
+        self._rank_of[run.job.seq] = rank
+        insort(self._ranked, (rank, run.job.seq))
+
+    def _unrank(self, seq: int) -> None:
+        rank = self._rank_of.pop(seq)
+        del self._ranked[bisect_left(self._ranked, (rank, seq))]
 
     def _schedule(self, run: _Run, now: float, attained: float) -> None:
         job = run.job
@@ -48,45 +72,35 @@ class Preemptor:
             at = now + (nxt - attained) / job.gpus
             heapq.heappush(self.sim.events, (at, 1, job.seq, run.epoch))
 
-    def stopped(self, run: _Run) -> None:
-        self.running.pop(run.job.seq, None)
-
     def check(self, now: float) -> bool:
         """Preempt for the most urgent waiting jobs; True if anything was stopped."""
         sim = self.sim
         if not sim.waiting.count or not self.running:
             return False
         stopped = False
-        for job in sim.policy.window(_HEADS, sim.obs):
+        for job in list(sim.policy.window(_HEADS, sim.obs)):
             if sim.state.fits(job.num_gpus, job.gpu_milli, job.gpu_types):
                 continue
-            victims = self._victims(job, now)
-            if victims:
-                for run in victims:
-                    sim.preempt(run, now)
+            for run in self._victims(job):
+                sim.preempt(run, now)
                 stopped = True
         return stopped
 
-    def _victims(self, job: Any, now: float) -> list[_Run]:
+    def _victims(self, job: Any) -> list[_Run]:
+        """Running jobs of lower rank whose GPUs let `job` fit, least urgent first; or []."""
         sim = self.sim
         mine = self.policy.rank(job, job.attained_gpu_s)
-        ranked = []
-        for run in self.running.values():
+        need = job.num_gpus - sim.state.whole_free(job.gpu_types)
+        out = []
+        for rank, seq in reversed(self._ranked):
+            if not rank > mine:
+                break
+            run = self.running[seq]
             r = run.job
             if r.gpu_milli < FULL_GPU and r.num_gpus == 1:
                 continue
-            rank = self.policy.rank(r, r.attained_gpu_s + r.gpus * (now - run.seg_start))
-            if rank > mine:
-                ranked.append((rank, run))
-        ranked.sort(key=lambda x: x[0], reverse=True)
-        need = job.num_gpus - sim.state.whole_free(job.gpu_types)
-        out = []
-        for _, run in ranked:
-            got = sum(
-                len(g)
-                for i, g in run.claim
-                if not job.gpu_types or sim.state.node_type[i] in job.gpu_types
-            )
+            types = job.gpu_types
+            got = sum(len(g) for i, g in run.claim if not types or sim.state.node_type[i] in types)
             if got:
                 out.append(run)
                 need -= got
