@@ -147,8 +147,9 @@ def build_plan(
     for i, t in enumerate(profile.order):
         first.setdefault(t, i)
     ranked = sorted(sizes, key=lambda t: (-uses[t] / cls[t], first.get(t, 1 << 60), cls[t]))
-    window = _choose_window(profile.order, sizes, set(sizes), budgets.fast, window, stream_share)
-    resident = _choose_residents(ranked, cls, sizes, profile.order, budgets.fast, window)
+    resident, window = _choose(
+        profile.order, ranked, cls, sizes, budgets.fast, window, stream_share
+    )
     streamed = set(sizes) - resident
     bufcls = stream_classes(sizes, streamed)
     stream = _stream_layout(profile.order, bufcls, window)
@@ -171,29 +172,33 @@ def build_plan(
     )
 
 
-def _choose_window(
+def _choose(
     order: Sequence[str],
+    ranked: list[str],
+    cls: dict[str, int],
     sizes: dict[str, int],
-    streamed: set[str],
     budget: int,
     window: int,
     share: float,
-) -> int:
-    bufcls = stream_classes(sizes, streamed)
-    fits = None
+) -> tuple[set[str], int]:
+    """The largest window whose streaming buffers, next to the residents chosen for
+    it, take at most `share` of the budget; else the largest that fits at all."""
+    fallback: tuple[set[str], int] | None = None
     for w in range(max(0, window), -1, -1):
-        need = _bytes(_stream_layout(order, bufcls, w))
-        if need <= budget * share:
-            return w
-        if fits is None and need <= budget:
-            fits = w
-    if fits is None:
-        floor = _bytes(_stream_layout(order, bufcls, 0))
+        resident, stream_bytes, total = _choose_residents(ranked, cls, sizes, order, budget, w)
+        if total > budget:
+            continue
+        if stream_bytes <= budget * share:
+            return resident, w
+        if fallback is None:
+            fallback = (resident, w)
+    if fallback is None:
+        floor = _bytes(_stream_layout(order, stream_classes(sizes, set(sizes)), 0))
         raise PlanError(
             f"fast budget {budget} B cannot hold the {floor} B of buffers that streaming "
             "this job's tensors needs; raise the budget"
         )
-    return fits
+    return fallback
 
 
 def _choose_residents(
@@ -203,22 +208,37 @@ def _choose_residents(
     order: Sequence[str],
     budget: int,
     window: int,
-) -> set[str]:
+) -> tuple[set[str], int, int]:
     """Greedy by accesses per byte: keep a tensor for good while the residents plus
-    the streaming buffers the others still need fit the fast budget."""
-    resident: set[str] = set()
-    streamed = set(sizes)
-    used = _bytes(_stream_layout(order, stream_classes(sizes, streamed), window))
+    the streaming buffers the others still need fit the fast budget. Returns the
+    residents, the streaming bytes and the total."""
+    resident, streamed = set(), set(sizes)
+    stream = _bytes(_stream_layout(order, stream_classes(sizes, streamed), window))
+    cheap = _cheap(order, sizes, window)
+    rest = streamed - cheap
+    after = _bytes(_stream_layout(order, stream_classes(sizes, rest), window)) if rest else 0
+    if sum(cls[t] for t in cheap) + after <= budget:
+        resident, streamed, stream = set(cheap), rest, after
+    resident_bytes = sum(cls[t] for t in resident)
     for t in ranked:
+        if t in resident:
+            continue
         rest = streamed - {t}
         after = _bytes(_stream_layout(order, stream_classes(sizes, rest), window)) if rest else 0
-        resident_bytes = sum(cls[r] for r in resident) + cls[t]
-        if resident_bytes + after <= budget:
+        if resident_bytes + cls[t] + after <= budget:
             resident.add(t)
-            streamed = rest
-            used = resident_bytes + after
-    assert used <= budget
-    return resident
+            resident_bytes += cls[t]
+            streamed, stream = rest, after
+    return resident, stream, resident_bytes + stream
+
+
+def _cheap(order: Sequence[str], sizes: dict[str, int], window: int) -> set[str]:
+    """Tensors of classes with no more members than streaming them would need
+    buffers: keeping all of them costs no more bytes, and every access hits."""
+    bufcls = stream_classes(sizes, set(sizes))
+    layout = _stream_layout(order, bufcls, window)
+    members = Counter(bufcls.values())
+    return {t for t, c in bufcls.items() if members[c] <= layout[c]}
 
 
 def _homes(

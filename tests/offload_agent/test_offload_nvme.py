@@ -39,15 +39,32 @@ def test_constructor_touches_no_file(tmp_path: Path) -> None:
     assert not (tmp_path / "never").exists()
 
 
-def test_corrupted_byte_is_detected(store: NvmeStore) -> None:
+@pytest.mark.parametrize("kind", ["sum64", "crc32"])
+@pytest.mark.parametrize("where", [0, 7, 500, 996, 999])
+def test_corrupted_byte_is_detected(tmp_path: Path, kind: str, where: int) -> None:
+    store = NvmeStore(tmp_path / "swap", check=kind)
+    store.prepare()
     src = _buf(ALIGN)
     src.fill_(7)
     store.write("t", src, 1000)
     with open(store.path("t"), "r+b") as f:
-        f.seek(ALIGN + 500)
+        f.seek(ALIGN + where)
         f.write(b"\x00")
     with pytest.raises(SwapFileError, match="checksum"):
         store.read("t", _buf(ALIGN), 1000)
+
+
+def test_swapped_words_are_detected(store: NvmeStore) -> None:
+    src = _buf(ALIGN)
+    src[:16].copy_(torch.arange(16, dtype=torch.uint8))
+    store.write("t", src, 64)
+    with open(store.path("t"), "r+b") as f:
+        f.seek(ALIGN)
+        first, second = f.read(8), f.read(8)
+        f.seek(ALIGN)
+        f.write(second + first)
+    with pytest.raises(SwapFileError, match="checksum"):
+        store.read("t", _buf(ALIGN), 64)
 
 
 def test_truncated_file_is_detected(store: NvmeStore) -> None:
