@@ -63,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
                 bar.update(task, completed=done)
 
             result = simulate(jobs, cluster, policy, make_placer(args.placer), config, tick)
-            runs.append(PolicyRun(policy.label, result.summary(), result.records, result.wall_s))
+            label = policy.label
+            if args.preempt and getattr(policy, "preemptive", False):
+                label += " +preempt"
+            runs.append(PolicyRun(label, result.summary(), result.records, result.wall_s))
             if not args.no_jobs:
                 write_jobs_csv(result.records, out / f"jobs-{name.replace(':', '_')}.csv")
     table = markdown_table(runs)
