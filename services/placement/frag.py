@@ -26,7 +26,7 @@ FGD evaluate a placement in O(1) per node class (baselines.py).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from shared.placement_api import FULL_GPU, JobRequest, NodeFree
@@ -66,6 +66,25 @@ class Workload:
             counts[shape] += 1
         total = sum(counts.values()) or 1
         return cls(tuple((s, c / total) for s, c in sorted(counts.items(), key=_shape_key)))
+
+    def pressure(self, free_by_type: Mapping[str, float]) -> dict[str, float]:
+        """κ_t: how much of the demand that may run only on some types falls on t,
+        over t's share of the free capacity (0 when no restricted pod wants t).
+
+        Restricted demand is spread over its allowed types by their free capacity.
+        """
+        total_free = sum(free_by_type.values()) or 1.0
+        demand = sum(p * s.num_gpus * s.gpu_milli for s, p in self.shapes) or 1.0
+        on: dict[str, float] = dict.fromkeys(free_by_type, 0.0)
+        for s, p in self.shapes:
+            allowed = [t for t in s.gpu_types if free_by_type.get(t, 0.0) > 0]
+            room = sum(free_by_type[t] for t in allowed)
+            for t in allowed:
+                on[t] += p * s.num_gpus * s.gpu_milli * free_by_type[t] / room
+        return {
+            t: (on[t] / demand) / (free / total_free) if free > 0 else 0.0
+            for t, free in free_by_type.items()
+        }
 
     def table(self, gpu_type: str) -> FragTable:
         """Fragmentation coefficients of one GPU type (cached)."""

@@ -34,10 +34,11 @@ Constraints
     pattern packs shares on one GPU, so shares never exceed a GPU.
 
 Objective (objective.py; all coefficients integers)
-    max Σ_{j,t} V_{j,t}·y_{j,t}
+    max Σ_{j,t} (V_{j,t} − T_{j,t})·y_{j,t}
         − Σ_{c,p} (P^node_t(W − |p|) − P^node_t(W))·z_{c,p}
         − Σ_{g,q} (P^gpu_t(f − |q|) − P^gpu_t(f))·v_{g,q}
     V_{j,t} = value_scale · k_j·m_j/1000 · weight_j · π_j · speed_t
+    T_{j,t} = type_weight · k_j·m_j · κ_t   (κ_t: pressure of type-restricted demand on t)
     π_j = 1 + position_weight·(|J| − i_j)/|J|        (head of the window is worth more)
     P^node, P^gpu: the node and GPU terms of the ATC'23 fragmentation F_n (frag.py),
     so the penalty is exactly the fragmentation the placement adds.
@@ -99,8 +100,12 @@ class MilpPlacer:
     ) -> PlacementResult:
         t0 = time.perf_counter()
         cfg = self.config
+        workload = self.workload or Workload.of(jobs)
+        free_by_type: dict[str, float] = {}
+        for n in nodes:
+            free_by_type[n.gpu_type] = free_by_type.get(n.gpu_type, 0.0) + sum(n.free_milli)
         nodes = relevant_nodes(jobs, nodes)
-        scorer = Scorer(jobs, nodes, speed, cfg.weights, self.workload or Workload.of(jobs))
+        scorer = Scorer(jobs, nodes, speed, cfg.weights, workload, workload.pressure(free_by_type))
         single, multi = _split(jobs, nodes)
         model = WindowModel(jobs, single, nodes, index_classes(nodes), scorer, cfg.max_patterns)
         if cfg.warm_start == "first-fit":

@@ -107,7 +107,8 @@ def class_greedy_hint(wm: WindowModel) -> None:
             steps = _steps(job.gpu_milli, job.num_gpus, t, nodes, gpus)
             if steps is None:
                 continue
-            gain = wm.jv.value[(j, wm.jv.group[t])] + sum(o[0] for _, o in steps)
+            gain = wm.jv.value[(j, wm.jv.group[t])] - wm.scorer.type_pen(j, t)
+            gain += sum(o[0] for _, o in steps)
             if choice is None or gain > choice[0]:
                 choice = (gain, t, steps)
         if choice is None or choice[0] <= 0:

@@ -191,6 +191,9 @@ class WindowModel:
         for key, var in self.jv.x.items():  # throughput
             vars_.append(var)
             coefs.append(self.jv.value[key])
+        for (ci, t), var in self.jv.n.items():  # capacity restricted jobs will need
+            vars_.append(var)
+            coefs.append(-self.scorer.type_pen(self.jv.classes[ci].members[0], t))
         for cv in [*self.node_vars.values(), *self.gpu_vars.values(), *self.fresh_vars.values()]:
             vars_ += cv.count  # fragmentation added by each pattern
             coefs += cv.coef

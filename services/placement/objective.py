@@ -1,13 +1,15 @@
 """The placement objective, in integers, shared by the MILP and by everything that
 scores a placement (the MILP's greedy comparison, the benchmark, the tests).
 
-    objective = Σ_{placed j on type t} V_j,t                       (throughput)
+    objective = Σ_{placed j on type t} (V_j,t − T_j,t)             (throughput)
               − Σ_n (P_n(after) − P_n(before))                     (fragmentation)
               − spread_weight · Σ_j (nodes of j − 1)               (spread)
 
     V_j,t = round(value_scale · g_j · w_j · π_j · speed_t)
     g_j   = num_gpus_j · gpu_milli_j / 1000       GPUs the job holds
     π_j   = 1 + position_weight · (J − i_j) / J    window position i_j = 0 .. J−1
+    T_j,t = round(type_weight · k_j·m_j · κ_t)      κ_t: pressure of type-restricted demand
+                                                   on t (frag.Workload.pressure)
     P_n   = round(frag_weight · node term) + Σ_g round(frag_weight · GPU term)
 
 with the node and GPU terms of the ATC'23 fragmentation F_n (frag.py). A job
@@ -32,6 +34,8 @@ class ObjectiveWeights:
     position_weight: float = 1.0  # how much more the head of the window is worth than its tail
     frag_weight: float = 1.0  # per milli-GPU of fragmentation created
     spread_weight: float = 50_000.0  # per node beyond the first of a multi-node job
+    leftover_weight: float = 0.0  # per milli left free on a partially used GPU (best-fit term)
+    type_weight: float = 1.0  # per milli placed on type t, times κ_t (Workload.pressure)
 
 
 class Scorer:
@@ -44,8 +48,10 @@ class Scorer:
         speed: Mapping[str, float],
         weights: ObjectiveWeights,
         workload: Workload,
+        pressure: Mapping[str, float] | None = None,
     ) -> None:
         self.jobs = jobs
+        self.pressure = pressure or {}  # κ_t of each GPU type
         self.nodes = nodes
         self.speed = speed
         self.weights = weights
@@ -64,6 +70,12 @@ class Scorer:
         speed = self.speed.get(gpu_type, 1.0)
         return round(self.weights.value_scale * gpus * job.weight * self._prio[j] * speed / 1000)
 
+    def type_pen(self, j: int, gpu_type: str) -> int:
+        """Cost of using type t's capacity that restricted jobs will need: T_j,t."""
+        job = self.jobs[j]
+        kappa = self.pressure.get(gpu_type, 0.0)
+        return round(self.weights.type_weight * job.num_gpus * job.gpu_milli * kappa)
+
     def node_pen(self, gpu_type: str, whole_free: int) -> int:
         """Penalty of a node's `whole_free` untouched GPUs (integer part of P_n)."""
         key = (gpu_type, whole_free)
@@ -79,7 +91,9 @@ class Scorer:
         v = self._gpu_pen.get(key)
         if v is None:
             raw = self.workload.table(gpu_type).gpu(free)
-            v = self._gpu_pen[key] = round(self.weights.frag_weight * raw)
+            left = free if 0 < free < FULL_GPU else 0
+            w = self.weights
+            v = self._gpu_pen[key] = round(w.frag_weight * raw + w.leftover_weight * left)
         return v
 
     def node_penalty(self, node: NodeFree) -> int:
@@ -97,6 +111,7 @@ class Scorer:
             types = [by_id[n].gpu_type for n in a.node_ids]
             slowest = min(types, key=lambda t: self.speed.get(t, 1.0))
             value += self.value(self._pos[a.job_id], slowest)
+            value -= self.type_pen(self._pos[a.job_id], types[0])
             spread += len(a.gpus) - 1
             touched.update(a.node_ids)
         after = {n.node_id: n for n in apply_allocations(self.nodes, allocs)}
