@@ -92,6 +92,18 @@ class MilpPlacer:
         self.config = config or MilpConfig()
         self.workload = workload
 
+    def scorer(
+        self, jobs: Sequence[JobRequest], nodes: Sequence[NodeFree], speed: Mapping[str, float]
+    ) -> Scorer:
+        """The objective this placer optimises for a window, over its relevant nodes."""
+        workload = self.workload or Workload.of(jobs)
+        free_by_type: dict[str, float] = {}
+        for n in nodes:
+            free_by_type[n.gpu_type] = free_by_type.get(n.gpu_type, 0.0) + sum(n.free_milli)
+        pressure = workload.pressure(free_by_type)
+        kept = relevant_nodes(jobs, nodes)
+        return Scorer(jobs, kept, speed, self.config.weights, workload, pressure)
+
     def place(
         self,
         jobs: Sequence[JobRequest],
@@ -100,12 +112,8 @@ class MilpPlacer:
     ) -> PlacementResult:
         t0 = time.perf_counter()
         cfg = self.config
-        workload = self.workload or Workload.of(jobs)
-        free_by_type: dict[str, float] = {}
-        for n in nodes:
-            free_by_type[n.gpu_type] = free_by_type.get(n.gpu_type, 0.0) + sum(n.free_milli)
-        nodes = relevant_nodes(jobs, nodes)
-        scorer = Scorer(jobs, nodes, speed, cfg.weights, workload, workload.pressure(free_by_type))
+        scorer = self.scorer(jobs, nodes, speed)
+        nodes = scorer.nodes
         single, multi = _split(jobs, nodes)
         model = WindowModel(jobs, single, nodes, index_classes(nodes), scorer, cfg.max_patterns)
         if cfg.warm_start == "first-fit":
