@@ -39,10 +39,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--placer", default="greedy")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--limit", type=int, default=None, help="only the first N jobs")
     args = p.parse_args(argv)
     cluster = load_cluster(args.cluster)
     t0 = time.perf_counter()
-    jobs = load_jobs(args.trace, args.format, cluster, SkipStats())
+    jobs = load_jobs(args.trace, args.format, cluster, SkipStats(), args.limit)
     read_s = time.perf_counter() - t0
     name = Path(args.trace).name
     print(f"trace {name}: {len(jobs)} jobs read in {read_s:.2f} s (not timed below)")
@@ -63,7 +64,7 @@ def main(argv: list[str]) -> int:
             verdict = f" (target {target:,.0f}: {'met' if rates[name] >= target else 'MISSED'})"
         print(
             f"{name:>12}: {rates[name]:>9,.0f} jobs/s best, {median:>9,.0f} median of {len(times)};"
-            f" {result.rounds} placer calls, {result.events} event times{verdict}"
+            f" queue up to {result.max_waiting}, {result.rounds} placer calls{verdict}"
         )
     names = list(rates)
     for other in names[1:]:

@@ -62,6 +62,7 @@ class SimResult:
     events: int = 0
     conflicts: int = 0  # allocations refused because the GPUs were not free
     preemptions: int = 0
+    max_waiting: int = 0  # longest the waiting queue got
     wall_s: float = 0.0
 
     def summary(self) -> dict[str, object]:
@@ -215,6 +216,8 @@ class Simulator:
     def _enqueue(self, job: QueuedJob) -> None:
         self.waiting.add(job)
         self.policy.add(job)
+        if self.waiting.count > self.result.max_waiting:
+            self.result.max_waiting = self.waiting.count
 
     # ---- one round ----------------------------------------------------------------------
     def _round(self, now: float) -> None:
