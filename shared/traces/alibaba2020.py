@@ -27,6 +27,7 @@ import csv
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from shared.errors import UserError
 from shared.traces import SkipStats, TraceJob
@@ -73,8 +74,8 @@ def _paths(p: Path) -> tuple[Path, Path]:
     return p, task
 
 
-def _rows(fh: object, cols: tuple[str, ...]) -> Iterator[list[str]]:
-    for n, row in enumerate(csv.reader(fh)):  # type: ignore[arg-type]
+def _rows(fh: IO[str], cols: tuple[str, ...]) -> Iterator[list[str]]:
+    for n, row in enumerate(csv.reader(fh)):
         if n == 0 and row[:2] == list(cols[:2]):
             continue  # a header line
         yield row
@@ -107,8 +108,8 @@ def _read_tasks(path: Path, stats: SkipStats) -> dict[str, _Agg]:
     return out
 
 
-def _jobs(fh: object, tasks: dict[str, _Agg], stats: SkipStats) -> Iterator[TraceJob]:
-    with fh:  # type: ignore[attr-defined]
+def _jobs(fh: IO[str], tasks: dict[str, _Agg], stats: SkipStats) -> Iterator[TraceJob]:
+    with fh:
         for row in _rows(fh, _JOB_COLS):
             job = _job_of(row, tasks, stats)
             if job is not None:

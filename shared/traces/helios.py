@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from shared.errors import UserError
 from shared.traces import SkipStats, TraceJob
@@ -34,8 +35,8 @@ def read_helios(path: str | Path, stats: SkipStats) -> Iterator[TraceJob]:
     return _jobs(fh, rows, stats)
 
 
-def _jobs(fh: object, rows: csv.DictReader[str], stats: SkipStats) -> Iterator[TraceJob]:
-    with fh:  # type: ignore[attr-defined]
+def _jobs(fh: IO[str], rows: csv.DictReader[str], stats: SkipStats) -> Iterator[TraceJob]:
+    with fh:
         for row in rows:
             job = _job_of(row, stats)
             if job is not None:
