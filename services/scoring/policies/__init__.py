@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from services.scoring.policies.drf import Drf
@@ -35,10 +36,26 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 BASELINES = tuple(POLICIES)
 
 
+RL_MODULE = "services.scoring.rl_policy"  # provides load_policy(path: str | None) -> Policy
+
+
 def make_policy(name: str) -> Policy:
-    """A fresh policy object by `--policy` name; UserError naming the choices if unknown."""
+    """A fresh policy object by `--policy` name; UserError naming the choices if unknown.
+
+    `rl:PATH` (a checkpoint) and `rl` (the shipped one) are loaded by
+    `RL_MODULE.load_policy(PATH or None)`, imported only when asked for.
+    """
     if name in POLICIES:
         return POLICIES[name]()
     if name == "rl" or name.startswith("rl:"):
-        raise UserError(f"policy {name!r}: the RL policy is not built into this checkout yet")
+        try:
+            mod = importlib.import_module(RL_MODULE)
+        except ModuleNotFoundError as exc:
+            if exc.name != RL_MODULE:
+                raise
+            raise UserError(
+                f"policy {name!r}: the RL policy is not built into this checkout"
+            ) from None
+        policy: Policy = mod.load_policy(name[3:] or None)
+        return policy
     raise UserError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}, rl:PATH")
