@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import ConsumerRecord
 
 from shared.config import BusSettings
@@ -91,6 +92,7 @@ class Outgoing:
     value: bytes
 
 
+# A handler answers one record; plain functions are the fast path, coroutines are allowed.
 Handler = Callable[[Record], Sequence[Outgoing] | Awaitable[Sequence[Outgoing]]]
 
 
@@ -170,6 +172,8 @@ class Producer:
             max_request_size=4 << 20,
             enable_idempotence=False,  # exactly-once effect comes from idempotent consumers
         )
+        self._parts: dict[str, list[int]] = {}
+        self._partitioner = DefaultPartitioner()
 
     async def __aenter__(self) -> Producer:
         await self._p.start()
@@ -195,6 +199,38 @@ class Producer:
         if futs:
             await asyncio.gather(*futs)
         return len(futs)
+
+    async def publish(self, outs: Sequence[tuple[Outgoing, Sequence[tuple[str, bytes]]]]) -> int:
+        """Publish many messages in as few record batches as they fit in, and wait for
+        every ack. Keys choose partitions the way Kafka's default partitioner does
+        (murmur2), so keyed order holds across clients."""
+        groups: dict[tuple[str, int], list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]]]
+        groups = defaultdict(list)
+        for out, headers in outs:
+            key = out.key.encode() if isinstance(out.key, str) else out.key
+            part = await self._partition(out.topic, key)
+            groups[(out.topic, part)].append((key, out.value, list(headers)))
+        futs = []
+        for (topic, part), msgs in groups.items():
+            batch = self._p.create_batch()
+            for key, value, headers in msgs:
+                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                    futs.append(await self._p.send_batch(batch, topic, partition=part))
+                    batch = self._p.create_batch()
+                    batch.append(key=key, value=value, timestamp=None, headers=headers)
+            futs.append(await self._p.send_batch(batch, topic, partition=part))
+        if futs:
+            await asyncio.gather(*futs)
+        return len(outs)
+
+    async def _partition(self, topic: str, key: bytes | None) -> int:
+        parts = self._parts.get(topic)
+        if parts is None:
+            parts = sorted(await self._p.partitions_for(topic))
+            self._parts[topic] = parts
+        if len(parts) == 1:
+            return parts[0]
+        return int(self._partitioner(key, parts, parts))
 
     async def flush(self) -> None:
         await self._p.flush()
@@ -275,6 +311,9 @@ class _Redeliveries:
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._done.values())
+
+    def __bool__(self) -> bool:
+        return any(self._done.values())
 
 
 @dataclass
@@ -366,6 +405,10 @@ class _Loop:
         self.stats = stats
         self.redelivered = redelivered
         self._svc = spec.name.encode()
+        handle = spec.handle
+        self._async = inspect.iscoroutinefunction(handle) or inspect.iscoroutinefunction(
+            getattr(handle, "__call__", None)  # noqa: B004 - a handler object's method
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         next_metrics = time.monotonic() + self.spec.metrics_interval_s
@@ -382,45 +425,58 @@ class _Loop:
         return Outgoing(self.settings.topics.metrics, self.spec.name, encode(snap))
 
     async def _process(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> None:
-        futs: list[asyncio.Future[object]] = []
+        outs: list[tuple[Outgoing, list[tuple[str, bytes]]]] = []
         commits: dict[TopicPartition, int] = {}
         n_in = 0
+        svc = (SVC_HEADER, self._svc)
+        seen = self.redelivered.seen if self.redelivered else None
         for tp, msgs in batch.items():
+            n_in += len(msgs)
+            src = f"{tp.topic}:{tp.partition}:"
             for m in msgs:
-                n_in += 1
                 rec = _to_record(m)
-                if self.redelivered.seen(rec):
+                if seen is not None and seen(rec):
                     self.stats.skipped_redelivered += 1
                     continue
-                headers = [(SRC_HEADER, rec.source.encode()), (SVC_HEADER, self._svc)]
-                for out in await self._answer(rec):
-                    futs.append(await self.producer.send(out.topic, out.key, out.value, headers))
+                headers = [(SRC_HEADER, (src + str(m.offset)).encode()), svc]
+                answer = await self._answer_async(rec) if self._async else self._answer(rec)
+                for out in answer:
+                    outs.append((out, headers))
             commits[tp] = msgs[-1].offset + 1
-        if futs:
-            await asyncio.gather(*futs)  # published and acknowledged ...
+        await self.producer.publish(outs)  # published and acknowledged ...
         await self.consumer.commit(commits)  # ... before the inputs count as done
         self.stats.consumed += n_in
-        self.stats.published += len(futs)
+        self.stats.published += len(outs)
         self.stats.batches += 1
         MESSAGES.labels(self.spec.name, "consumed").inc(n_in)
-        MESSAGES.labels(self.spec.name, "published").inc(len(futs))
+        MESSAGES.labels(self.spec.name, "published").inc(len(outs))
 
-    async def _answer(self, rec: Record) -> Sequence[Outgoing]:
+    def _answer(self, rec: Record) -> Sequence[Outgoing]:
         try:
             if rec.value is not None and len(rec.value) > MAX_MESSAGE_BYTES:
                 raise Reject(f"message of {len(rec.value)} bytes exceeds 1 MiB", kind="too_large")
-            res = self.spec.handle(rec)
-            if inspect.isawaitable(res):
-                return await res
-            return res
-        except Reject as rej:
-            self._count_reject(rej.kind)
-            return [dead_letter(self.settings, rec, rej)]
-        except Exception as exc:  # a handler bug must not stop the service
-            log.exception("%s: handler failed on %s", self.spec.name, rec.source)
-            bug = Reject(f"internal error handling message: {type(exc).__name__}: {exc}")
-            self._count_reject("internal_error")
-            return [dead_letter(self.settings, rec, bug)]
+            return self.spec.handle(rec)  # type: ignore[return-value]
+        except Exception as exc:
+            return self._refuse(rec, exc)
+
+    async def _answer_async(self, rec: Record) -> Sequence[Outgoing]:
+        try:
+            if rec.value is not None and len(rec.value) > MAX_MESSAGE_BYTES:
+                raise Reject(f"message of {len(rec.value)} bytes exceeds 1 MiB", kind="too_large")
+            return await self.spec.handle(rec)  # type: ignore[misc]
+        except Exception as exc:
+            return self._refuse(rec, exc)
+
+    def _refuse(self, rec: Record, exc: Exception) -> Sequence[Outgoing]:
+        """The dead-letter answer to a record the handler refused (or failed on)."""
+        if isinstance(exc, Reject):
+            self._count_reject(exc.kind)
+            return [dead_letter(self.settings, rec, exc)]
+        # a handler bug must not stop the service
+        log.error("%s: handler failed on %s", self.spec.name, rec.source, exc_info=exc)
+        bug = Reject(f"internal error handling message: {type(exc).__name__}: {exc}")
+        self._count_reject("internal_error")
+        return [dead_letter(self.settings, rec, bug)]
 
     def _count_reject(self, kind: str) -> None:
         self.stats.rejected[kind] += 1

@@ -14,7 +14,7 @@ import msgspec
 from shared.messages import Job, JobSpec, NodeStatus
 from shared.reject import Reject
 
-__all__ = ["Admission", "Inventory", "decode_spec"]
+__all__ = ["Admission", "Inventory", "accepted_bytes", "decode_spec", "normalise"]
 
 _DECODER = msgspec.json.Decoder(JobSpec)
 _LOOSE = msgspec.json.Decoder()
@@ -106,6 +106,10 @@ class Admission:
 
     def admit(self, value: bytes | None, timestamp_s: float) -> Job:
         """Accept one submitted message (the job becomes live) or raise Reject."""
+        return _JOB_DECODER.decode(self.admit_bytes(value, timestamp_s)[1])
+
+    def admit_bytes(self, value: bytes | None, timestamp_s: float) -> tuple[str, bytes]:
+        """`admit`, answering (job_id, the accepted Job's JSON): the service's fast path."""
         spec = decode_spec(value)
         if spec.gpu_milli < 1000 and spec.num_gpus != 1:
             raise Reject(
@@ -120,9 +124,8 @@ class Admission:
         unfit = self.inventory.why_unfit(spec)
         if unfit is not None:
             raise Reject(unfit, key=spec.job_id, kind="unfit")
-        job = normalise(spec, timestamp_s)
-        self.accepted(job.job_id)
-        return job
+        self.accepted(spec.job_id)
+        return spec.job_id, accepted_bytes(spec, timestamp_s)
 
     def accepted(self, job_id: str) -> None:
         """A job was accepted (now, or before a restart: read back from `jobs.accepted`)."""
@@ -140,17 +143,21 @@ class Admission:
 def normalise(spec: JobSpec, timestamp_s: float) -> Job:
     """The accepted form: submit time set (from the message's own timestamp, so a
     redelivered message gets the same one), GPU types without repeats."""
-    return Job(
-        job_id=spec.job_id,
-        num_gpus=spec.num_gpus,
-        submit_time=spec.submit_time if spec.submit_time is not None else timestamp_s,
-        user=spec.user,
-        vc=spec.vc,
-        gpu_types=list(dict.fromkeys(spec.gpu_types)),
-        gpu_milli=spec.gpu_milli,
-        model=spec.model,
-        command=spec.command,
-        duration_hint_s=spec.duration_hint_s,
-        weight=spec.weight,
-        offload=spec.offload,
-    )
+    return _JOB_DECODER.decode(accepted_bytes(spec, timestamp_s))
+
+
+def accepted_bytes(spec: JobSpec, timestamp_s: float) -> bytes:
+    """`normalise(spec, timestamp_s)` as it goes on the wire, without building the Job:
+    JobSpec and Job share field names, so the normalised spec encodes as the Job."""
+    changes: dict[str, object] = {}
+    if spec.submit_time is None:
+        changes["submit_time"] = timestamp_s
+    if len(set(spec.gpu_types)) != len(spec.gpu_types):
+        changes["gpu_types"] = list(dict.fromkeys(spec.gpu_types))
+    if changes:
+        spec = msgspec.structs.replace(spec, **changes)
+    return _ENCODER.encode(spec)
+
+
+_JOB_DECODER = msgspec.json.Decoder(Job)
+_ENCODER = msgspec.json.Encoder()

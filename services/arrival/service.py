@@ -16,7 +16,7 @@ import msgspec
 from services.arrival.admission import Admission
 from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, run_service
 from shared.config import BusSettings
-from shared.messages import JobEvent, NodeStatus, encode
+from shared.messages import JobEvent, NodeStatus
 
 __all__ = ["ArrivalHandler", "serve", "service_spec"]
 
@@ -34,6 +34,7 @@ class ArrivalHandler:
         self.stats = stats
         self._node_dec = msgspec.json.Decoder(NodeStatus)
         self._event_dec = msgspec.json.Decoder(JobEvent)
+        self._accepted_topic = t.jobs_accepted
         self._routes = {
             t.jobs_submit: self._submit,
             t.cluster_nodes: self._node,
@@ -44,9 +45,9 @@ class ArrivalHandler:
         return self._routes[rec.topic](rec)
 
     def _submit(self, rec: Record) -> Sequence[Outgoing]:
-        job = self.admission.admit(rec.value, rec.timestamp_ms / 1000.0)
+        job_id, job = self.admission.admit_bytes(rec.value, rec.timestamp_ms / 1000.0)
         self.stats.extra["accepted"] += 1
-        return [Outgoing(self.topics.jobs_accepted, job.job_id, encode(job))]
+        return [Outgoing(self._accepted_topic, job_id, job)]
 
     def _node(self, rec: Record) -> Sequence[Outgoing]:
         try:

@@ -4,6 +4,7 @@ and a reader that collects what the arrival service answered."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import time
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from services.arrival.admission import Admission
 from shared.bus import Producer, partitions_of, raw_text
 from shared.config import BusSettings
-from shared.messages import Job, Rejection
+from shared.messages import Job, MetricsSnapshot, Rejection
 from shared.reject import Reject
 
 _VALID_KEYS = ("job_id", "num_gpus", "gpu_milli", "weight", "gpu_types", "user", "submit_time")
@@ -59,29 +60,29 @@ def _bad_messages() -> st.SearchStrategy[bytes]:
     return st.binary(max_size=200) | as_json | truncated
 
 
-def hypothesis_garbage(n: int, seed: int = 0) -> list[bytes]:
-    """`n` bad messages drawn by hypothesis (deterministic for a seed)."""
+@functools.lru_cache(maxsize=4)
+def hypothesis_garbage(n: int, seed: int = 0) -> tuple[bytes, ...]:
+    """`n` bad messages drawn by hypothesis (deterministic; cached: drawing is slow)."""
     out: list[bytes] = []
-    strategy = _bad_messages()
+    per_example = 16  # drawn as small lists: hypothesis' cost is mostly per example
 
     @settings(
-        max_examples=n * 2,
+        max_examples=3 * n // per_example + 10,
         database=None,
         derandomize=True,
         phases=[Phase.generate],
         suppress_health_check=list(HealthCheck),
         deadline=None,
     )
-    @given(strategy)
-    def collect(b: bytes) -> None:
-        if len(out) < n and _surely_invalid(b):
-            out.append(b)
+    @given(st.lists(_bad_messages(), min_size=1, max_size=per_example, unique=True))
+    def collect(batch: list[bytes]) -> None:
+        out.extend(b for b in batch if len(out) < n and _surely_invalid(b))
 
     collect()
     rng = random.Random(seed)
     while len(out) < n:  # hypothesis ran out of distinct examples: vary the ones it gave
         out.append(rng.choice(out) + bytes([rng.randrange(256)]) if out else b"\x00")
-    return out
+    return tuple(out)
 
 
 def _surely_invalid(b: bytes) -> bool:
@@ -113,7 +114,7 @@ def mixed_load(n_valid: int, n_bad: int, seed: int = 0) -> list[bytes]:
     valid = valid_specs(n_valid, seed)
     n_dup = n_bad // 10
     garbage = hypothesis_garbage(n_bad - n_dup, seed)
-    msgs = valid + garbage
+    msgs = valid + list(garbage)
     rng = random.Random(seed)
     rng.shuffle(msgs)
     for i in rng.sample(range(n_valid), n_dup):  # a duplicate lands after its original
@@ -193,3 +194,25 @@ async def collect_answers(settings: BusSettings, expect: int, timeout_s: float) 
     finally:
         await c.stop()
     return ans
+
+
+async def service_counters(settings: BusSettings, source: str) -> list[dict[str, float]]:
+    """Every counters snapshot `source` has published on the metrics topic so far."""
+    c = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False)
+    await c.start()
+    dec = msgspec.json.Decoder(MetricsSnapshot)
+    out: list[dict[str, float]] = []
+    try:
+        parts = await partitions_of(c, [settings.topics.metrics])
+        c.assign(parts)
+        await c.seek_to_beginning(*parts)
+        end = await c.end_offsets(parts)
+        while any([await c.position(tp) < end[tp] for tp in parts]):
+            for msgs in (await c.getmany(timeout_ms=200)).values():
+                for m in msgs:
+                    snap = dec.decode(m.value)
+                    if snap.source == source:
+                        out.append(snap.counters)
+    finally:
+        await c.stop()
+    return out

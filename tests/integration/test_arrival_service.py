@@ -12,7 +12,13 @@ import time
 
 from services.arrival import service as arrival
 from shared.config import BusSettings
-from tests.integration.arrival_load import collect_answers, expected_outcome, mixed_load, produce
+from tests.integration.arrival_load import (
+    collect_answers,
+    expected_outcome,
+    mixed_load,
+    produce,
+    service_counters,
+)
 
 N_VALID = 5000
 N_BAD = 5000
@@ -68,6 +74,18 @@ async def _wait_for_answers(bus: BusSettings, at_least: int, timeout_s: float) -
     raise AssertionError(f"fewer than {at_least} answers after {timeout_s} s")
 
 
+async def _wait_for_skips(bus: BusSettings, n: int, timeout_s: float) -> None:
+    """Until the service reports `n` inputs skipped as already answered."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        snaps = await service_counters(bus, "arrival")
+        if snaps and snaps[-1].get("skipped_redelivered", 0) >= n:
+            assert snaps[-1]["published"] == 0  # metrics aside, nothing new went out
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"the restarted service did not skip {n} answered inputs")
+
+
 async def test_sigkill_half_way_loses_nothing_and_duplicates_nothing(bus: BusSettings) -> None:
     msgs = mixed_load(N_VALID, N_BAD, seed=2)
     want_acc, want_rej = expected_outcome(msgs)
@@ -88,7 +106,7 @@ async def test_sigkill_half_way_loses_nothing_and_duplicates_nothing(bus: BusSet
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         proc = _start_service(bus, group_id=bus.topic_prefix + "arrival-fresh")
-        await asyncio.sleep(8)
+        await _wait_for_skips(bus, len(msgs), timeout_s=60)
         again = await collect_answers(bus, len(msgs), timeout_s=5)
         assert again.accepted == want_acc
         assert again.rejected == want_rej
