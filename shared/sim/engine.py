@@ -50,6 +50,7 @@ class SimConfig:
     window: int = 128  # K: how many waiting jobs the policy hands the placer per round
     seed: int = 0
     preempt: bool = False  # let a preemptive policy (LAS) stop lower-priority running jobs
+    exhaustive: bool = False  # a full round at every event, whole window to the placer (tests)
 
 
 @dataclass
@@ -187,7 +188,13 @@ class Simulator:
             self.result.events += 1
             if self.preemptor is not None and (ticked or i > first_new):
                 freed |= self.preemptor.check(now)
-            if freed or not self.settled or arrivals_fit or not self.policy.time_invariant:
+            if (
+                freed
+                or not self.settled
+                or arrivals_fit
+                or not self.policy.time_invariant
+                or self.config.exhaustive
+            ):
                 self._round(now)
         if self.progress is not None:
             self.progress(n, n)
@@ -222,9 +229,12 @@ class Simulator:
     # ---- one round ----------------------------------------------------------------------
     def _round(self, now: float) -> None:
         self.settled = True
-        if not self.waiting.count or not self.waiting.any_fits(self.state):
+        if self.config.exhaustive:
+            cands = list(self.policy.window(self.config.window, self.obs))
+        elif not self.waiting.count or not self.waiting.any_fits(self.state):
             return
-        cands = self._candidates()
+        else:
+            cands = self._candidates()
         if not cands:
             return
         reqs = window_requests(cands)

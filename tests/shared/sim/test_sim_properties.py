@@ -81,3 +81,20 @@ def test_invariants(
             seg = rec.segments[0]
             speed = min(SPEED[t] for t in seg.gpu_type.split("+"))
             assert abs((seg.finish_s - seg.start_s) - job.duration_s / speed) < 1e-6  # type: ignore[operator]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(job_lists(), clusters(), st.sampled_from(BASELINES), st.booleans(), st.integers(1, 8))
+def test_skipped_rounds_and_budget_change_nothing(
+    jobs: list[TraceJob], spec: dict, policy: str, preempt: bool, window: int
+) -> None:
+    """A second computation: a full round at every event with the whole window handed
+    to the placer gives the same schedule as the optimised run."""
+    cluster = parse_cluster(spec)
+    fast = simulate(
+        jobs, cluster, make_policy(policy), GreedyPlacer(), SimConfig(window, 1, preempt)
+    )
+    slow_config = SimConfig(window, 1, preempt, exhaustive=True)
+    slow = simulate(jobs, cluster, make_policy(policy), GreedyPlacer(), slow_config)
+    assert fast.records == slow.records
+    assert fast.rounds <= slow.rounds
