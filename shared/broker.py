@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import socket
@@ -147,11 +148,13 @@ async def wait_for_broker(bootstrap: str, timeout_s: float = 20.0) -> None:
     """Return once the broker answers a metadata request; UserError after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
+    quiet = _Quiet("aiokafka")  # connection refusals are expected while it starts
     while time.monotonic() < deadline:
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
         try:
-            await admin.start()
-            await admin.list_topics()
+            with quiet:
+                await admin.start()
+                await admin.list_topics()
             return
         except (KafkaError, OSError) as exc:
             last = exc
@@ -160,6 +163,21 @@ async def wait_for_broker(bootstrap: str, timeout_s: float = 20.0) -> None:
             with contextlib.suppress(Exception):
                 await admin.close()
     raise UserError(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f} s ({last})")
+
+
+class _Quiet:
+    """Silence a logger inside a `with` block."""
+
+    def __init__(self, name: str) -> None:
+        self._log = logging.getLogger(name)
+        self._level = self._log.level
+
+    def __enter__(self) -> None:
+        self._level = self._log.level
+        self._log.setLevel(logging.CRITICAL)
+
+    def __exit__(self, *exc: object) -> None:
+        self._log.setLevel(self._level)
 
 
 async def ensure_topics(
