@@ -18,13 +18,21 @@ so the model grows with distinct shapes and window sizes, not with nodes.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.placement_api import FULL_GPU, NodeFree
 
-__all__ = ["ClassIndex", "GpuRef", "enumerate_patterns", "index_classes", "used_capacity"]
+__all__ = [
+    "ClassIndex",
+    "GpuRef",
+    "PatternCache",
+    "enumerate_patterns",
+    "index_classes",
+    "used_capacity",
+]
 
 GpuRef = tuple[int, int]  # (node position in the input, GPU index on that node)
 
@@ -73,9 +81,43 @@ def enumerate_patterns(
     ones (least capacity left), and say so (the second value): the model stays
     feasible for every job but may miss the optimum.
     """
+    return _select(_enumerate(capacity, sizes, max_counts, 50 * limit), sizes, limit)
+
+
+class PatternCache:
+    """Patterns of one (sizes, max_counts) enumerated once at the largest capacity,
+    then cut per class: classes of one type share sizes and differ in capacity."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        # (sizes, max_counts) -> (used capacity ascending, patterns in that order)
+        self._all: dict[
+            tuple[tuple[int, ...], tuple[int, ...]], tuple[list[int], list[tuple[int, ...]]]
+        ] = {}
+
+    def get(
+        self, capacity: int, top: int, sizes: Sequence[int], max_counts: Sequence[int]
+    ) -> tuple[list[tuple[int, ...]], list[int], bool]:
+        """enumerate_patterns(capacity, ...) for any capacity <= top, with each
+        pattern's used capacity."""
+        key = (top, tuple(sizes), tuple(max_counts))
+        if key not in self._all:
+            pats = _enumerate(top, sizes, max_counts, 50 * self.limit)
+            pats.sort(key=lambda p: used_capacity(p, sizes))
+            self._all[key] = ([used_capacity(p, sizes) for p in pats], pats)
+        used, pats = self._all[key]
+        end = bisect.bisect_right(used, capacity)
+        if end <= self.limit:
+            return pats[:end], used[:end], False
+        kept, _ = _select(pats[:end], sizes, self.limit)
+        return kept, [used_capacity(p, sizes) for p in kept], True
+
+
+def _enumerate(
+    capacity: int, sizes: Sequence[int], max_counts: Sequence[int], hard_cap: int
+) -> list[tuple[int, ...]]:
     out: list[tuple[int, ...]] = []
     counts = [0] * len(sizes)
-    hard_cap = 50 * limit  # stop enumerating at all past this
 
     def rec(i: int, left: int) -> None:
         if len(out) >= hard_cap:
@@ -91,11 +133,17 @@ def enumerate_patterns(
         counts[i] = 0
 
     rec(0, capacity)
-    if len(out) <= limit:
-        return out, False
-    singles = [p for p in out if sum(p) == 1]
+    return out
+
+
+def _select(
+    pats: list[tuple[int, ...]], sizes: Sequence[int], limit: int
+) -> tuple[list[tuple[int, ...]], bool]:
+    if len(pats) <= limit:
+        return pats, False
+    singles = [p for p in pats if sum(p) == 1]
     rest = sorted(
-        (p for p in out if sum(p) > 1), key=lambda p: used_capacity(p, sizes), reverse=True
+        (p for p in pats if sum(p) > 1), key=lambda p: used_capacity(p, sizes), reverse=True
     )
     return singles + rest[: max(limit - len(singles), 0)], True
 

@@ -42,10 +42,14 @@ class GreedyPlacer:
 def greedy_allocations(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> list[Allocation]:
     """Allocations for the jobs of `jobs` that fit, in order; `nodes` is not modified."""
     free = [list(n.free_milli) for n in nodes]
-    whole = [n.whole_free for n in nodes]
+    whole = [row.count(FULL_GPU) for row in free]  # = NodeFree.whole_free, at C speed
+    every = list(range(len(nodes)))
     out: list[Allocation] = []
     for job in jobs:
-        allowed = [i for i, n in enumerate(nodes) if job.allows(n.gpu_type)]
+        if job.gpu_types:
+            allowed = [i for i, n in enumerate(nodes) if job.allows(n.gpu_type)]
+        else:
+            allowed = every  # read-only below
         if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
             a = _place_share(job, nodes, allowed, free, whole)
         else:

@@ -95,8 +95,10 @@ class JobVars:
             if c.share == share and c.size == size and t in c.types
         ]
 
-    def hint(self, m: cp_model.CpModel, placed: Mapping[int, str]) -> None:
-        """Hint from a placement: window position -> GPU type it starts on."""
+    def hint(self, placed: Mapping[int, str]) -> dict[int, int]:
+        """Hint values (variable index -> value) from a placement: window position ->
+        GPU type it starts on."""
+        out: dict[int, int] = {}
         counts: dict[tuple[int, str], int] = defaultdict(int)
         starts: dict[int, int] = defaultdict(int)  # class -> members started
         for ci, c in enumerate(self.classes):
@@ -111,9 +113,10 @@ class JobVars:
                 by_group += [self.group[t]] * counts[ci, t]
             for i, j in enumerate(c.members):
                 for s in {self.group[t] for t in c.types}:
-                    m.add_hint(self.x[j, s], int(i < len(by_group) and by_group[i] == s))
+                    out[self.x[j, s].index] = int(i < len(by_group) and by_group[i] == s)
             for t in c.types:
-                m.add_hint(self.n[ci, t], counts[ci, t])
+                out[self.n[ci, t].index] = counts[ci, t]
+        return out
 
     def decode(
         self, value: Callable[[cp_model.IntVar], int]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from services.placement.classes import ClassIndex, GpuRef, enumerate_patterns, used_capacity
+from services.placement.classes import ClassIndex, GpuRef, PatternCache
 from services.placement.milp_jobs import JobVars
 from services.placement.objective import Scorer
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
@@ -59,7 +59,7 @@ class WindowModel:
         self.jobs, self.nodes, self.classes, self.scorer = jobs, nodes, classes, scorer
         self.m = cp_model.CpModel()
         self.truncated = False
-        self._max_patterns = max_patterns
+        self._patterns = PatternCache(max_patterns)
         # ---- data: which types each candidate may use, and slot sizes per type
         self.types_of = self._fitting_types(cand)
         self.whole_sizes: dict[str, Counter[int]] = defaultdict(Counter)  # t -> k -> jobs
@@ -108,14 +108,19 @@ class WindowModel:
     ) -> _ClassVars | None:
         """Patterns and their count variables for one class (node or GPU level)."""
         keys = tuple(sorted(sizes))
-        pats, cut = enumerate_patterns(cap, keys, [sizes[k] for k in keys], self._max_patterns)
+        top = (
+            max((w for tt, w in self.classes.node_classes if tt == t), default=0)
+            if node
+            else FULL_GPU
+        )
+        pats, used, cut = self._patterns.get(cap, max(top, cap), keys, [sizes[k] for k in keys])
         self.truncated |= cut
         if not pats:
             return None
         count = [self.m.new_int_var(0, ub, f"n{t}_{cap}_{i}") for i in range(len(pats))]
         pen = self.scorer.node_pen if node else self.scorer.gpu_pen
         # fragmentation the pattern adds: penalty of what it leaves − penalty of before
-        coef = [pen(t, cap) - pen(t, cap - used_capacity(p, keys)) for p in pats]
+        coef = [pen(t, cap) - pen(t, cap - u) for u in used]
         return _ClassVars(t, cap, keys, pats, count, coef)
 
     def _node_classes(self) -> dict[tuple[str, int], _ClassVars]:
@@ -197,7 +202,11 @@ class WindowModel:
         for cv in [*self.node_vars.values(), *self.gpu_vars.values(), *self.fresh_vars.values()]:
             vars_ += cv.count  # fragmentation added by each pattern
             coefs += cv.coef
-        self.m.maximize(cp_model.LinearExpr.weighted_sum(vars_, coefs))
+        # maximize, written into the proto in bulk (the Python wrapper appends one by one)
+        obj = self.m.proto.objective
+        obj.vars.extend([v.index for v in vars_])
+        obj.coeffs.extend([-c for c in coefs])
+        obj.scaling_factor = -1.0
 
     # ---- warm start: a feasible placement (the greedy one) as a complete hint -------
 
@@ -242,12 +251,15 @@ class WindowModel:
     ) -> None:
         """Hint all variables: job -> type started on, pattern variable index -> count,
         type -> GPUs opened to sharing."""
-        self.jv.hint(self.m, placed)
+        values = self.jv.hint(placed)
         for t, var in self.opened.items():
-            self.m.add_hint(var, opened[t])
+            values[var.index] = opened[t]
         for cv in [*self.node_vars.values(), *self.gpu_vars.values(), *self.fresh_vars.values()]:
             for var in cv.count:
-                self.m.add_hint(var, counts.get(var.index, 0))
+                values[var.index] = counts.get(var.index, 0)
+        hint = self.m.proto.solution_hint  # in bulk, as for the objective
+        hint.vars.extend(list(values))
+        hint.values.extend(list(values.values()))
 
     @staticmethod
     def _count(cv: _ClassVars | None, use: Counter[int], counts: dict[int, int]) -> None:

@@ -12,10 +12,9 @@ from hypothesis import HealthCheck, assume, given, settings
 
 from services.placement import milp_model
 from services.placement.checker import violations
-from services.placement.frag import Workload
 from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpConfig, MilpPlacer, _split
-from services.placement.objective import ObjectiveWeights, Scorer
+from services.placement.objective import Scorer
 from services.placement.state import apply_allocations
 from shared.cluster import load_cluster
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
@@ -103,10 +102,12 @@ def _options(job: JobRequest, row: list[int]) -> Iterator[tuple[int, ...]]:
 def test_objective_equals_brute_force(cluster: list[NodeFree], window: list[JobRequest]) -> None:
     _, multi = _split(window, cluster)
     assume(not multi)  # multi-node jobs are spread after the solve, not optimised
-    res = MilpPlacer(MilpConfig(time_limit_s=5.0)).place(window, cluster, SPEED)
+    placer = MilpPlacer(MilpConfig(time_limit_s=5.0))
+    res = placer.place(window, cluster, SPEED)
     assert res.status == "OPTIMAL"
     assert violations(window, cluster, res.allocations) == []
-    scorer = Scorer(window, cluster, SPEED, ObjectiveWeights(), Workload.of(window))
+    ref = placer.scorer(window, cluster, SPEED)  # same objective, over every node
+    scorer = Scorer(window, cluster, SPEED, ref.weights, ref.workload, ref.pressure)
     assert res.objective == scorer.evaluate(res.allocations)
     assert res.objective == _best(window, cluster, scorer)
 
@@ -160,8 +161,10 @@ def test_real_cluster_window_beats_greedy() -> None:
 
     cluster = apply_allocations(cluster, greedy_allocations(pods[:64], cluster))
     window = pods[64:]
-    res = MilpPlacer(MilpConfig(time_limit_s=2.0)).place(window, cluster, {})
+    placer = MilpPlacer(MilpConfig(time_limit_s=2.0))
+    res = placer.place(window, cluster, {})
     assert violations(window, cluster, res.allocations) == []
-    scorer = Scorer(window, cluster, {}, ObjectiveWeights(), Workload.of(window))
+    ref = placer.scorer(window, cluster, {})
+    scorer = Scorer(window, cluster, {}, ref.weights, ref.workload, ref.pressure)
     assert res.objective is not None
     assert res.objective >= scorer.evaluate(greedy_allocations(window, cluster))
