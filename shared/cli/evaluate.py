@@ -7,8 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from shared.cli.simulate import add_run_args
-from shared.cluster import load_cluster
+from shared.cli.simulate import add_run_args, load_run_cluster
 from shared.errors import UserError
 from shared.traces import SkipStats
 
@@ -43,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     policies = [make_policy(n) for n in names]  # every name checked before any long run
     make_placer(args.placer)
     out = _out_dir(args.out)
-    cluster = load_cluster(args.cluster)
+    cluster = load_run_cluster(args)
     stats = SkipStats()
     jobs = load_jobs(args.trace, args.format, cluster, stats, args.limit)
     config = SimConfig(window=args.window, seed=args.seed, preempt=args.preempt)

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from shared.cluster import load_cluster
+from shared.cluster import ClusterSpec, load_cluster
 from shared.errors import UserError
+from shared.speeds import DEFAULT_SPEEDS
 from shared.traces import SkipStats
 
-__all__ = ["register", "run", "write_json"]
+__all__ = ["add_run_args", "load_run_cluster", "register", "run", "write_json"]
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -23,6 +25,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "--format", required=True, help="philly, helios, alibaba2020, alibaba2023, rltune, jsonl"
     )
     p.add_argument("--cluster", required=True, help="cluster YAML or openb node list CSV")
+    p.add_argument(
+        "--reference",
+        default=None,
+        metavar="TYPE",
+        help="GPU type the trace's durations were measured on (default: the cluster's `reference`)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
     p.add_argument("--limit", type=int, default=None, help="only the first N jobs by submit time")
     p.add_argument(
@@ -54,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.window <= 0:
         raise UserError(f"--window must be positive, got {args.window}")
-    cluster = load_cluster(args.cluster)
+    cluster = load_run_cluster(args)
     policy = make_policy(args.policy)
     placer = make_placer(args.placer)
     stats = SkipStats()
@@ -77,6 +85,16 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def load_run_cluster(args: argparse.Namespace) -> ClusterSpec:
+    """The `--cluster`, with `--reference` applied if given."""
+    cluster = load_cluster(args.cluster)
+    if args.reference is None:
+        return cluster
+    if args.reference not in cluster.speed and args.reference not in DEFAULT_SPEEDS:
+        raise UserError(f"--reference {args.reference!r}: no speed known for that GPU type")
+    return dataclasses.replace(cluster, reference=args.reference)
 
 
 def write_json(summary: dict[str, Any], out: str) -> None:
