@@ -110,3 +110,43 @@ def test_reference_flag_rescales_run_times(
     assert finish - start == pytest.approx(100.0 * 0.3152)
     assert main(sim(files, "--reference", "TPU")) == 2
     assert "no speed known" in capsys.readouterr().err
+
+
+def test_identical_bytes_across_processes_and_hash_seeds(tmp_path: Path) -> None:
+    """No order in the simulator depends on string hashing: two processes with different
+    PYTHONHASHSEED give the same --jobs-out on a trace with GPU type constraints."""
+    import os
+
+    trace = ROOT.parent / "shared" / "traces" / "rltune" / "synthetic_trace.csv"
+    if not trace.exists():
+        pytest.skip("no RLTune trace beside the checkout")
+    cluster = tmp_path / "mixed.yaml"
+    cluster.write_text(
+        "nodes:\n"
+        "  - {name: t4, count: 2, gpu_type: T4, gpus: 4}\n"
+        "  - {name: v32, count: 2, gpu_type: V100M32, gpus: 8}\n"
+        "  - {name: v16, gpu_type: V100M16, gpus: 8}\n"
+        "  - {name: p100, count: 2, gpu_type: P100, gpus: 4}\n"
+        "  - {name: misc, gpu_type: MISC, gpus: 8}\n"
+    )
+    outs = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"jobs-{seed}.csv"
+        argv = ["simulate", "--trace", str(trace), "--format", "rltune", "--cluster", str(cluster)]
+        argv += ["--policy", "drf", "--seed", "3", "--jobs-out", str(out)]
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-m", "shared.cli", *argv], cwd=ROOT, env=env)
+        assert done.returncode == 0
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1] and len(outs[0]) > 10_000
+
+
+def test_nothing_finished_is_null_in_json(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    big = files["dir"] / "big.csv"
+    big.write_text(PHILLY_HEAD + "2017-10-01 00:00:00,100.0,4,400.0,a\n")
+    assert main(sim(files, "--json", "-", trace=big)) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["jobs"] == 0 and s["avg_jct_s"] is None
+    assert s["rejected"] == {"more GPUs than the cluster has": 1}
