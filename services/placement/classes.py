@@ -85,14 +85,14 @@ def enumerate_patterns(
 
 
 class PatternCache:
-    """Patterns of one (sizes, max_counts) enumerated once at the largest capacity,
-    then cut per class: classes of one type share sizes and differ in capacity."""
+    """Patterns of one (top capacity, sizes, max_counts) enumerated once, then cut per
+    class: classes of one type share sizes and differ in capacity (<= top)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        # (sizes, max_counts) -> (used capacity ascending, patterns in that order)
+        # (top, sizes, max_counts) -> (used capacity ascending, patterns in that order)
         self._all: dict[
-            tuple[tuple[int, ...], tuple[int, ...]], tuple[list[int], list[tuple[int, ...]]]
+            tuple[int, tuple[int, ...], tuple[int, ...]], tuple[list[int], list[tuple[int, ...]]]
         ] = {}
 
     def get(

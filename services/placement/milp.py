@@ -38,7 +38,8 @@ Objective (objective.py; all coefficients integers)
         − Σ_{c,p} (P^node_t(W − |p|) − P^node_t(W))·z_{c,p}
         − Σ_{g,q} (P^gpu_t(f − |q|) − P^gpu_t(f))·v_{g,q}
     V_{j,t} = value_scale · k_j·m_j/1000 · weight_j · π_j · speed_t
-    T_{j,t} = type_weight · k_j·m_j · κ_t   (κ_t: pressure of type-restricted demand on t)
+    T_{j,t} = type_weight · value_scale · k_j·m_j/1000 · (σ(κ_t) − min_{t'∈T_j} σ(κ_t'))
+              σ(κ) = κ/(1+κ), κ_t the pressure of type-restricted demand on t (frag.py)
     π_j = 1 + position_weight·(|J| − i_j)/|J|        (head of the window is worth more)
     P^node, P^gpu: the node and GPU terms of the ATC'23 fragmentation F_n (frag.py),
     so the penalty is exactly the fragmentation the placement adds.

@@ -276,6 +276,7 @@ class WindowModel:
         solver.parameters.num_workers = workers
         solver.parameters.cp_model_probing_level = 0  # probing alone costs ~90 ms here
         solver.parameters.max_presolve_iterations = 1
+        solver.parameters.symmetry_level = 0  # job classes already remove the symmetry
         solver.parameters.linearization_level = 2  # the pattern LP is tight: use it fully
         code = solver.solve(self.m)
         nvars = len(self.m.proto.variables)

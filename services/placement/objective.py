@@ -8,8 +8,9 @@ scores a placement (the MILP's greedy comparison, the benchmark, the tests).
     V_j,t = round(value_scale · g_j · w_j · π_j · speed_t)
     g_j   = num_gpus_j · gpu_milli_j / 1000       GPUs the job holds
     π_j   = 1 + position_weight · (J − i_j) / J    window position i_j = 0 .. J−1
-    T_j,t = round(type_weight · k_j·m_j · κ_t)      κ_t: pressure of type-restricted demand
-                                                   on t (frag.Workload.pressure)
+    T_j,t = round(type_weight · value_scale · k_j·m_j/1000 · (σ(κ_t) − min_{t' ∈ T_j} σ(κ_t')))
+    σ(κ)  = κ / (1 + κ); κ_t: pressure of type-restricted demand on t (Workload.pressure):
+            taking a pressed type costs at most type_weight of the job's value
     P_n   = round(frag_weight · node term) + Σ_g round(frag_weight · GPU term)
 
 with the node and GPU terms of the ATC'23 fragmentation F_n (frag.py). A job
@@ -35,7 +36,7 @@ class ObjectiveWeights:
     frag_weight: float = 1.0  # per milli-GPU of fragmentation created
     spread_weight: float = 50_000.0  # per node beyond the first of a multi-node job
     leftover_weight: float = 0.0  # per milli left free on a partially used GPU (best-fit term)
-    type_weight: float = 1.0  # per milli placed on type t, times κ_t (Workload.pressure)
+    type_weight: float = 0.5  # share of value_scale per GPU on a more pressed type (< 1)
 
 
 class Scorer:
@@ -71,10 +72,20 @@ class Scorer:
         return round(self.weights.value_scale * gpus * job.weight * self._prio[j] * speed / 1000)
 
     def type_pen(self, j: int, gpu_type: str) -> int:
-        """Cost of using type t's capacity that restricted jobs will need: T_j,t."""
+        """T_j,t: cost of taking type t's capacity, that type-restricted jobs will need,
+        rather than that of the job's least pressed allowed type. Below V_j,t / 2."""
         job = self.jobs[j]
-        kappa = self.pressure.get(gpu_type, 0.0)
-        return round(self.weights.type_weight * job.num_gpus * job.gpu_milli * kappa)
+        allowed = [t for t in self.pressure if job.allows(t)]
+        if not allowed:
+            return 0
+        least = min(self._squash(t) for t in allowed)
+        gpus = job.num_gpus * job.gpu_milli / 1000
+        extra = self._squash(gpu_type) - least
+        return round(self.weights.type_weight * self.weights.value_scale * gpus * extra)
+
+    def _squash(self, gpu_type: str) -> float:
+        k = self.pressure.get(gpu_type, 0.0)
+        return k / (1.0 + k)  # κ / (1 + κ) in [0, 1)
 
     def node_pen(self, gpu_type: str, whole_free: int) -> int:
         """Penalty of a node's `whole_free` untouched GPUs (integer part of P_n)."""
