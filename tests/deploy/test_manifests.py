@@ -469,3 +469,27 @@ def test_docker_compose_config_is_valid(files: list[Path]) -> None:
     args = [a for f in files for a in ("-f", str(f))]
     run = subprocess.run([*cli, *args, "config", "-q"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
+
+
+def _kustomize_cli() -> list[str] | None:
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    return None
+
+
+def test_kustomize_build_renders_valid_resources() -> None:
+    cli = _kustomize_cli()
+    if cli is None:
+        pytest.skip("neither kustomize nor kubectl is installed here")
+    run = subprocess.run([*cli, str(K8S)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    docs = [d for d in yaml.safe_load_all(run.stdout) if d]
+    assert len(docs) == len(_k8s_docs())
+    k8s = _k8s_validators()
+    for doc in docs:
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == "rltune", doc["metadata"]["name"]
+        assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "rltune"
+        assert _validator_for(doc, k8s).is_valid(doc), doc["metadata"]["name"]
