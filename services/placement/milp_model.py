@@ -271,6 +271,9 @@ class WindowModel:
             counts[var.index] = counts.get(var.index, 0) + 1
 
     def solve(self, time_limit_s: float, workers: int) -> SolveOutcome:
+        """Solve within the limit; with no time left at all, the hint is the answer."""
+        if time_limit_s <= 0:
+            return self._from_hint(cp_model.UNKNOWN)
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(time_limit_s, 0.001)
         solver.parameters.num_workers = workers
@@ -281,16 +284,21 @@ class WindowModel:
         code = solver.solve(self.m)
         nvars = len(self.m.proto.variables)
         if code not in _STATUS:  # e.g. the limit hit during presolve: the hint is feasible
-            hint = self.m.proto.solution_hint
-            if not hint.vars:
-                return SolveOutcome(solver.status_name(code), (), 0.0, self.truncated, nvars)
-            values = dict(zip(hint.vars, hint.values, strict=True))
-            allocs = self._decode(lambda v: values.get(v.index, 0))
-            return SolveOutcome("TIMEOUT_HINT", tuple(allocs), 0.0, self.truncated, nvars)
+            return self._from_hint(code)
         allocs = self._decode(solver.value)
         return SolveOutcome(
             _STATUS[code], tuple(allocs), solver.best_objective_bound, self.truncated, nvars
         )
+
+    def _from_hint(self, code: object) -> SolveOutcome:
+        nvars = len(self.m.proto.variables)
+        hint = self.m.proto.solution_hint
+        if not hint.vars:
+            name = getattr(code, "name", str(code))
+            return SolveOutcome(name, (), 0.0, self.truncated, nvars)
+        values = dict(zip(hint.vars, hint.values, strict=True))
+        allocs = self._decode(lambda v: values.get(v.index, 0))
+        return SolveOutcome("TIMEOUT_HINT", tuple(allocs), 0.0, self.truncated, nvars)
 
     # ---- decoding: class counts -> concrete GPU indices -------------------------------
 
