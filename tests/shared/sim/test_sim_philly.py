@@ -80,3 +80,22 @@ def test_philly_slice_same_schedule_as_exhaustive_rounds(policy: str) -> None:
     slow = simulate(jobs, cluster, make_policy(policy), GreedyPlacer(), SimConfig(exhaustive=True))
     assert fast.records == slow.records
     assert fast.rounds < slow.rounds
+
+
+def test_queue_limits_hold_on_a_philly_slice(tmp_path: Path) -> None:
+    """VC queue limits, checked by the independent checker's --limits."""
+    cluster = tmp_path / "limited.yaml"
+    cluster.write_text(
+        CLUSTER.read_text()
+        + 'queues:\n  "6214e9": {limit_gpus: 60}\n  "7f04ca": {limit_gpus: 16}\n'
+    )
+    jobs, summary = tmp_path / "jobs.csv", tmp_path / "summary.json"
+    argv = ["simulate", "--trace", str(TRACE), "--format", "philly", "--cluster", str(cluster)]
+    argv += ["--policy", "drf", "--limit", "10000", "--json", str(summary), "--jobs-out", str(jobs)]
+    assert main(argv) == 0
+    done = subprocess.run(
+        [sys.executable, str(CHECKER), str(jobs), str(summary), "--limits", "6214e9=60,7f04ca=16"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout
