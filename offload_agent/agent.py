@@ -1,0 +1,177 @@
+"""The host agent (`rltune service offload-agent`), one per GPU host.
+
+Relays between the training processes on this host (a Unix socket, see
+`offload_agent.ipc`) and Kafka:
+
+* a process's `TensorProfile` → `offload.profiles` (node id filled in);
+* `offload.plans` → the process running that job (plans for jobs on other
+  hosts are skipped; plans that do not decode go to `offload.plans.dlq`);
+* a process's `OffloadStats` → `offload.stats` (node id filled in);
+* where the host has GPUs (pynvml), a `NodeStatus` on `cluster.nodes` at
+  start and every `status_interval_s`.
+
+Each agent reads every plan (its own consumer group, per node) and keeps only
+those for its local jobs that are newer than the profile they answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from offload_agent import ipc
+from offload_agent.launcher import node_status
+from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
+from shared.config import BusSettings
+from shared.messages import PrefetchPlan, encode
+from shared.reject import Reject
+
+__all__ = ["AgentConfig", "HostAgent", "main", "serve"]
+
+NAME = "offload-agent"
+log = logging.getLogger("rltune.offload_agent")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    socket_path: Path
+    node_id: str
+    status_interval_s: float = 10.0
+
+    @classmethod
+    def from_env(cls) -> AgentConfig:
+        node = os.environ.get("RLTUNE_NODE_ID") or socket.gethostname()
+        return cls(ipc.socket_path(), node)
+
+
+@dataclass
+class _Conn:
+    writer: asyncio.StreamWriter
+    job_id: str = ""
+    profile_ms: int = 0  # when its latest profile went out
+
+
+class HostAgent:
+    """Local connections on one side, Kafka on the other."""
+
+    def __init__(
+        self, settings: BusSettings, config: AgentConfig, producer: Producer, stats: ServiceStats
+    ) -> None:
+        self.topics = settings.topics
+        self.config = config
+        self.producer = producer
+        self.stats = stats
+        self.jobs: dict[str, _Conn] = {}
+        self._plan = msgspec.json.Decoder(PrefetchPlan)
+
+    async def handle_client(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        conn = _Conn(writer)
+        try:
+            while line := await reader.readline():
+                await self._from_process(conn, line)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if conn.job_id and self.jobs.get(conn.job_id) is conn:
+                del self.jobs[conn.job_id]
+            writer.close()
+
+    async def _from_process(self, conn: _Conn, line: bytes) -> None:
+        try:
+            msg = ipc.decode(line)
+        except msgspec.MsgspecError as exc:
+            self.stats.extra["bad_local_messages"] += 1
+            log.warning("bad message from a local process: %s", exc)
+            return
+        if isinstance(msg, ipc.Hello):
+            conn.job_id = msg.job_id
+            self.jobs[msg.job_id] = conn
+        elif isinstance(msg, ipc.ProfileMsg):
+            profile = msg.profile
+            if not profile.node_id:
+                profile = msgspec.structs.replace(profile, node_id=self.config.node_id)
+            conn.profile_ms = int(time.time() * 1000)
+            await self._publish(self.topics.offload_profiles, profile.job_id, encode(profile))
+            self.stats.extra["profiles"] += 1
+        elif isinstance(msg, ipc.StatsMsg):
+            st = msg.stats
+            if not st.node_id:
+                st = msgspec.structs.replace(st, node_id=self.config.node_id)
+            await self._publish(self.topics.offload_stats, st.job_id, encode(st))
+            self.stats.extra["stats"] += 1
+
+    async def _publish(self, topic: str, key: str, value: bytes) -> None:
+        fut = await self.producer.send(topic, key, value)
+        await fut
+
+    async def on_plan(self, rec: Record) -> Sequence[Outgoing]:
+        """Bus handler for `offload.plans`: forward to the local process, if any."""
+        try:
+            plan = self._plan.decode(rec.value or b"")
+        except msgspec.MsgspecError as exc:
+            raise Reject(f"not a PrefetchPlan: {exc}") from exc
+        conn = self.jobs.get(plan.job_id)
+        if conn is None or rec.timestamp_ms + 1000 < conn.profile_ms:
+            self.stats.extra["plans_not_local"] += 1
+            return ()
+        conn.writer.write(ipc.encode_line(ipc.PlanMsg(plan)))
+        with contextlib.suppress(ConnectionError):
+            await conn.writer.drain()
+        self.stats.extra["plans_forwarded"] += 1
+        return ()
+
+    async def publish_status(self, stop: asyncio.Event) -> None:
+        """NodeStatus from pynvml every interval; nothing on a host without GPUs."""
+        while not stop.is_set():
+            status = node_status(self.config.node_id)
+            if status is not None:
+                await self._publish(self.topics.cluster_nodes, status.node_id, encode(status))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.config.status_interval_s)
+
+
+async def serve(
+    settings: BusSettings,
+    stop: asyncio.Event | None = None,
+    ready: asyncio.Event | None = None,
+    group_id: str | None = None,
+    config: AgentConfig | None = None,
+) -> ServiceStats:
+    config = config or AgentConfig.from_env()
+    stop = stop or asyncio.Event()
+    stats = ServiceStats()
+    config.socket_path.unlink(missing_ok=True)  # a stale socket from a dead agent
+    async with Producer(settings, client_id=f"{NAME}-{config.node_id}") as producer:
+        agent = HostAgent(settings, config, producer, stats)
+        server = await asyncio.start_unix_server(agent.handle_client, path=str(config.socket_path))
+        status = asyncio.create_task(agent.publish_status(stop))
+        spec = ServiceSpec(
+            name=NAME,
+            group_id=group_id or f"{settings.topics.prefix}{NAME}.{config.node_id}",
+            topics=[settings.topics.offload_plans],
+            handle=agent.on_plan,
+        )
+        try:
+            return await run_service(settings, spec, stop, stats, ready)
+        finally:
+            stop.set()
+            await status
+            server.close()
+            await server.wait_closed()
+            config.socket_path.unlink(missing_ok=True)
+
+
+def main(settings: BusSettings) -> int:
+    asyncio.run(serve(settings))
+    return 0
