@@ -47,37 +47,37 @@ async def test_profile_plan_apply_stats(bus: BusSettings, tmp_path: Path) -> Non
         asyncio.create_task(agent.serve(bus, stop, ready_a, config=cfg)),
     ]
     await asyncio.wait_for(asyncio.gather(ready_p.wait(), ready_a.wait()), 30)
-    stats_file = tmp_path / "stats.json"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "offload_agent.examples.train_gpt",
-        "--job-id", JOB, "--steps", "4", "--layers", "2", "--dim", "128",
-        "--fast-mib", "2.5", "--host-mib", "0.5", "--swap-dir", str(tmp_path / "swap"),
-        "--agent-socket", str(sock), "--stats-out", str(stats_file),
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    _, err = await asyncio.wait_for(proc.communicate(), 180)
-    log = err.decode()
-    assert proc.returncode == 0, log
-    assert "plan v1 applied" in log, log
+    try:
+        stats_file = tmp_path / "stats.json"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "offload_agent.examples.train_gpt",
+            "--job-id", JOB, "--steps", "4", "--layers", "2", "--dim", "128",
+            "--fast-mib", "4", "--host-mib", "0.5", "--swap-dir", str(tmp_path / "swap"),
+            "--agent-socket", str(sock), "--stats-out", str(stats_file),
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(proc.communicate(), 180)
+        log = err.decode()
+        assert proc.returncode == 0, log
+        assert "plan v1 applied" in log, log
 
-    profile = msgspec.json.decode(
-        (await _wait_for(bus, bus.topics.offload_profiles, JOB)).value or b"", type=TensorProfile
-    )
-    assert (
-        profile.node_id == NODE and profile.order and profile.fast_budget_bytes == int(2.5 * 2**20)
-    )
-    plan = msgspec.json.decode(
-        (await _wait_for(bus, bus.topics.offload_plans, JOB)).value or b"", type=PrefetchPlan
-    )
-    assert plan.version == 1 and set(plan.placement) == {t[0] for t in profile.tensors}
-    got = msgspec.json.decode(
-        (await _wait_for(bus, bus.topics.offload_stats, JOB)).value or b"", type=OffloadStats
-    )
-    measured = msgspec.json.decode(stats_file.read_bytes(), type=OffloadStats)
-    assert got == msgspec.structs.replace(measured, node_id=NODE)
-    assert got.hit_rate > 0.5 and got.bytes_in > 0 and got.step_ms > 0
-
-    stop.set()
-    done = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        profile = msgspec.json.decode(
+            (await _wait_for(bus, bus.topics.offload_profiles, JOB)).value or b"",
+            type=TensorProfile,
+        )
+        assert profile.node_id == NODE and profile.order and profile.fast_budget_bytes == 4 * 2**20
+        plan = msgspec.json.decode(
+            (await _wait_for(bus, bus.topics.offload_plans, JOB)).value or b"", type=PrefetchPlan
+        )
+        assert plan.version == 1 and set(plan.placement) == {t[0] for t in profile.tensors}
+        got = msgspec.json.decode(
+            (await _wait_for(bus, bus.topics.offload_stats, JOB)).value or b"", type=OffloadStats
+        )
+        measured = msgspec.json.decode(stats_file.read_bytes(), type=OffloadStats)
+        assert got == msgspec.structs.replace(measured, node_id=NODE)
+        assert got.hit_rate > 0.5 and got.bytes_in > 0 and got.step_ms > 0
+    finally:
+        stop.set()
+        done = await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert done[0].extra["plans"] == 1
     assert done[1].extra["plans_forwarded"] == 1 and done[1].extra["stats"] == 1
