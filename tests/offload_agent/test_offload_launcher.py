@@ -1,0 +1,29 @@
+"""GPU-less fallbacks of the host agent's GPU side, and launching with the GPUs given."""
+
+from __future__ import annotations
+
+import sys
+
+from offload_agent.launcher import Gpu, gpu_inventory, launch, node_status
+
+
+def test_no_gpu_means_no_node_status() -> None:
+    assert gpu_inventory() == []  # no NVIDIA driver on this machine
+    assert node_status("n1") is None
+
+
+def test_node_status_from_gpus() -> None:
+    gpus = [
+        Gpu(0, "NVIDIA A100-SXM4-40GB", 0.5, 10, 40, running=1),
+        Gpu(1, "NVIDIA A100-SXM4-40GB", 0.0, 0, 40, running=0),
+    ]
+    st = node_status("n1", gpus)
+    assert st is not None
+    assert (st.gpu_type, st.gpus, st.free_gpus) == ("A100", 2, [1])
+    assert st.gpu_util == 0.25 and st.gpu_mem_used == 10 / 80
+
+
+def test_launch_sets_cuda_visible_devices() -> None:
+    code = "import os, sys; sys.exit(0 if os.environ['CUDA_VISIBLE_DEVICES'] == '2,5' else 3)"
+    proc = launch([sys.executable, "-c", code], [2, 5], env={"PATH": "/usr/bin"})
+    assert proc.wait(30) == 0
