@@ -7,9 +7,10 @@ and counted. Reported per placer: GPU allocation ratio (allocated / capacity),
 the unallocated share of arrived demand, and fragmentation at the end
 (Σ_n F_n(M) of frag.py, M = the pod list's shapes, in GPUs and as a share of
 the idle GPUs). first-fit, best-fit and fgd place one pod at a time; the MILP
-places each window of `--window` arriving pods jointly.
+places each window of arriving pods jointly (`--milp WINDOW:SECONDS,...`, one
+row per setting, e.g. milp/256).
 
-    rltune bench packing [--lists default,gpuspec20] [--window 64] [--json -] [--plot F]
+    rltune bench packing [--lists default,gpuspec20] [--milp 256:0.5,1024:3] [--json -] [--plot F]
 """
 
 from __future__ import annotations
@@ -148,8 +149,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--nodes", default=str(TRACES / "openb_node_list_gpu_node.csv"))
     ap.add_argument("--lists", default="default,gpuspec20", help="openb_pod_list_<name>.csv names")
     ap.add_argument("--placers", default=",".join(PLACERS))
-    ap.add_argument("--window", type=int, default=64, help="MILP window of arriving pods")
-    ap.add_argument("--time-limit", type=float, default=0.5, help="MILP seconds per window")
+    ap.add_argument(
+        "--milp",
+        default="256:0.5,1024:3",
+        help="MILP runs as WINDOW:SECONDS,...: pods placed jointly, time limit per window",
+    )
     ap.add_argument("--frag-weight", type=float, default=1.0)
     ap.add_argument("--leftover-weight", type=float, default=0.0)
     ap.add_argument("--json", help="write rows as JSON to this file ('-' = stdout)")
@@ -159,7 +163,16 @@ def main(argv: list[str]) -> int:
     if bad := [p for p in placers if p not in PLACERS]:
         raise UserError(f"unknown placer(s) {bad}; choose from {', '.join(PLACERS)}")
     weights = ObjectiveWeights(frag_weight=args.frag_weight, leftover_weight=args.leftover_weight)
-    config = MilpConfig(time_limit_s=args.time_limit, weights=weights)
+    try:
+        milps = [(int(w), float(t)) for w, t in (x.split(":") for x in args.milp.split(","))]
+    except ValueError:
+        raise UserError(f"--milp: expected WINDOW:SECONDS,... got {args.milp!r}") from None
+    runs: list[tuple[str, int, MilpConfig]] = []  # (row label, window, MILP config)
+    for p in placers:
+        if p != "milp":
+            runs.append((p, 0, MilpConfig()))
+        for w, t in milps if p == "milp" else []:
+            runs.append((f"milp/{w}", w, MilpConfig(time_limit_s=t, weights=weights)))
     spec = load_cluster(args.nodes)
     nodes = [NodeFree(n.node_id, n.gpu_type, (FULL_GPU,) * n.gpus) for n in spec.nodes]
     cap = sum(n.gpus for n in spec.nodes) * FULL_GPU
@@ -176,10 +189,11 @@ def main(argv: list[str]) -> int:
             workload = Workload.of(trace)  # the paper's target workload: the list's shapes
             floor = idle_floor(pods, cap)
             err.print(f"{name}: any placer that starts every pod it can leaves >= {floor:.2%} idle")
-            for placer in placers:
-                allocs, secs = run(placer, pods, nodes, workload, args.window, config, progress)
-                rows.append(measure(name, placer, pods, nodes, allocs, workload, secs))
-                err.print(f"{name} {placer}: {rows[-1].alloc_ratio:.2%} allocated in {secs:.1f} s")
+            for label, window, config in runs:
+                placer = label.split("/")[0]
+                allocs, secs = run(placer, pods, nodes, workload, window, config, progress)
+                rows.append(measure(name, label, pods, nodes, allocs, workload, secs))
+                err.print(f"{name} {label}: {rows[-1].alloc_ratio:.2%} allocated in {secs:.1f} s")
     _report(rows, args, err)
     return 0
 
