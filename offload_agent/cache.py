@@ -2,7 +2,7 @@
 the fast tier, ahead of use when the policy says so, and keeps the books.
 
 Threading: every decision and every `Entry` change happens on the caller's
-(training) thread. I/O threads only run `_transfer`, which writes an evicted
+(training) thread. I/O threads only run `Mover.transfer`, which writes an evicted
 tensor back to its home (if it changed) and then fills the freed buffer with
 the incoming tensor, in that order, so a buffer is never refilled while its
 old bytes are still needed. A tensor is handed to compute only after the
@@ -12,16 +12,13 @@ made to wait on the copy's event).
 
 from __future__ import annotations
 
-import queue
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, Future
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 
 import torch
 
-from offload_agent.device import Device, Ready
+from offload_agent.device import Device
+from offload_agent.mover import Mover, WriteBack
 from offload_agent.nvme import NvmeStore
 from offload_agent.policies import Policy
 from offload_agent.residency import Entry, Residency, TensorSpec, Tier
@@ -35,13 +32,6 @@ Bind = Callable[[str, "torch.Tensor | None"], None]
 
 def _no_bind(tensor_id: str, view: torch.Tensor | None) -> None:
     return None
-
-
-@dataclass(frozen=True, slots=True)
-class _WriteBack:
-    spec: TensorSpec
-    home: Tier
-    host_slot: Slot | None
 
 
 class TensorCache:
@@ -62,15 +52,8 @@ class TensorCache:
         self.residency = Residency()
         self.clock = 0
         self._holders: dict[int, set[Entry]] = {}
-        self._staging: dict[int, queue.Queue[torch.Tensor]] = {}
+        self.mover = Mover(device, store, stats)
         self._owners: dict[int, Entry] = {}  # fast slot address -> tensor in it
-
-    def add_staging(self, size_class: int, buffers: Sequence[torch.Tensor]) -> None:
-        """Pinned host buffers through which NVMe bytes reach a GPU fast tier (CUDA
-        only; one per I/O thread is enough). Unused when the fast tier is host memory."""
-        q = self._staging.setdefault(size_class, queue.Queue())
-        for buf in buffers:
-            q.put(buf)
 
     # ---- setup -------------------------------------------------------------
 
@@ -104,29 +87,11 @@ class TensorCache:
         self.stats.memory(self.fast.allocated_bytes, self.host.allocated_bytes)
 
     def _write_initial(self, entry: Entry, data: torch.Tensor) -> None:
-        if self.store is None:
-            raise RuntimeError(f"{entry.spec.tensor_id} is placed on NVMe but no NVMe store is set")
         scratch = self.fast.take(entry.fast_class)
         try:
-            with self._host_buffer(scratch) as staged:
-                entry.spec.view(staged).copy_(data)
-                self.store.write(entry.spec.tensor_id, staged, entry.spec.nbytes)
+            self.mover.write_initial(entry.spec, scratch, data)
         finally:
             self.fast.give_back(scratch)
-
-    @contextmanager
-    def _host_buffer(self, slot: Slot) -> Iterator[torch.Tensor]:
-        """A host buffer for file I/O of `slot`: the slot itself when the fast tier is
-        host memory, else a pinned staging buffer of the same class."""
-        if slot.view.device.type == "cpu":
-            yield slot.view
-            return
-        staging = self._staging[slot.size_class]
-        buf = staging.get()
-        try:
-            yield buf
-        finally:
-            staging.put(buf)
 
     # ---- the training thread's calls ---------------------------------------
 
@@ -203,10 +168,7 @@ class TensorCache:
         if entry.tier is Tier.HOST:
             assert entry.host_slot is not None
             return entry.spec.view(entry.host_slot.view).clone()
-        assert self.store is not None
-        staged = self.device.alloc_host(entry.spec.size_class)  # rare: re-plans, checks
-        self.store.read(tensor_id, staged, entry.spec.nbytes)
-        return entry.spec.view(staged).clone()
+        return self.mover.read_copy(entry.spec)
 
     # ---- internals ---------------------------------------------------------
 
@@ -222,7 +184,7 @@ class TensorCache:
 
     def _slot_for(
         self, entry: Entry, *, demand: bool, distance: float
-    ) -> tuple[Slot, _WriteBack | None] | None:
+    ) -> tuple[Slot, WriteBack | None] | None:
         """A fast buffer for `entry`: a free one, or the evicted buffer of the holder
         the policy ranks first. A prefetch gives up instead of evicting a tensor that
         is needed sooner than the one it would bring in."""
@@ -247,11 +209,11 @@ class TensorCache:
             return None
         return self._evict(victim)
 
-    def _evict(self, victim: Entry) -> tuple[Slot, _WriteBack | None]:
+    def _evict(self, victim: Entry) -> tuple[Slot, WriteBack | None]:
         self._settle(victim)
         slot = victim.fast_slot
         assert slot is not None
-        write = _WriteBack(victim.spec, victim.home, victim.host_slot) if victim.dirty else None
+        write = WriteBack(victim.spec, victim.home, victim.host_slot) if victim.dirty else None
         victim.fast_slot = None
         self._owners.pop(slot.address, None)
         victim.dirty = False
@@ -260,10 +222,10 @@ class TensorCache:
         self.bind(victim.spec.tensor_id, None)
         return slot, write
 
-    def _submit(self, entry: Entry, slot: Slot, write: _WriteBack | None) -> None:
+    def _submit(self, entry: Entry, slot: Slot, write: WriteBack | None) -> None:
         before = entry.pending  # an earlier write-back of this tensor, if any
         fut = self.io.submit(
-            self._transfer, entry.spec, entry.home, entry.host_slot, slot, write, before
+            self.mover.transfer, entry.spec, entry.home, entry.host_slot, slot, write, before
         )
         if write is not None:
             self.residency[write.spec.tensor_id].pending = fut
@@ -272,50 +234,3 @@ class TensorCache:
         entry.pending = fut
         self._holders.setdefault(entry.fast_class, set()).add(entry)
         self.residency.move(entry, Tier.FETCHING)
-
-    def _transfer(
-        self,
-        spec: TensorSpec,
-        home: Tier,
-        host_slot: Slot | None,
-        slot: Slot,
-        write: _WriteBack | None,
-        before: Future[tuple[float, Ready]] | None,
-    ) -> tuple[float, Ready]:
-        """I/O thread: write back the previous occupant of `slot`, then fill it."""
-        t0 = time.perf_counter()
-        out = 0
-        if write is not None:
-            out = self._copy_out(write, slot)
-        if before is not None:
-            before.result()  # submitted earlier, so already running or done
-        ready = self._copy_in(spec, home, host_slot, slot)
-        ms = (time.perf_counter() - t0) * 1e3
-        self.stats.migrated(spec.nbytes, out, ms)
-        return ms, ready
-
-    def _copy_out(self, write: _WriteBack, slot: Slot) -> int:
-        if write.home is Tier.HOST:
-            assert write.host_slot is not None
-            self.device.copy(write.spec.view(write.host_slot.view), write.spec.view(slot.view))
-        else:
-            assert self.store is not None
-            with self._host_buffer(slot) as staged:
-                if staged is not slot.view:
-                    self.device.copy(staged, slot.view)  # GPU -> pinned, synchronous
-                self.store.write(write.spec.tensor_id, staged, write.spec.nbytes)
-        return write.spec.nbytes
-
-    def _copy_in(self, spec: TensorSpec, home: Tier, host_slot: Slot | None, slot: Slot) -> Ready:
-        if home is Tier.HOST:
-            assert host_slot is not None
-            return self.device.copy(spec.view(slot.view), spec.view(host_slot.view))
-        assert self.store is not None
-        with self._host_buffer(slot) as staged:
-            self.store.read(spec.tensor_id, staged, spec.nbytes)
-            if staged is slot.view:
-                return Ready()
-            ready = self.device.copy(spec.view(slot.view), spec.view(staged))
-            if ready.event is not None:  # the staging buffer goes back to the queue
-                ready.event.synchronize()
-            return ready

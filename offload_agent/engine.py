@@ -26,23 +26,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from offload_agent.cache import TensorCache
+from offload_agent.cache import Bind, TensorCache
 from offload_agent.device import Device
 from offload_agent.hooks import install_hooks, saved_tensor_refs
 from offload_agent.nvme import NvmeStore, SwapPathError
 from offload_agent.optim import STATE_KINDS, AdamW, adamw_step
 from offload_agent.profiler import Recorder
-from offload_agent.residency import TensorSpec
 from offload_agent.slabs import SlabPool
 from offload_agent.stats import CacheStats
-from offload_agent.strategies import (
-    STRATEGIES,
-    Setup,
-    fixed_setup,
-    from_plan,
-    lru_setup,
-    none_setup,
-)
+from offload_agent.strategies import STRATEGIES, Setup, from_plan, initial_setup, specs_of
 from services.profiler.planner import Budgets, PlanError, check_plan
 from shared.messages import OffloadStats, PrefetchPlan, TensorProfile
 
@@ -81,7 +73,7 @@ class OffloadEngine:
         self.recorder = Recorder()
         self.names = {p: n for n, p in model.named_parameters()}
         self.params = {n: p for p, n in self.names.items()}
-        self.specs = self._specs()
+        self.specs = specs_of(model)
         self.cache: TensorCache | None = None
         self.setup_name = ""
         self.last_error = ""
@@ -89,17 +81,7 @@ class OffloadEngine:
         self._profile: TensorProfile | None = None
         self._store_ok = False
         self._handles: list[object] = []
-        self._placeholders: dict[str, torch.Tensor] = {}
-
-    def _specs(self) -> list[TensorSpec]:
-        specs = []
-        for name, p in self.model.named_parameters():
-            specs.append(TensorSpec(name, tuple(p.shape), p.dtype, "param"))
-            if p.requires_grad:
-                specs += [
-                    TensorSpec(f"{name}#{k}", tuple(p.shape), p.dtype, k) for k in STATE_KINDS
-                ]
-        return specs
+        self._binder = ParamBinder(self.params)
 
     # ---- lifecycle ---------------------------------------------------------
 
@@ -110,13 +92,9 @@ class OffloadEngine:
         for s in self.specs:
             if s.kind != "param":
                 values[s.tensor_id] = torch.zeros(s.shape, dtype=s.dtype)
-        self._placeholders = {
-            n: torch.full((1,), float("nan"), dtype=p.dtype, device=self.device.fast_device).expand(
-                p.shape
-            )
-            for n, p in self.params.items()
-        }
-        self._install(self._initial_setup(), values)
+        self._binder.make_placeholders(self.device.fast_device)
+        setup = initial_setup(self.config, self.specs, self.budgets, store_ok=self._store_ok)
+        self._install(setup, values)
         self._handles = install_hooks(self.model, self.names, self)
 
     def close(self) -> None:
@@ -142,53 +120,22 @@ class OffloadEngine:
             log.error("%s; continuing without the NVMe tier (host memory over budget)", exc)
             return False
 
-    def _initial_setup(self) -> Setup:
-        if self.config.strategy == "none":
-            return none_setup(self.specs)
-        if self.config.strategy == "fixed" and self._store_ok:
-            order = [s.tensor_id for s in self.specs if s.kind == "param"]
-            return fixed_setup(self.specs, order, self.budgets, self.config.fixed_window)
-        return self._safe_setup()
-
-    def _safe_setup(self) -> Setup:
-        """`lru` within the budgets; without a usable NVMe tier, host memory takes
-        what the disk would have (over its budget, said in the log)."""
-        budgets = self.budgets
-        if not self._store_ok:
-            budgets = Budgets(
-                budgets.fast, max(budgets.host, sum(s.size_class for s in self.specs))
-            )
-        return lru_setup(self.specs, budgets)
-
     def _install(self, setup: Setup, values: dict[str, torch.Tensor]) -> None:
         if setup.uses_nvme and not self._store_ok:
             raise SwapPathError(
                 f"{setup.name} places tensors on NVMe but the NVMe tier is unusable"
             )
-        fast = SlabPool("gpu", self.device.alloc_fast, self._limit(self.budgets.fast, setup))
-        host = SlabPool("host", self.device.alloc_host, self._limit(self.budgets.host, setup))
-        fast.build(setup.fast_layout)
-        host.build(setup.host_layout)
-        cache = TensorCache(
+        cache = build_cache(
+            setup,
+            self.budgets,
             device=self.device,
-            fast=fast,
-            host=host,
             store=self.store if self._store_ok else None,
             io=self.io,
-            policy=setup.policy,
             stats=self.stats,
-            bind=self._bind,
+            bind=self._binder,
         )
-        if self.device.fast_device.type != "cpu" and setup.uses_nvme:
-            for c in fast.classes():
-                cache.add_staging(c, [self.device.alloc_host(c) for _ in range(2)])
         cache.install([(s, values[s.tensor_id]) for s in self.specs], setup.homes, setup.fast_class)
         self.cache, self.setup_name = cache, setup.name
-
-    def _limit(self, budget: int, setup: Setup) -> int:
-        if setup.name == "none" or (setup.name == "lru" and not self._store_ok):
-            return 1 << 62  # `none` has no budget; no-NVMe fallback overflows host
-        return budget
 
     # ---- a training step ---------------------------------------------------
 
@@ -248,11 +195,6 @@ class OffloadEngine:
             cache.mark_dirty(tid)
             cache.release(tid, all_pins=True)
 
-    def _bind(self, tensor_id: str, view: torch.Tensor | None) -> None:
-        param = self.params.get(tensor_id)
-        if param is not None:
-            param.data = view if view is not None else self._placeholders[tensor_id]
-
     def _cache(self) -> TensorCache:
         if self.cache is None:
             raise RuntimeError("OffloadEngine.start() has not been called")
@@ -300,3 +242,57 @@ class OffloadEngine:
             fast_budget=self.budgets.fast,
             host_budget=self.budgets.host,
         )
+
+
+def build_cache(
+    setup: Setup,
+    budgets: Budgets,
+    *,
+    device: Device,
+    store: NvmeStore | None,
+    io: Executor,
+    stats: CacheStats,
+    bind: Bind,
+) -> TensorCache:
+    """Allocate the buffers `setup` asks for (once) and a cache over them."""
+    unbounded = setup.name == "none" or (setup.name == "lru" and store is None)
+    limit = 1 << 62  # `none` has no budget; the no-NVMe fallback overflows host
+    fast = SlabPool("gpu", device.alloc_fast, limit if unbounded else budgets.fast)
+    host = SlabPool("host", device.alloc_host, limit if unbounded else budgets.host)
+    fast.build(setup.fast_layout)
+    host.build(setup.host_layout)
+    cache = TensorCache(
+        device=device,
+        fast=fast,
+        host=host,
+        store=store,
+        io=io,
+        policy=setup.policy,
+        stats=stats,
+        bind=bind,
+    )
+    if device.fast_device.type != "cpu" and setup.uses_nvme:
+        for c in fast.classes():  # pinned staging between NVMe and the GPU, two per class
+            cache.mover.add_staging(c, [device.alloc_host(c) for _ in range(2)])
+    return cache
+
+
+class ParamBinder:
+    """Points each parameter at its fast buffer while it is there, and at a NaN
+    placeholder of the right shape (no memory) while it is not, so an access the
+    hooks did not announce shows up in the loss instead of reading stale bytes."""
+
+    def __init__(self, params: dict[str, nn.Parameter]) -> None:
+        self.params = params
+        self.placeholders: dict[str, torch.Tensor] = {}
+
+    def make_placeholders(self, device: torch.device) -> None:
+        self.placeholders = {
+            n: torch.full((1,), float("nan"), dtype=p.dtype, device=device).expand(p.shape)
+            for n, p in self.params.items()
+        }
+
+    def __call__(self, tensor_id: str, view: torch.Tensor | None) -> None:
+        param = self.params.get(tensor_id)
+        if param is not None:
+            param.data = view if view is not None else self.placeholders[tensor_id]

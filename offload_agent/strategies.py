@@ -18,13 +18,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
+from torch import nn
+
+from offload_agent.optim import STATE_KINDS
 from offload_agent.policies import LayerOrderPolicy, OnDemandPolicy, PlanPolicy, Policy
 from offload_agent.residency import TensorSpec, Tier
 from services.profiler.planner import MIN_INUSE, Budgets, buffer_classes, in_use_floor
 from shared.messages import PrefetchPlan
 
-__all__ = ["STRATEGIES", "Setup", "fixed_setup", "from_plan", "lru_setup", "none_setup"]
+__all__ = [
+    "STRATEGIES",
+    "Setup",
+    "fixed_setup",
+    "from_plan",
+    "initial_setup",
+    "lru_setup",
+    "none_setup",
+    "safe_setup",
+    "specs_of",
+]
 
 STRATEGIES = ("none", "lru", "fixed", "tencache")
 _TIER = {"gpu": Tier.FAST, "host": Tier.HOST, "nvme": Tier.NVME}
@@ -118,3 +132,42 @@ def from_plan(plan: PrefetchPlan, specs: Sequence[TensorSpec]) -> Setup:
     homes = {tid: _TIER[tier] for tid, tier in plan.placement.items()}
     classes = buffer_classes(plan, {s.tensor_id: s.nbytes for s in specs})
     return Setup("tencache", fast, host, homes, PlanPolicy(plan.prefetch, plan.window), classes)
+
+
+def specs_of(model: nn.Module) -> list[TensorSpec]:
+    """Every parameter, and the AdamW states of those that train."""
+    specs = []
+    for name, p in model.named_parameters():
+        specs.append(TensorSpec(name, tuple(p.shape), p.dtype, "param"))
+        if p.requires_grad:
+            specs += [TensorSpec(f"{name}#{k}", tuple(p.shape), p.dtype, k) for k in STATE_KINDS]
+    return specs
+
+
+class _Wants(Protocol):
+    @property
+    def strategy(self) -> str: ...
+
+    @property
+    def fixed_window(self) -> int: ...
+
+
+def initial_setup(
+    config: _Wants, specs: Sequence[TensorSpec], budgets: Budgets, *, store_ok: bool
+) -> Setup:
+    """What a process starts on: `none` and `fixed` as asked; otherwise (and for
+    `fixed` without a usable disk) the safe default."""
+    if config.strategy == "none":
+        return none_setup(specs)
+    if config.strategy == "fixed" and store_ok:
+        order = [s.tensor_id for s in specs if s.kind == "param"]
+        return fixed_setup(specs, order, budgets, config.fixed_window)
+    return safe_setup(specs, budgets, store_ok=store_ok)
+
+
+def safe_setup(specs: Sequence[TensorSpec], budgets: Budgets, *, store_ok: bool) -> Setup:
+    """`lru` within the budgets; without a usable NVMe tier, host memory takes what
+    the disk would have held (over its budget; the engine logs it)."""
+    if not store_ok:
+        budgets = Budgets(budgets.fast, max(budgets.host, sum(s.size_class for s in specs)))
+    return lru_setup(specs, budgets)
