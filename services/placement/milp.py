@@ -49,10 +49,20 @@ solve they are spread over as few nodes as possible (allowed nodes in descending
 order of whole free GPUs, greedy.py), on what the solution leaves, in window
 order; each extra node costs spread_weight.
 
-Every solve has a time limit (MilpConfig.time_limit_s); on timeout the best
-feasible solution is decoded. The greedy placement in priority order is the
-complete warm-start hint and the fallback: it is returned, with status
-FALLBACK_GREEDY, when the solver has no solution or its solution scores lower.
+Size. Only nodes the window could touch are kept (per type and free shape, as
+many as the window has jobs that fit them: relevant_nodes). y_{j,t} is built
+as x_{j,s} (speed group s of t) and n_{c,t} (members of job class c on t), with
+identical jobs forming one class and symmetry broken by value (milp_jobs.py),
+so the model grows with distinct shapes, job kinds and patterns, not with nodes
+or jobs. Patterns past max_patterns per class are cut (fullest kept, reported).
+
+Time. One wall-clock budget per call (MilpConfig.time_limit_s) covers building
+too; CP-SAT gets what is left (one worker, no probing, one presolve pass). A
+class-level greedy in priority order scored by this objective (milp_hint.py) is
+the complete warm-start hint. On timeout the best solution found is decoded
+(TIMEOUT_FEASIBLE), or the hint itself when CP-SAT had none yet or no time was
+left (TIMEOUT_HINT); with no solution at all, greedy.py's placement is returned
+(FALLBACK_GREEDY). The status and the wall time come with every result.
 """
 
 from __future__ import annotations
