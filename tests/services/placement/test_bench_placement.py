@@ -1,0 +1,23 @@
+"""`rltune bench placement` on the real cluster, tiny: the JSON keys of DESIGN.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import placement
+
+TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "alibaba-2023"
+KEYS = {"window", "solve_p50_ms", "solve_p99_ms", "gap_vs_exact", "timeouts"}
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="real traces not present")
+def test_json_keys(tmp_path: Path) -> None:
+    out = tmp_path / "b.json"
+    argv = ["--windows", "16", "--fills", "0.3", "--samples", "2", "--exact-limit", "1"]
+    assert placement.main([*argv, "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert set(row) >= KEYS and row["window"] == 16 and row["windows"] == 2
+    assert row["gap_vs_exact"] >= 0 and row["solve_p99_ms"] >= row["solve_p50_ms"] > 0
