@@ -204,12 +204,12 @@ class Producer:
         """Publish many messages in as few record batches as they fit in, and wait for
         every ack. Keys choose partitions the way Kafka's default partitioner does
         (murmur2), so keyed order holds across clients."""
-        groups: dict[tuple[str, int], list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]]]
+        groups: dict[tuple[str, int], list[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]]]
         groups = defaultdict(list)
         for out, headers in outs:
             key = out.key.encode() if isinstance(out.key, str) else out.key
-            part = await self._partition(out.topic, key)
-            groups[(out.topic, part)].append((key, out.value, list(headers)))
+            parts = self._parts.get(out.topic) or await self._partitions(out.topic)
+            groups[(out.topic, self._partition(parts, key))].append((key, out.value, headers))
         futs = []
         for (topic, part), msgs in groups.items():
             batch = self._p.create_batch()
@@ -223,14 +223,17 @@ class Producer:
             await asyncio.gather(*futs)
         return len(outs)
 
-    async def _partition(self, topic: str, key: bytes | None) -> int:
+    def _partition(self, parts: list[int], key: bytes | None) -> int:
+        if len(parts) == 1:
+            return parts[0]
+        return int(self._partitioner(key, parts, parts))
+
+    async def _partitions(self, topic: str) -> list[int]:
         parts = self._parts.get(topic)
         if parts is None:
             parts = sorted(await self._p.partitions_for(topic))
             self._parts[topic] = parts
-        if len(parts) == 1:
-            return parts[0]
-        return int(self._partitioner(key, parts, parts))
+        return parts
 
     async def flush(self) -> None:
         await self._p.flush()
@@ -373,8 +376,8 @@ async def run_service(
         try:
             await loop.run(stop)
         finally:
-            with contextlib.suppress(Exception):
-                await producer.send_all([loop.metrics_message()])
+            with contextlib.suppress(Exception):  # last counters; never block a shutdown
+                await asyncio.wait_for(producer.send_all([loop.metrics_message()]), 2.0)
             await consumer.stop()
     return stats
 
