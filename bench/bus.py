@@ -4,11 +4,15 @@ Both runs move the same N JobSpec messages with the same producer and consumer
 code in this process; they differ only in the hop between them:
 
   raw      produce → topic → consume
+  relay    produce → topic → plain aiokafka relay (own process) → topic → consume
   arrival  produce → jobs.submit → arrival service (own process, as deployed)
            → jobs.accepted → consume
 
-Each rate is N / (first send → last message read); runs alternate raw,
-arrival, raw, ... and the median of each is reported with their ratio.
+Each rate is N / (first send → last message read); runs alternate raw, relay,
+arrival, ... and the median of each is reported with its ratio to raw. The
+relay is the same two-hop path with nothing done in the middle: arrival /
+relay is what validation, dead-lettering and the exactly-once bookkeeping
+cost; arrival / raw also pays for the second hop through the broker.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ __all__ = ["main"]
 def _payloads(n: int) -> list[tuple[str, bytes]]:
     out = []
     for i in range(n):
-        spec = {"job_id": f"bench-{i}", "num_gpus": 1 << (i % 4), "user": f"u{i % 37}", "vc": "nlp"}
-        out.append((spec["job_id"], json.dumps(spec).encode()))  # type: ignore[arg-type]
+        job_id = f"bench-{i}"
+        spec = {"job_id": job_id, "num_gpus": 1 << (i % 4), "user": f"u{i % 37}", "vc": "nlp"}
+        out.append((job_id, json.dumps(spec).encode()))
     return out
 
 
@@ -77,17 +82,14 @@ async def _send_all(p: Producer, topic: str, payloads: list[tuple[str, bytes]]) 
 
 
 @contextmanager
-def _arrival_process(settings: BusSettings) -> Iterator[None]:
+def _process(cmd: list[str], settings: BusSettings) -> Iterator[None]:
     env = dict(
         os.environ,
         RLTUNE_BOOTSTRAP_SERVERS=settings.bootstrap,
         RLTUNE_TOPIC_PREFIX=settings.topic_prefix,
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", "service", "arrival"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", *cmd], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         yield
@@ -99,58 +101,61 @@ def _arrival_process(settings: BusSettings) -> Iterator[None]:
             proc.kill()
 
 
-async def _warm_arrival(settings: BusSettings) -> None:
-    """Until the arrival service answers (it has joined its group)."""
-    t = settings.topics
+async def _warm(settings: BusSettings, src: str, dst: str) -> None:
+    """Until the process in the middle answers (it has joined its group)."""
     for i in range(600):
         try:
-            await _pipe_timeout(settings, t.jobs_submit, t.jobs_accepted, [(f"warm-{i}", _warm(i))])
+            await asyncio.wait_for(_pipe(settings, src, dst, [(f"warm-{i}", _warm_spec(i))]), 5)
             return
         except TimeoutError:
             continue
-    raise RuntimeError("the arrival service did not answer within 60 s")
+    raise RuntimeError("the process under test did not answer within 60 s")
 
 
-def _warm(i: int) -> bytes:
+def _warm_spec(i: int) -> bytes:
     return json.dumps({"job_id": f"warm-{i}", "num_gpus": 1}).encode()
 
 
-async def _pipe_timeout(
-    settings: BusSettings, src: str, dst: str, payloads: list[tuple[str, bytes]]
-) -> float:
-    return await asyncio.wait_for(_pipe(settings, src, dst, payloads), timeout=5)
+def _hop(bootstrap: str, prefix: str, payloads: list[tuple[str, bytes]], kind: str) -> float:
+    """msgs/s of one run of the path `kind` (raw, relay or arrival) under fresh topics."""
+    s = BusSettings(bootstrap, prefix)
+    t = s.topics
+    if kind == "raw":
+        asyncio.run(ensure_topics(s, [t.name("pipe")]))
+        return len(payloads) / asyncio.run(_pipe(s, t.name("pipe"), t.name("pipe"), payloads))
+    asyncio.run(ensure_topics(s))
+    if kind == "relay":
+        cmd = ["bench._relay", bootstrap, t.jobs_submit, t.jobs_accepted]
+    else:
+        cmd = ["shared.cli", "service", "arrival"]
+    with _process(cmd, s):
+        asyncio.run(_warm(s, t.jobs_submit, t.jobs_accepted))
+        return len(payloads) / asyncio.run(_pipe(s, t.jobs_submit, t.jobs_accepted, payloads))
+
+
+PATHS = ("raw", "relay", "arrival")
 
 
 def _measure(bootstrap: str, n: int, rounds: int, console: Console) -> dict[str, object]:
-    raw_rates: list[float] = []
-    arr_rates: list[float] = []
+    rates: dict[str, list[float]] = {k: [] for k in PATHS}
     payloads = _payloads(n)
     for r in range(rounds):
-        raw = BusSettings(bootstrap, f"benchraw{r}.")
-        arr = BusSettings(bootstrap, f"benchalt{r}.")
-        asyncio.run(ensure_topics(raw, [raw.topics.name("pipe")]))
-        asyncio.run(ensure_topics(arr))
-        raw_rates.append(
-            n / asyncio.run(_pipe(raw, raw.topics.name("pipe"), raw.topics.name("pipe"), payloads))
-        )
-        with _arrival_process(arr):
-            asyncio.run(_warm_arrival(arr))
-            t = arr.topics
-            arr_rates.append(n / asyncio.run(_pipe(arr, t.jobs_submit, t.jobs_accepted, payloads)))
+        for kind in PATHS:
+            rates[kind].append(_hop(bootstrap, f"bench{kind}{r}.", payloads, kind))
         console.print(
-            f"round {r + 1}/{rounds}: raw {raw_rates[-1]:,.0f} msg/s, "
-            f"arrival {arr_rates[-1]:,.0f} jobs/s",
+            f"round {r + 1}/{rounds}: " + ", ".join(f"{k} {rates[k][-1]:,.0f}/s" for k in PATHS),
             highlight=False,
         )
-    raw_med, arr_med = statistics.median(raw_rates), statistics.median(arr_rates)
+    med = {k: statistics.median(v) for k, v in rates.items()}
     return {
         "messages": n,
         "rounds": rounds,
-        "raw_msgs_per_s": round(raw_med),
-        "arrival_jobs_per_s": round(arr_med),
-        "ratio": round(arr_med / raw_med, 3),
-        "raw_runs": [round(x) for x in raw_rates],
-        "arrival_runs": [round(x) for x in arr_rates],
+        "raw_msgs_per_s": round(med["raw"]),
+        "relay_msgs_per_s": round(med["relay"]),
+        "arrival_jobs_per_s": round(med["arrival"]),
+        "ratio": round(med["arrival"] / med["raw"], 3),
+        "ratio_vs_relay": round(med["arrival"] / med["relay"], 3),
+        "runs": {k: [round(x) for x in v] for k, v in rates.items()},
     }
 
 
@@ -172,13 +177,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(result: dict[str, object], json_out: str | None) -> None:
-    t = Table(title="bus throughput (median of rounds)")
+    t = Table(title=f"bus throughput, median of {result['rounds']} rounds")
     for col in ("path", "msgs/s", "vs raw"):
         t.add_column(col)
-    t.add_row("raw aiokafka produce→consume", f"{result['raw_msgs_per_s']:,}", "1.000")
-    t.add_row(
-        "submit→arrival→accepted", f"{result['arrival_jobs_per_s']:,}", f"{result['ratio']:.3f}"
+    raw = float(result["raw_msgs_per_s"])  # type: ignore[arg-type]
+    rows = (
+        ("raw: produce→consume", "raw_msgs_per_s"),
+        ("relay: produce→plain relay→consume", "relay_msgs_per_s"),
+        ("arrival: submit→arrival→accepted", "arrival_jobs_per_s"),
     )
+    for label, key in rows:
+        v = float(result[key])  # type: ignore[arg-type]
+        t.add_row(label, f"{v:,.0f}", f"{v / raw:.3f}")
     Console(stderr=json_out == "-").print(t)
     if json_out == "-":
         print(json.dumps(result))
