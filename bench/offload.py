@@ -94,7 +94,9 @@ def _engine(a: BenchArgs, strategy: str, root: Path, io: ThreadPoolExecutor) -> 
 def _step(engine: OffloadEngine, a: BenchArgs, step: int) -> tuple[float, float, float]:
     """One training step; (loss, wall ms including every copy it started, process
     CPU ms over that time: compute plus the I/O threads' own work)."""
-    gcfg = engine.model.cfg  # type: ignore[union-attr]
+    model = engine.model
+    assert isinstance(model, GPT)
+    gcfg = model.cfg
     x, y = batch(gcfg, a.batch, step, a.seed)
     t0, c0 = time.perf_counter(), time.process_time()
     with engine.step():
