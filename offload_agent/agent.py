@@ -8,7 +8,11 @@ Relays between the training processes on this host (a Unix socket, see
   hosts are skipped; plans that do not decode go to `offload.plans.dlq`);
 * a process's `OffloadStats` → `offload.stats` (node id filled in);
 * where the host has GPUs (pynvml), a `NodeStatus` on `cluster.nodes` at
-  start and every `status_interval_s`.
+  start and every `status_interval_s`;
+* `sched.placements` for this node → the job's command (from `jobs.accepted`)
+  started on its GPUs, `JobEvent`s on `jobs.events` (see `offload_agent.jobs`).
+  Bad messages on those two topics are counted and ignored (their producers'
+  consumers own the dead-letter topics).
 
 Each agent reads every plan (its own consumer group, per node) and keeps only
 those for its local jobs that are newer than the profile they answer.
@@ -29,10 +33,11 @@ from pathlib import Path
 import msgspec
 
 from offload_agent import ipc
-from offload_agent.launcher import node_status
+from offload_agent.jobs import JobRunner, Started
+from offload_agent.launcher import launch, node_status
 from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
 from shared.config import BusSettings
-from shared.messages import PrefetchPlan, encode
+from shared.messages import Job, PlacementBatch, PrefetchPlan, encode
 from shared.reject import Reject
 
 __all__ = ["AgentConfig", "HostAgent", "main", "serve"]
@@ -71,7 +76,49 @@ class HostAgent:
         self.producer = producer
         self.stats = stats
         self.jobs: dict[str, _Conn] = {}
+        env = {**os.environ, "RLTUNE_OFFLOAD_SOCKET": str(config.socket_path)}
+        self.runner = JobRunner(config.node_id, launch, env)
+        self.watchers: set[asyncio.Task[None]] = set()
         self._plan = msgspec.json.Decoder(PrefetchPlan)
+        self._job = msgspec.json.Decoder(Job)
+        self._placements = msgspec.json.Decoder(PlacementBatch)
+
+    async def on_record(self, rec: Record) -> Sequence[Outgoing]:
+        """Bus handler: route by topic."""
+        if rec.topic == self.topics.offload_plans:
+            return await self.on_plan(rec)
+        if rec.topic == self.topics.jobs_accepted:
+            self.replay(rec)
+            return ()
+        return self.on_placements(rec)
+
+    def replay(self, rec: Record) -> None:
+        """Learn job commands (also from the accepted jobs read back at start)."""
+        if rec.topic != self.topics.jobs_accepted:
+            return
+        try:
+            self.runner.learn(self._job.decode(rec.value or b""))
+        except msgspec.MsgspecError:
+            self.stats.extra["ignored_bad_job"] += 1
+
+    def on_placements(self, rec: Record) -> Sequence[Outgoing]:
+        try:
+            batch = self._placements.decode(rec.value or b"")
+        except msgspec.MsgspecError:
+            self.stats.extra["ignored_bad_placement"] += 1
+            return ()
+        events, procs = self.runner.place(batch, time.time())
+        for started in procs:
+            task = asyncio.create_task(self._watch(started))
+            self.watchers.add(task)
+            task.add_done_callback(self.watchers.discard)
+        self.stats.extra["jobs_started"] += len(procs)
+        return [Outgoing(self.topics.jobs_events, e.job_id, encode(e)) for e in events]
+
+    async def _watch(self, started: Started) -> None:
+        code = await asyncio.to_thread(started.process.wait)
+        event = self.runner.exited(started.job_id, code, time.time())
+        await self._publish(self.topics.jobs_events, event.job_id, encode(event))
 
     async def handle_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -156,11 +203,14 @@ async def serve(
         agent = HostAgent(settings, config, producer, stats)
         server = await asyncio.start_unix_server(agent.handle_client, path=str(config.socket_path))
         status = asyncio.create_task(agent.publish_status(stop))
+        t = settings.topics
         spec = ServiceSpec(
-            name=NAME,
-            group_id=group_id or f"{settings.topics.prefix}{NAME}.{config.node_id}",
-            topics=[settings.topics.offload_plans],
-            handle=agent.on_plan,
+            name=f"{NAME}.{config.node_id}",  # per node: each answers its own share
+            group_id=group_id or f"{t.prefix}{NAME}.{config.node_id}",
+            topics=[t.offload_plans, t.jobs_accepted, t.sched_placements],
+            handle=agent.on_record,
+            replay_topics=[t.jobs_accepted, t.jobs_events],
+            replay=agent.replay,
         )
         try:
             return await run_service(settings, spec, stop, stats, ready)

@@ -12,20 +12,32 @@ import msgspec
 
 from offload_agent import agent
 from services.profiler import service as profiler
-from shared.bus import Record, read_back
+from shared.bus import Producer, Record, read_back
 from shared.config import BusSettings
-from shared.messages import OffloadStats, PrefetchPlan, TensorProfile
+from shared.messages import (
+    Assignment,
+    Job,
+    JobEvent,
+    OffloadStats,
+    PlacementBatch,
+    PrefetchPlan,
+    TensorProfile,
+    encode,
+)
 
 JOB = "itest-gpt-1"
 NODE = "node-itest"
 
 
-async def _wait_for(bus: BusSettings, topic: str, key: str, timeout_s: float = 60) -> Record:
+async def _wait_for(
+    bus: BusSettings, topic: str, key: str, timeout_s: float = 60, want: str = ""
+) -> Record:
+    """The last record keyed `key` on `topic` (containing `want`, when given)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     found: list[Record] = []
 
     def keep(r: Record) -> None:
-        if r.key == key.encode():
+        if r.key == key.encode() and want.encode() in (r.value or b""):
             found.append(r)
 
     while True:
@@ -81,3 +93,46 @@ async def test_profile_plan_apply_stats(bus: BusSettings, tmp_path: Path) -> Non
         done = await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert done[0].extra["plans"] == 1
     assert done[1].extra["plans_forwarded"] == 1 and done[1].extra["stats"] == 1
+
+
+async def test_agent_runs_the_jobs_placed_on_its_node(bus: BusSettings, tmp_path: Path) -> None:
+    """A placement on this node starts the job's command with its GPUs; one on another
+    node does not; a job with no command fails with a reason."""
+    stop, ready = asyncio.Event(), asyncio.Event()
+    cfg = agent.AgentConfig(socket_path=tmp_path / "a.sock", node_id=NODE)
+    task = asyncio.create_task(agent.serve(bus, stop, ready, config=cfg))
+    out = tmp_path / "ran.txt"
+    code = f"import os; open({str(out)!r}, 'w').write(os.environ['CUDA_VISIBLE_DEVICES'])"
+    try:
+        await asyncio.wait_for(ready.wait(), 30)
+        t = bus.topics
+        jobs = [
+            Job("run-me", 2, 0.0, command=[sys.executable, "-c", code]),
+            Job("not-mine", 1, 0.0, command=[sys.executable, "-c", "raise SystemExit(9)"]),
+        ]
+        batch = PlacementBatch(
+            round_id=1,
+            time=0.0,
+            assignments=[
+                Assignment("run-me", NODE, [1, 3]),
+                Assignment("not-mine", "other-node", [0]),
+                Assignment("no-command", NODE, [0]),
+            ],
+        )
+        async with Producer(bus) as p:
+            for job in jobs:
+                await (await p.send(t.jobs_accepted, job.job_id, encode(job)))
+            await (await p.send(t.sched_placements, "1", encode(batch)))
+        finished = await _wait_for(bus, t.jobs_events, "run-me", want="finished")
+        failed = await _wait_for(bus, t.jobs_events, "no-command")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    assert out.read_text() == "1,3"
+    ev = msgspec.json.decode(finished.value or b"", type=JobEvent)
+    assert ev.node_ids == [NODE] and ev.detail == "exit code 0"
+    bad = msgspec.json.decode(failed.value or b"", type=JobEvent)
+    assert bad.kind == "failed" and "no command" in bad.detail
+    others: list[Record] = []
+    await read_back(bus, [bus.topics.jobs_events], others.append)
+    assert not [r for r in others if r.key == b"not-mine"]

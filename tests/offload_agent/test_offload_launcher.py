@@ -27,3 +27,26 @@ def test_launch_sets_cuda_visible_devices() -> None:
     code = "import os, sys; sys.exit(0 if os.environ['CUDA_VISIBLE_DEVICES'] == '2,5' else 3)"
     proc = launch([sys.executable, "-c", code], [2, 5], env={"PATH": "/usr/bin"})
     assert proc.wait(30) == 0
+
+
+def test_runner_starts_each_placed_job_once() -> None:
+    from offload_agent.jobs import JobRunner
+    from shared.messages import Assignment, Job, PlacementBatch
+
+    calls: list[tuple[list[str], list[int], dict[str, str]]] = []
+
+    class FakeProc:
+        pid = 42
+
+    def fake_launch(cmd, gpus, *, env):  # type: ignore[no-untyped-def]
+        calls.append((cmd, list(gpus), env))
+        return FakeProc()
+
+    runner = JobRunner("n1", fake_launch, {"X": "1"})
+    runner.learn(Job("j1", 2, 0.0, command=["train"]))
+    batch = PlacementBatch(1, 0.0, [Assignment("j1", "n1", [0, 1]), Assignment("j2", "n2", [0])])
+    events, procs = runner.place(batch, 5.0)
+    assert [(e.job_id, e.kind) for e in events] == [("j1", "started")] and len(procs) == 1
+    assert calls == [(["train"], [0, 1], {"X": "1", "RLTUNE_JOB_ID": "j1"})]
+    assert runner.place(batch, 6.0) == ([], [])  # a redelivered placement starts nothing
+    assert runner.exited("j1", 3, 7.0).kind == "failed"

@@ -1,0 +1,78 @@
+"""Running the jobs placed on this host: the executor side of the host agent.
+
+The agent learns each job's command from `jobs.accepted` and, when a
+`PlacementBatch` gives GPUs of this node to a job, starts the command with
+`CUDA_VISIBLE_DEVICES` set to them (plus `RLTUNE_JOB_ID` and the agent's
+socket, so the 10Cache engine inside can find its agent). It answers with a
+`started` event, or `failed` when the job has no command or cannot start;
+`finished` / `failed` follow when the process exits. A job already started
+here is not started again (redelivered placements).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from shared.messages import Job, JobEvent, PlacementBatch
+
+__all__ = ["JobRunner", "Started"]
+
+Launch = Callable[..., subprocess.Popen[bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    job_id: str
+    process: subprocess.Popen[bytes]
+
+
+@dataclass
+class JobRunner:
+    node_id: str
+    launch: Launch
+    env: Mapping[str, str] = field(default_factory=dict)
+    commands: dict[str, list[str]] = field(default_factory=dict)
+    started: set[str] = field(default_factory=set)
+
+    def learn(self, job: Job) -> None:
+        if job.command:
+            self.commands[job.job_id] = list(job.command)
+
+    def place(self, batch: PlacementBatch, now: float) -> tuple[list[JobEvent], list[Started]]:
+        """Start this node's share of every assignment; the events to publish now."""
+        events: list[JobEvent] = []
+        procs: list[Started] = []
+        for a in batch.assignments:
+            if a.node_id != self.node_id or a.job_id in self.started:
+                continue
+            self.started.add(a.job_id)
+            event, proc = self._start(a.job_id, a.gpu_indices, now)
+            events.append(event)
+            if proc is not None:
+                procs.append(Started(a.job_id, proc))
+        return events, procs
+
+    def _start(
+        self, job_id: str, gpus: Sequence[int], now: float
+    ) -> tuple[JobEvent, subprocess.Popen[bytes] | None]:
+        command = self.commands.get(job_id)
+        if not command:
+            detail = "no command known for this job (not seen on jobs.accepted)"
+            return JobEvent(job_id, "failed", now, [self.node_id], detail), None
+        env = {**self.env, "RLTUNE_JOB_ID": job_id}
+        try:
+            proc = self.launch(command, gpus, env=env)
+        except OSError as exc:
+            return JobEvent(job_id, "failed", now, [self.node_id], f"cannot start: {exc}"), None
+        gpu_list = ",".join(map(str, gpus))
+        return JobEvent(
+            job_id, "started", now, [self.node_id], f"pid {proc.pid} gpus {gpu_list}"
+        ), proc
+
+    def exited(self, job_id: str, returncode: int, now: float) -> JobEvent:
+        detail = f"exit code {returncode}"
+        if returncode == 0:
+            return JobEvent(job_id, "finished", now, [self.node_id], detail)
+        return JobEvent(job_id, "failed", now, [self.node_id], detail)
