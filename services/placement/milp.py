@@ -127,7 +127,8 @@ class MilpPlacer:
         scorer = self.scorer(jobs, nodes, speed)
         nodes = scorer.nodes
         single, multi = _split(jobs, nodes)
-        model = WindowModel(jobs, single, nodes, index_classes(nodes), scorer, cfg.max_patterns)
+        classes = index_classes(nodes)
+        model = WindowModel(jobs, single, nodes, classes, scorer, cfg.max_patterns, multi)
         if cfg.warm_start == "first-fit":
             model.hint([a for a in greedy_allocations(jobs, nodes) if len(a.gpus) == 1])
         else:
@@ -138,7 +139,9 @@ class MilpPlacer:
         t2 = time.perf_counter()
         if out.status in ("OPTIMAL", "TIMEOUT_FEASIBLE", "TIMEOUT_HINT"):
             allocs = list(out.allocations)
-            allocs += _spread(jobs, multi, apply_allocations(nodes, allocs))
+            started = {a.job_id for a in allocs}
+            rest = [j for j in multi if jobs[j].job_id not in started]
+            allocs += _spread(jobs, rest, apply_allocations(nodes, allocs))
             status = out.status
         else:  # no solution in time: the greedy placement in priority order
             allocs, status = greedy_allocations(jobs, nodes), "FALLBACK_GREEDY"

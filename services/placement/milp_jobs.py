@@ -25,7 +25,7 @@ from ortools.sat.python import cp_model
 from services.placement.objective import Scorer
 from shared.placement_api import FULL_GPU, JobRequest
 
-__all__ = ["JobClass", "JobVars"]
+__all__ = ["JobClass", "JobVars", "MultiVars"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,4 +132,61 @@ class JobVars:
                     k = value(self.n[ci, t])
                     out[(t, c.share, c.size)].extend(started[:k])
                     started = started[k:]
+        return out
+
+
+class MultiVars:
+    """Multi-node jobs (bigger than any allowed node's whole free GPUs), in the model:
+
+    y_{j,t} ∈ {0,1}   job j starts on nodes of type t
+    r_{j,t,s} ∈ Z+    parts of s GPUs it takes (each part is a whole slot on one node)
+    Σ_t y_{j,t} ≤ 1,   Σ_s s·r_{j,t,s} = k_j·y_{j,t}
+    objective: (V_{j,t} − T_{j,t} + spread_weight)·y_{j,t} − spread_weight·Σ_s r_{j,t,s}
+    (each part beyond the first costs spread_weight: fewest nodes).
+    """
+
+    def __init__(
+        self,
+        m: cp_model.CpModel,
+        jobs: Sequence[JobRequest],
+        types_of: Mapping[int, Sequence[str]],
+        part_sizes: Mapping[str, Sequence[int]],
+        scorer: Scorer,
+    ) -> None:
+        spread = round(scorer.weights.spread_weight)
+        self.y: dict[tuple[int, str], cp_model.IntVar] = {}
+        # (j, t) -> [(s, r_{j,t,s})]
+        self.parts: dict[tuple[int, str], list[tuple[int, cp_model.IntVar]]] = {}
+        self.coef: dict[int, int] = {}  # variable index -> objective coefficient
+        for j, ts in types_of.items():
+            k = jobs[j].num_gpus
+            for t in ts:
+                y = self.y[j, t] = m.new_bool_var(f"my{j}_{t}")
+                parts = [(s, m.new_int_var(0, k // s, f"mr{j}_{t}_{s}")) for s in part_sizes[t]]
+                self.parts[j, t] = parts
+                m.add(
+                    cp_model.LinearExpr.weighted_sum([r for _, r in parts], [s for s, _ in parts])
+                    == k * y
+                )
+                self.coef[y.index] = scorer.value(j, t) - scorer.type_pen(j, t) + spread
+                for _, r in parts:
+                    self.coef[r.index] = -spread
+            if len(ts) > 1:
+                m.add_at_most_one(self.y[j, t] for t in ts)
+
+    def users(self, t: str, size: int) -> list[cp_model.IntVar]:
+        """Part variables taking whole slots of `size` GPUs on type t."""
+        return [
+            r for (_, tt), parts in self.parts.items() if tt == t for s, r in parts if s == size
+        ]
+
+    def zero_hint(self) -> dict[int, int]:
+        return dict.fromkeys(self.coef, 0)
+
+    def decode(self, value: Callable[[cp_model.IntVar], int]) -> dict[tuple[str, int], list[int]]:
+        """(type, slot size) -> a window position per part that takes such a slot."""
+        out: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for (j, t), parts in self.parts.items():
+            for s, r in parts:
+                out[(t, s)].extend([j] * value(r))
         return out

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from services.placement.classes import ClassIndex, GpuRef, PatternCache
-from services.placement.milp_jobs import JobVars
+from services.placement.milp_jobs import JobVars, MultiVars
 from services.placement.objective import Scorer
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
 
@@ -45,7 +45,8 @@ class _ClassVars:
 
 
 class WindowModel:
-    """One window's model. `cand` are window positions of single-node candidate jobs."""
+    """One window's model. `cand` are window positions of single-node candidate jobs,
+    `multi` those of multi-node ones."""
 
     def __init__(
         self,
@@ -55,6 +56,7 @@ class WindowModel:
         classes: ClassIndex,
         scorer: Scorer,
         max_patterns: int,
+        multi: Sequence[int] = (),
     ) -> None:
         self.jobs, self.nodes, self.classes, self.scorer = jobs, nodes, classes, scorer
         self.m = cp_model.CpModel()
@@ -69,9 +71,12 @@ class WindowModel:
             size = jobs[j].gpu_milli if jobs[j].gpu_milli < FULL_GPU else jobs[j].num_gpus
             for t in ts:
                 sizes[t][size] += 1
+        multi_types, part_sizes = self._multi_parts(multi)
         # ---- variables
         # which jobs start, on which type (x, n of milp_jobs.py)
         self.jv = JobVars(self.m, jobs, self.types_of, scorer)
+        # which multi-node jobs start, on which type, in which parts (milp_jobs.py)
+        self.mv = MultiVars(self.m, jobs, multi_types, part_sizes, scorer)
         # opened[t] = whole free GPUs of type t handed to sharing jobs
         self.opened: dict[str, cp_model.IntVar] = {}
         self._opened_ub: dict[str, int] = {}  # upper bound of opened[t]
@@ -80,6 +85,27 @@ class WindowModel:
         # ---- constraints and objective
         self._constraints()
         self._objective()
+
+    def _multi_parts(
+        self, multi: Sequence[int]
+    ) -> tuple[dict[int, list[str]], dict[str, list[int]]]:
+        """Types each multi-node job could fill, and the part sizes per type: every
+        whole-free count of a node of the type, and 1, 2, 4 so any size adds up."""
+        free: dict[str, int] = defaultdict(int)  # t -> whole free GPUs over its nodes
+        sizes: dict[str, set[int]] = defaultdict(set)
+        for (t, w), members in self.classes.node_classes.items():
+            free[t] += w * len(members)
+            sizes[t] |= {w} | {s for s in (1, 2, 4) if s <= w}
+        types_of: dict[int, list[str]] = {}
+        for j in multi:
+            job = self.jobs[j]
+            ts = [t for t in sorted(free) if job.allows(t) and free[t] >= job.num_gpus]
+            if ts:
+                types_of[j] = ts
+            for t in ts:
+                for s in sizes[t]:
+                    self.whole_sizes[t][s] += job.num_gpus // s
+        return types_of, {t: sorted(v) for t, v in sizes.items()}
 
     def _fitting_types(self, cand: Sequence[int]) -> dict[int, list[str]]:
         max_w: dict[str, int] = defaultdict(int)  # t -> largest whole free GPUs on a node
@@ -163,7 +189,7 @@ class WindowModel:
         # slots of each size offered by the patterns == jobs (and opened GPUs) using them
         offered = self._offered()
         for (t, share, k), (vars_, coefs) in offered.items():
-            users = self.jv.users(t, share, k)
+            users = self.jv.users(t, share, k) + ([] if share else self.mv.users(t, k))
             if not share and k == 1 and t in self.opened:
                 users.append(self.opened[t])
             m.add(sum(users) == cp_model.LinearExpr.weighted_sum(vars_, coefs))
@@ -174,6 +200,10 @@ class WindowModel:
             for t in c.types:
                 if (t, c.share, c.size) not in offered:
                     m.add(self.jv.n[ci, t] == 0)
+        for (_, t), parts in self.mv.parts.items():
+            for s, r in parts:
+                if (t, False, s) not in offered:
+                    m.add(r == 0)
 
     def _offered(self) -> dict[tuple[str, bool, int], tuple[list[cp_model.IntVar], list[int]]]:
         """(type, share, size) -> pattern-count variables and the slots each offers."""
@@ -191,21 +221,19 @@ class WindowModel:
         return out
 
     def _objective(self) -> None:
-        vars_: list[cp_model.IntVar] = []
-        coefs: list[int] = []
+        terms: dict[int, int] = {}  # variable index -> objective coefficient (maximised)
         for key, var in self.jv.x.items():  # throughput
-            vars_.append(var)
-            coefs.append(self.jv.value[key])
+            terms[var.index] = self.jv.value[key]
         for (ci, t), var in self.jv.n.items():  # capacity restricted jobs will need
-            vars_.append(var)
-            coefs.append(-self.scorer.type_pen(self.jv.classes[ci].members[0], t))
+            terms[var.index] = -self.scorer.type_pen(self.jv.classes[ci].members[0], t)
+        terms.update(self.mv.coef)  # multi-node jobs: throughput, pressure, spread
         for cv in [*self.node_vars.values(), *self.gpu_vars.values(), *self.fresh_vars.values()]:
-            vars_ += cv.count  # fragmentation added by each pattern
-            coefs += cv.coef
+            for var, c in zip(cv.count, cv.coef, strict=True):
+                terms[var.index] = c  # fragmentation added by each pattern
         # maximize, written into the proto in bulk (the Python wrapper appends one by one)
         obj = self.m.proto.objective
-        obj.vars.extend([v.index for v in vars_])
-        obj.coeffs.extend([-c for c in coefs])
+        obj.vars.extend(list(terms))
+        obj.coeffs.extend([-c for c in terms.values()])
         obj.scaling_factor = -1.0
 
     # ---- warm start: a feasible placement (the greedy one) as a complete hint -------
@@ -252,6 +280,7 @@ class WindowModel:
         """Hint all variables: job -> type started on, pattern variable index -> count,
         type -> GPUs opened to sharing."""
         values = self.jv.hint(placed)
+        values.update(self.mv.zero_hint())  # multi-node jobs: spread after, if not started
         for t, var in self.opened.items():
             values[var.index] = opened[t]
         for cv in [*self.node_vars.values(), *self.gpu_vars.values(), *self.fresh_vars.values()]:
@@ -306,12 +335,20 @@ class WindowModel:
         """Allocations from variable values (a solver's solution, or the hint)."""
         nodes, out = self.nodes, []
         starts = self.jv.decode(value)  # (type, share, size) -> jobs starting there
+        parts = self.mv.decode(value)  # (type, size) -> a multi-node job per part
+        spread: dict[int, dict[int, list[int]]] = defaultdict(dict)  # job -> node -> GPUs
         fresh: dict[str, list[GpuRef]] = defaultdict(list)  # GPUs opened to sharing, per type
         for (t, k), slots in self._whole_slots(value).items():
             jobs = starts[(t, False, k)]
             for j, (n, idx) in zip(jobs, slots, strict=False):
                 out.append(Allocation(self.jobs[j].job_id, ((nodes[n].node_id, idx),)))
-            fresh[t].extend((n, idx[0]) for n, idx in slots[len(jobs) :])
+            claim = parts.get((t, k), [])
+            for j, (n, idx) in zip(claim, slots[len(jobs) :], strict=False):
+                spread[j].setdefault(n, []).extend(idx)
+            fresh[t].extend((n, idx[0]) for n, idx in slots[len(jobs) + len(claim) :])
+        for j, on in spread.items():
+            gpus = tuple((nodes[n].node_id, tuple(sorted(g))) for n, g in on.items())
+            out.append(Allocation(self.jobs[j].job_id, gpus))
         for (t, k), refs in self._share_slots(value, fresh).items():
             jobs = starts[(t, True, k)]
             for j, (n, g) in zip(jobs, refs, strict=True):

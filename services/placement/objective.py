@@ -34,7 +34,7 @@ class ObjectiveWeights:
     value_scale: float = 1000.0  # per milli-GPU of placed demand; makes any fit beat its penalty
     position_weight: float = 1.0  # how much more the head of the window is worth than its tail
     frag_weight: float = 1.0  # per milli-GPU of fragmentation created
-    spread_weight: float = 50_000.0  # per node beyond the first of a multi-node job
+    spread_weight: float = 500.0  # per node beyond the first of a multi-node job (½ GPU)
     leftover_weight: float = 0.0  # per milli left free on a partially used GPU (best-fit term)
     type_weight: float = 0.5  # share of value_scale per GPU on a more pressed type (< 1)
 

@@ -145,7 +145,8 @@ def test_multi_node_job_spread_on_fewest_nodes() -> None:
     cluster.append(NodeFree("c", "A", (1000,) * 2))
     res = MilpPlacer().place([JobRequest("big", 10)], cluster, {})
     (alloc,) = res.allocations
-    assert [n for n, _ in alloc.gpus] == ["b", "a"]  # 8 + 2: two nodes, the fewest
+    assert len(alloc.gpus) == 2 and alloc.gpus[0] == ("b", tuple(range(8)))  # 8 + 2: fewest
+    assert res.status == "OPTIMAL" and alloc.gpus[1][0] == "c"  # the 2 from c keeps a's 4 whole
     assert violations([JobRequest("big", 10)], cluster, res.allocations) == []
 
 
