@@ -211,25 +211,45 @@ def _choose_residents(
 ) -> tuple[set[str], int, int]:
     """Greedy by accesses per byte: keep a tensor for good while the residents plus
     the streaming buffers the others still need fit the fast budget. Returns the
-    residents, the streaming bytes and the total."""
-    resident, streamed = set(), set(sizes)
-    stream = _bytes(_stream_layout(order, stream_classes(sizes, streamed), window))
+    residents, the streaming bytes and the total.
+
+    Linear in the tensors: the greedy pass prices a candidate with the streaming
+    layout as it stands (a class's buffers come back when its last streamed
+    tensor becomes resident); the exact layout is then recomputed, and the
+    last-chosen residents are given back while it does not fit."""
+    resident: set[str] = set()
     cheap = _cheap(order, sizes, window)
-    rest = streamed - cheap
-    after = _bytes(_stream_layout(order, stream_classes(sizes, rest), window)) if rest else 0
-    if sum(cls[t] for t in cheap) + after <= budget:
-        resident, streamed, stream = set(cheap), rest, after
-    resident_bytes = sum(cls[t] for t in resident)
+    if sum(cls[t] for t in cheap) + _exact(order, sizes, set(sizes) - cheap, window) <= budget:
+        resident = set(cheap)
+    bufcls = stream_classes(sizes, set(sizes) - resident)
+    layout = _stream_layout(order, bufcls, window)
+    members = Counter(bufcls.values())
+    used = sum(cls[t] for t in resident) + _bytes(layout)
+    chosen: list[str] = []
     for t in ranked:
         if t in resident:
             continue
-        rest = streamed - {t}
-        after = _bytes(_stream_layout(order, stream_classes(sizes, rest), window)) if rest else 0
-        if resident_bytes + cls[t] + after <= budget:
+        c = bufcls[t]
+        refund = layout.get(c, 0) * c if members[c] == 1 else 0
+        if used + cls[t] - refund <= budget:
             resident.add(t)
-            resident_bytes += cls[t]
-            streamed, stream = rest, after
-    return resident, stream, resident_bytes + stream
+            chosen.append(t)
+            members[c] -= 1
+            used += cls[t] - refund
+            if refund:
+                layout.pop(c)
+    while True:
+        stream = _exact(order, sizes, set(sizes) - resident, window)
+        total = sum(cls[t] for t in resident) + stream
+        if total <= budget or not chosen:
+            return resident, stream, total
+        resident.discard(chosen.pop())
+
+
+def _exact(order: Sequence[str], sizes: dict[str, int], streamed: set[str], window: int) -> int:
+    if not streamed:
+        return 0
+    return _bytes(_stream_layout(order, stream_classes(sizes, streamed), window))
 
 
 def _cheap(order: Sequence[str], sizes: dict[str, int], window: int) -> set[str]:
