@@ -57,6 +57,7 @@ class BenchArgs:
     fast_frac: float = 0.75  # fast budget as a fraction of parameter bytes
     host_frac: float = 0.2  # host budget as a fraction of parameter bytes
     window: int = 8  # most streamed tensors the plan prefetches ahead
+    stream_share: float = 0.9  # most of the fast budget the plan's streaming buffers take
     io_threads: int = 4  # they mostly wait on the disk: 4 keep it busy (1, 2 were slower)
     seed: int = 0
     nvme_dir: str | None = None
@@ -108,7 +109,7 @@ def _step(engine: OffloadEngine, a: BenchArgs, step: int) -> tuple[float, float,
     cpu = (time.process_time() - c0) * 1e3
     ready = engine.config.strategy == "tencache" and engine.profile_ready
     if ready and not engine.apply_plan(
-        build_plan(engine.profile(), engine.budgets, window=a.window)
+        build_plan(engine.profile(), engine.budgets, window=a.window, stream_share=a.stream_share)
     ):
         raise RuntimeError(f"plan refused: {engine.last_error}")
     return float(loss.item()), ms, cpu
