@@ -97,17 +97,22 @@ class OffloadEngine:
         self._install(setup, values)
         self._handles = install_hooks(self.model, self.names, self)
 
-    def close(self) -> None:
-        """Wait for copies in flight and remove the hooks (errors already raised to
-        training, such as a bad swap file, are only logged here)."""
-        if self.cache is not None:
-            try:
-                self.cache.drain()
-            except Exception as exc:  # shutting down: report and go on
-                log.warning("offload engine closed with an I/O error: %s", exc)
+    def close(self, *, restore: bool = True) -> None:
+        """Wait for copies in flight, remove the hooks and (by default) give every
+        parameter back as an ordinary host tensor holding its trained value. I/O
+        errors already raised to training (a bad swap file) are only logged here."""
         for h in self._handles:
             h.remove()  # type: ignore[attr-defined]
         self._handles = []
+        if self.cache is None:
+            return
+        try:
+            self.cache.drain()
+            if restore:
+                for name, param in self.params.items():
+                    param.data = self.cache.materialize(name)
+        except Exception as exc:  # shutting down: report and go on
+            log.warning("offload engine closed with an I/O error: %s", exc)
 
     def _prepare_store(self) -> bool:
         if self.store is None:

@@ -72,13 +72,9 @@ def main(argv: list[str]) -> int:
     )
     client = AgentClient(args.agent_socket, args.job_id) if args.agent_socket else None
     with ThreadPoolExecutor(2, thread_name_prefix="offload-io") as io:
+        store = NvmeStore(args.swap_dir)
         engine = OffloadEngine(
-            model,
-            AdamW(lr=3e-4),
-            config,
-            device=select_device(),
-            store=NvmeStore(args.swap_dir),
-            io=io,
+            model, AdamW(lr=3e-4), config, device=select_device(), store=store, io=io
         )
         engine.start()
         if client is not None:
@@ -95,6 +91,7 @@ def main(argv: list[str]) -> int:
                 _plan(engine, client, args.wait_plan)
         stats = engine.stats_message()
         engine.close()
+        store.remove_all()  # swap files are scratch: the model lives in `model` again
     log.info(
         "hit rate %.3f, step %.1f ms, in %d B, out %d B",
         stats.hit_rate,

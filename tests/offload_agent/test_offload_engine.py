@@ -193,3 +193,13 @@ def test_profile_records_forward_backward_and_optimizer(make_engine: MakeEngine)
     assert order.count(w) == 3  # forward, backward (saved for grad input), optimizer
     assert order.index(w) < order.index(f"{w}#exp_avg")
     assert profile.fast_budget_bytes == int(PARAM_BYTES * 1.5)
+
+
+def test_close_gives_the_trained_parameters_back(make_engine: MakeEngine) -> None:
+    engine = make_engine("tencache", fast=1.2, host=0.1)
+    train(engine, 3)
+    want = engine.snapshot()
+    engine.close()
+    for name, p in engine.model.named_parameters():
+        assert p.device.type == "cpu" and p.is_contiguous()
+        assert torch.equal(p.detach(), want[name])
