@@ -168,6 +168,18 @@ def _summary(
     }
 
 
+def _calibration(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """For the simulator's offload cost model: the copy bandwidth seen when nothing
+    overlaps (`lru` moves everything on demand), and the share of `tencache`'s
+    copy time hidden behind compute at that bandwidth."""
+    none, lru, ten = runs["none"], runs["lru"], runs["tencache"]
+    exposed_ms = max(lru["step_ms"] - none["step_ms"], 1e-3)
+    gbps = lru["bytes_moved_per_step"] / exposed_ms / 1e6
+    ten_copy_ms = ten["bytes_moved_per_step"] / gbps / 1e6 if gbps else 0.0
+    hidden = 1 - max(ten["step_ms"] - none["step_ms"], 0.0) / ten_copy_ms if ten_copy_ms else 0.0
+    return {"copy_gbps_unhidden": round(gbps, 3), "tencache_hidden_fraction": round(hidden, 3)}
+
+
 def _model_facts(a: BenchArgs) -> dict[str, Any]:
     cfg = GPTConfig(vocab=a.vocab, seq=a.seq, layers=a.layers, dim=a.dim, heads=8)
     pbytes = sum(p.numel() * 4 for p in GPT(cfg).parameters())
@@ -233,6 +245,7 @@ def main(argv: list[str]) -> int:
         "tencache_vs_fixed": round(runs["fixed"]["step_ms"] / t, 3),
         "tencache_vs_none": round(runs["none"]["step_ms"] / t, 3),
     }
+    result["calibration"] = _calibration(runs)
     console.print(_table(result))
     if a.json:
         text = json.dumps(result, indent=2)
