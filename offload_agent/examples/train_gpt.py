@@ -37,6 +37,7 @@ from offload_agent.ipc import AgentClient
 from offload_agent.nvme import NvmeStore
 from offload_agent.optim import AdamW
 from services.profiler.planner import build_plan
+from shared.messages import OffloadStats
 
 log = logging.getLogger("train_gpt")
 
@@ -54,6 +55,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--swap-dir", type=Path, default=Path("/tmp/rltune-swap"))
     p.add_argument("--agent-socket", type=Path, default=None)
     p.add_argument("--wait-plan", type=float, default=30.0, help="seconds to wait for the plan")
+    p.add_argument("--stats-every", type=int, default=10, help="steps between OffloadStats")
     p.add_argument("--stats-out", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -70,61 +72,80 @@ def main(argv: list[str]) -> int:
         fast_budget=int(args.fast_mib * 2**20),
         host_budget=int(args.host_mib * 2**20),
     )
-    client = AgentClient(args.agent_socket, args.job_id) if args.agent_socket else None
+    client = _connect(args.agent_socket, args.job_id)
     with ThreadPoolExecutor(2, thread_name_prefix="offload-io") as io:
         store = NvmeStore(args.swap_dir)
         engine = OffloadEngine(
             model, AdamW(lr=3e-4), config, device=select_device(), store=store, io=io
         )
         engine.start()
-        if client is not None:
-            client.connect()
-        planned = False
         for step in range(args.steps):
             x, y = batch(cfg, 4, step)
             with engine.step():
                 loss = model(x, y)
                 loss.backward()
             log.info("step %d loss %.4f (%s)", step, loss.item(), engine.setup_name)
-            if engine.profile_ready and not planned:  # right after the warm-up step
-                planned = True
-                _plan(engine, client, args.wait_plan)
+            if step == 0:  # the warm-up step: its profile is ready
+                client = _plan(engine, client, args.wait_plan)
+            elif step % args.stats_every == 0 and client is not None:
+                client = _send(client, engine.stats_message())
         stats = engine.stats_message()
         engine.close()
         store.remove_all()  # swap files are scratch: the model lives in `model` again
-    log.info(
-        "hit rate %.3f, step %.1f ms, in %d B, out %d B",
-        stats.hit_rate,
-        stats.step_ms,
-        stats.bytes_in,
-        stats.bytes_out,
-    )
-    if client is not None:
-        client.send_stats(stats)
+    log.info("hit rate %.3f, step %.1f ms, in %d B", stats.hit_rate, stats.step_ms, stats.bytes_in)
+    if client is not None and _send(client, stats) is not None:
         client.close()
     if args.stats_out:
         args.stats_out.write_bytes(msgspec.json.encode(stats))
     return 0
 
 
-def _plan(engine: OffloadEngine, client: AgentClient | None, wait_s: float) -> None:
-    """Get a plan for the warm-up profile (agent or local) and switch to it."""
-    if client is None:
-        plan = build_plan(engine.profile(), engine.budgets)
-    else:
-        client.send_profile(engine.profile())
-        got = client.poll_plan(timeout_s=wait_s)
-        if got is None:
+def _connect(path: Path | None, job_id: str) -> AgentClient | None:
+    """The host agent's client, or None (plan locally) when there is none to reach."""
+    if path is None:
+        return None
+    client = AgentClient(path, job_id)
+    try:
+        client.connect()
+    except OSError as exc:
+        log.warning("host agent at %s unreachable (%s); planning locally", path, exc)
+        return None
+    return client
+
+
+def _send(client: AgentClient, stats: OffloadStats) -> AgentClient | None:
+    try:
+        client.send_stats(stats)
+        return client
+    except OSError as exc:
+        log.warning("host agent gone (%s); training goes on without it", exc)
+        return None
+
+
+def _plan(engine: OffloadEngine, client: AgentClient | None, wait_s: float) -> AgentClient | None:
+    """Get a plan for the warm-up profile (agent or local) and switch to it. The
+    agent client comes back, or None if the agent went away (then: local plan)."""
+    plan = None
+    if client is not None:
+        try:
+            client.send_profile(engine.profile())
+            plan = client.poll_plan(timeout_s=wait_s)
+        except OSError as exc:
+            log.warning("host agent gone (%s); planning locally", exc)
+            client = None
+        if client is not None and plan is None:
             log.warning(
                 "no plan from the agent in %.0f s; staying on %s", wait_s, engine.setup_name
             )
-            return
-        plan = got
+            return client
+    if plan is None:
+        plan = build_plan(engine.profile(), engine.budgets)
     if engine.apply_plan(plan):
         engine.stats.reset()  # measure the planned layout only
         log.info("plan v%d applied: window %d", plan.version, plan.window)
     else:
         log.error("plan refused: %s", engine.last_error)
+    return client
 
 
 if __name__ == "__main__":
