@@ -35,6 +35,7 @@ import msgspec
 from offload_agent import ipc
 from offload_agent.jobs import JobRunner, Started
 from offload_agent.launcher import launch, node_status
+from offload_agent.metrics import observe
 from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
 from shared.config import BusSettings
 from shared.messages import Job, PlacementBatch, PrefetchPlan, encode
@@ -156,6 +157,7 @@ class HostAgent:
             if not st.node_id:
                 st = msgspec.structs.replace(st, node_id=self.config.node_id)
             await self._publish(self.topics.offload_stats, st.job_id, encode(st))
+            observe(st)
             self.stats.extra["stats"] += 1
 
     async def _publish(self, topic: str, key: str, value: bytes) -> None:

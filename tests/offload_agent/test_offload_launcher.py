@@ -50,3 +50,17 @@ def test_runner_starts_each_placed_job_once() -> None:
     assert calls == [(["train"], [0, 1], {"X": "1", "RLTUNE_JOB_ID": "j1"})]
     assert runner.place(batch, 6.0) == ([], [])  # a redelivered placement starts nothing
     assert runner.exited("j1", 3, 7.0).kind == "failed"
+
+
+def test_stats_become_prometheus_gauges() -> None:
+    from prometheus_client import REGISTRY
+
+    from offload_agent.metrics import observe
+    from shared.messages import OffloadStats
+
+    observe(OffloadStats("j9", "n9", 0.97, migration_ms_p50=2.0, bytes_in=10, step_ms=500.0))
+    get = REGISTRY.get_sample_value
+    assert get("rltune_offload_hit_ratio", {"job": "j9", "node": "n9"}) == 0.97
+    assert get("rltune_offload_step_seconds", {"job": "j9", "node": "n9"}) == 0.5
+    labels = {"job": "j9", "node": "n9", "quantile": "0.5"}
+    assert get("rltune_offload_migration_seconds", labels) == 0.002
