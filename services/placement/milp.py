@@ -44,10 +44,14 @@ Objective (objective.py; all coefficients integers)
     P^node, P^gpu: the node and GPU terms of the ATC'23 fragmentation F_n (frag.py),
     so the penalty is exactly the fragmentation the placement adds.
 
-Jobs larger than every allowed node's whole free GPUs are multi-node: after the
-solve they are spread over as few nodes as possible (allowed nodes in descending
-order of whole free GPUs, greedy.py), on what the solution leaves, in window
-order; each extra node costs spread_weight.
+Multi-node jobs (more GPUs than any allowed node has whole free) take parts:
+    y_{j,t} ∈ {0,1}, r_{j,t,s} ∈ Z+ parts of s GPUs (s: the whole-free counts of
+    type-t nodes, and 1, 2, 4),  Σ_t y_{j,t} ≤ 1,  Σ_s s·r_{j,t,s} = k_j·y_{j,t},
+    and the parts join the whole-slot balance of type t like single-node jobs;
+    objective + (V_{j,t} − T_{j,t})·y_{j,t} − spread_weight·(Σ_s r_{j,t,s} − y_{j,t}),
+    so a job on more nodes than needed pays per extra node (as few nodes as
+    possible). One type per multi-node job. One the model leaves out is spread
+    after the solve on what is left, fewest nodes first (greedy.py's rule).
 
 Size. Only nodes the window could touch are kept (per type and free shape, as
 many as the window has jobs that fit them: relevant_nodes). y_{j,t} is built
@@ -67,6 +71,7 @@ left (TIMEOUT_HINT); with no solution at all, greedy.py's placement is returned
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -86,7 +91,7 @@ __all__ = ["MilpConfig", "MilpPlacer", "relevant_nodes"]
 
 @dataclass(frozen=True, slots=True)
 class MilpConfig:
-    time_limit_s: float = 0.040  # wall-clock budget of one place(); CP-SAT gets what is left
+    time_limit_s: float = 0.036  # wall-clock budget of one place(); CP-SAT gets what is left
     solver_overhead_s: float = 0.004  # CP-SAT's own start and stop, outside its limit
     min_solve_s: float = 0.005  # with less left than this, the warm start is the answer
     workers: int = 1  # CP-SAT search workers (this machine has 2 cores; 1 is fastest at ms scale)
@@ -117,6 +122,21 @@ class MilpPlacer:
         return Scorer(jobs, kept, speed, self.config.weights, workload, pressure)
 
     def place(
+        self,
+        jobs: Sequence[JobRequest],
+        nodes: Sequence[NodeFree],
+        speed: Mapping[str, float],
+    ) -> PlacementResult:
+        # no garbage-collection pause inside the time budget (it is restored after)
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return self._place(jobs, nodes, speed)
+        finally:
+            if paused:
+                gc.enable()
+
+    def _place(
         self,
         jobs: Sequence[JobRequest],
         nodes: Sequence[NodeFree],
