@@ -44,7 +44,6 @@ from shared.reject import Reject
 
 __all__ = [
     "SRC_HEADER",
-    "SVC_HEADER",
     "Outgoing",
     "Producer",
     "Record",
@@ -59,12 +58,13 @@ __all__ = [
 
 log = logging.getLogger("rltune.bus")
 
-SRC_HEADER = "rltune-src"  # "topic:partition:offset" of the input an output answers
-SVC_HEADER = "rltune-svc"  # name of the service that published it
+# On every output: "<service>|<topic>:<partition>:<offset>", the service that published
+# it and the input it answers (one header, not two: it is paid for on every message).
+SRC_HEADER = "rltune-src"
 MAX_MESSAGE_BYTES = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs 2x, per message
 class Record:
     topic: str
     partition: int
@@ -85,7 +85,7 @@ class Record:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outgoing:
     topic: str
     key: str | bytes | None
@@ -291,16 +291,18 @@ async def partitions_of(consumer: AIOKafkaConsumer, topics: Sequence[str]) -> li
 
 
 class _Redeliveries:
-    """Input positions already answered (learned from our own outputs at start-up)."""
+    """Input positions a service already answered (learned from its outputs at start-up)."""
 
-    def __init__(self) -> None:
+    def __init__(self, service: str) -> None:
+        self._prefix = f"{service}|".encode()
         self._done: dict[tuple[str, int], set[int]] = defaultdict(set)
 
     def learn(self, rec: Record) -> None:
+        """Note the input `rec` answers, if `rec` is one of this service's outputs."""
         src = rec.header(SRC_HEADER)
-        if not src:
+        if not src or not src.startswith(self._prefix):
             return
-        topic, part, off = src.decode().rsplit(":", 2)
+        topic, part, off = src[len(self._prefix) :].decode().rsplit(":", 2)
         self._done[(topic, int(part))].add(int(off))
 
     def seen(self, rec: Record) -> bool:
@@ -329,7 +331,7 @@ class ServiceSpec:
     handle: Handler
     replay_topics: Sequence[str] = ()  # our own outputs, read back at start
     replay: Callable[[Record], None] | None = None  # rebuilds handler state from them
-    # (`replay` sees every record of `replay_topics`; the service's own carry SVC_HEADER)
+    # (`replay` sees every record of `replay_topics`; the service's own carry SRC_HEADER)
     metrics_interval_s: float = 2.0
     max_batch: int = 5000
 
@@ -344,14 +346,11 @@ async def run_service(
     """Run one service until `stop` is set or SIGTERM/SIGINT arrives."""
     stop = stop or asyncio.Event()
     stats = stats or ServiceStats()
-    redelivered = _Redeliveries()
+    redelivered = _Redeliveries(spec.name)
     _install_signal_handlers(stop)
 
-    own = spec.name.encode()
-
     def learn(rec: Record) -> None:
-        if rec.header(SVC_HEADER) == own:
-            redelivered.learn(rec)
+        redelivered.learn(rec)
         if spec.replay is not None:
             spec.replay(rec)
 
@@ -407,7 +406,6 @@ class _Loop:
         self.producer = producer
         self.stats = stats
         self.redelivered = redelivered
-        self._svc = spec.name.encode()
         handle = spec.handle
         self._async = inspect.iscoroutinefunction(handle) or inspect.iscoroutinefunction(
             getattr(handle, "__call__", None)  # noqa: B004 - a handler object's method
@@ -431,17 +429,16 @@ class _Loop:
         outs: list[tuple[Outgoing, list[tuple[str, bytes]]]] = []
         commits: dict[TopicPartition, int] = {}
         n_in = 0
-        svc = (SVC_HEADER, self._svc)
         seen = self.redelivered.seen if self.redelivered else None
         for tp, msgs in batch.items():
             n_in += len(msgs)
-            src = f"{tp.topic}:{tp.partition}:"
+            src = f"{self.spec.name}|{tp.topic}:{tp.partition}:"
             for m in msgs:
                 rec = _to_record(m)
                 if seen is not None and seen(rec):
                     self.stats.skipped_redelivered += 1
                     continue
-                headers = [(SRC_HEADER, (src + str(m.offset)).encode()), svc]
+                headers = [(SRC_HEADER, (src + str(m.offset)).encode())]
                 answer = await self._answer_async(rec) if self._async else self._answer(rec)
                 for out in answer:
                     outs.append((out, headers))

@@ -143,19 +143,17 @@ class Admission:
 def normalise(spec: JobSpec, timestamp_s: float) -> Job:
     """The accepted form: submit time set (from the message's own timestamp, so a
     redelivered message gets the same one), GPU types without repeats."""
-    return _JOB_DECODER.decode(accepted_bytes(spec, timestamp_s))
+    return _JOB_DECODER.decode(accepted_bytes(msgspec.structs.replace(spec), timestamp_s))
 
 
 def accepted_bytes(spec: JobSpec, timestamp_s: float) -> bytes:
     """`normalise(spec, timestamp_s)` as it goes on the wire, without building the Job:
-    JobSpec and Job share field names, so the normalised spec encodes as the Job."""
-    changes: dict[str, object] = {}
+    JobSpec and Job share field names, so the normalised spec encodes as the Job.
+    (`spec` is the decoder's own fresh object: normalising it in place is safe.)"""
     if spec.submit_time is None:
-        changes["submit_time"] = timestamp_s
-    if len(set(spec.gpu_types)) != len(spec.gpu_types):
-        changes["gpu_types"] = list(dict.fromkeys(spec.gpu_types))
-    if changes:
-        spec = msgspec.structs.replace(spec, **changes)
+        spec.submit_time = timestamp_s
+    if spec.gpu_types and len(set(spec.gpu_types)) != len(spec.gpu_types):
+        spec.gpu_types = list(dict.fromkeys(spec.gpu_types))
     return _ENCODER.encode(spec)
 
 
