@@ -38,7 +38,7 @@ from offload_agent.launcher import launch, node_status
 from offload_agent.metrics import observe
 from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
 from shared.config import BusSettings
-from shared.messages import Job, PlacementBatch, PrefetchPlan, encode
+from shared.messages import Job, JobEvent, PlacementBatch, PrefetchPlan, encode
 from shared.reject import Reject
 
 __all__ = ["AgentConfig", "HostAgent", "main", "serve"]
@@ -82,6 +82,7 @@ class HostAgent:
         self.watchers: set[asyncio.Task[None]] = set()
         self._plan = msgspec.json.Decoder(PrefetchPlan)
         self._job = msgspec.json.Decoder(Job)
+        self._event = msgspec.json.Decoder(JobEvent)
         self._placements = msgspec.json.Decoder(PlacementBatch)
 
     async def on_record(self, rec: Record) -> Sequence[Outgoing]:
@@ -89,18 +90,25 @@ class HostAgent:
         if rec.topic == self.topics.offload_plans:
             return await self.on_plan(rec)
         if rec.topic == self.topics.jobs_accepted:
-            self.replay(rec)
-            return ()
+            return self._started(*self._learn(rec))
         return self.on_placements(rec)
 
     def replay(self, rec: Record) -> None:
-        """Learn job commands (also from the accepted jobs read back at start)."""
-        if rec.topic != self.topics.jobs_accepted:
-            return
+        """At start: learn job commands, and which jobs this node already started."""
+        if rec.topic == self.topics.jobs_accepted:
+            self._learn(rec)
+        elif rec.topic == self.topics.jobs_events:
+            with contextlib.suppress(msgspec.MsgspecError):
+                ev = self._event.decode(rec.value or b"")
+                if ev.kind == "started" and self.config.node_id in ev.node_ids:
+                    self.runner.started.add(ev.job_id)
+
+    def _learn(self, rec: Record) -> tuple[list[JobEvent], list[Started]]:
         try:
-            self.runner.learn(self._job.decode(rec.value or b""))
+            return self.runner.learn(self._job.decode(rec.value or b""), time.time())
         except msgspec.MsgspecError:
             self.stats.extra["ignored_bad_job"] += 1
+            return [], []
 
     def on_placements(self, rec: Record) -> Sequence[Outgoing]:
         try:
@@ -108,7 +116,10 @@ class HostAgent:
         except msgspec.MsgspecError:
             self.stats.extra["ignored_bad_placement"] += 1
             return ()
-        events, procs = self.runner.place(batch, time.time())
+        return self._started(*self.runner.place(batch, time.time()))
+
+    def _started(self, events: list[JobEvent], procs: list[Started]) -> Sequence[Outgoing]:
+        self.stats.extra["jobs_waiting_for_command"] = len(self.runner.waiting)
         for started in procs:
             task = asyncio.create_task(self._watch(started))
             self.watchers.add(task)

@@ -4,9 +4,11 @@ The agent learns each job's command from `jobs.accepted` and, when a
 `PlacementBatch` gives GPUs of this node to a job, starts the command with
 `CUDA_VISIBLE_DEVICES` set to them (plus `RLTUNE_JOB_ID` and the agent's
 socket, so the 10Cache engine inside can find its agent). It answers with a
-`started` event, or `failed` when the job has no command or cannot start;
-`finished` / `failed` follow when the process exits. A job already started
-here is not started again (redelivered placements).
+`started` event, or `failed` when the command cannot start; `finished` /
+`failed` follow when the process exits. A placement can arrive before the
+job's accepted record (they are different topics): it waits, and the job
+starts when its command is learned. A job already started here is not started
+again (redelivered placements).
 """
 
 from __future__ import annotations
@@ -35,32 +37,48 @@ class JobRunner:
     env: Mapping[str, str] = field(default_factory=dict)
     commands: dict[str, list[str]] = field(default_factory=dict)
     started: set[str] = field(default_factory=set)
+    waiting: dict[str, list[int]] = field(default_factory=dict)  # placed, command unknown
 
-    def learn(self, job: Job) -> None:
+    def learn(self, job: Job, now: float) -> tuple[list[JobEvent], list[Started]]:
+        """Remember a job's command; start it if it was already placed here."""
         if job.command:
             self.commands[job.job_id] = list(job.command)
+        gpus = self.waiting.pop(job.job_id, None)
+        if gpus is None or not job.command:
+            if gpus is not None:
+                self.waiting[job.job_id] = gpus
+            return [], []
+        return self._start_all([(job.job_id, gpus)], now)
 
     def place(self, batch: PlacementBatch, now: float) -> tuple[list[JobEvent], list[Started]]:
         """Start this node's share of every assignment; the events to publish now."""
-        events: list[JobEvent] = []
-        procs: list[Started] = []
+        todo = []
         for a in batch.assignments:
             if a.node_id != self.node_id or a.job_id in self.started:
                 continue
-            self.started.add(a.job_id)
-            event, proc = self._start(a.job_id, a.gpu_indices, now)
+            if a.job_id not in self.commands:
+                self.waiting[a.job_id] = list(a.gpu_indices)
+                continue
+            todo.append((a.job_id, list(a.gpu_indices)))
+        return self._start_all(todo, now)
+
+    def _start_all(
+        self, todo: list[tuple[str, list[int]]], now: float
+    ) -> tuple[list[JobEvent], list[Started]]:
+        events: list[JobEvent] = []
+        procs: list[Started] = []
+        for job_id, gpus in todo:
+            self.started.add(job_id)
+            event, proc = self._start(job_id, gpus, now)
             events.append(event)
             if proc is not None:
-                procs.append(Started(a.job_id, proc))
+                procs.append(Started(job_id, proc))
         return events, procs
 
     def _start(
         self, job_id: str, gpus: Sequence[int], now: float
     ) -> tuple[JobEvent, subprocess.Popen[bytes] | None]:
-        command = self.commands.get(job_id)
-        if not command:
-            detail = "no command known for this job (not seen on jobs.accepted)"
-            return JobEvent(job_id, "failed", now, [self.node_id], detail), None
+        command = self.commands[job_id]
         env = {**self.env, "RLTUNE_JOB_ID": job_id}
         try:
             proc = self.launch(command, gpus, env=env)

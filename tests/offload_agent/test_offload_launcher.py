@@ -43,24 +43,16 @@ def test_runner_starts_each_placed_job_once() -> None:
         return FakeProc()
 
     runner = JobRunner("n1", fake_launch, {"X": "1"})
-    runner.learn(Job("j1", 2, 0.0, command=["train"]))
+    assert runner.learn(Job("j1", 2, 0.0, command=["train"]), 1.0) == ([], [])
     batch = PlacementBatch(1, 0.0, [Assignment("j1", "n1", [0, 1]), Assignment("j2", "n2", [0])])
     events, procs = runner.place(batch, 5.0)
     assert [(e.job_id, e.kind) for e in events] == [("j1", "started")] and len(procs) == 1
     assert calls == [(["train"], [0, 1], {"X": "1", "RLTUNE_JOB_ID": "j1"})]
     assert runner.place(batch, 6.0) == ([], [])  # a redelivered placement starts nothing
     assert runner.exited("j1", 3, 7.0).kind == "failed"
-
-
-def test_stats_become_prometheus_gauges() -> None:
-    from prometheus_client import REGISTRY
-
-    from offload_agent.metrics import observe
-    from shared.messages import OffloadStats
-
-    observe(OffloadStats("j9", "n9", 0.97, migration_ms_p50=2.0, bytes_in=10, step_ms=500.0))
-    get = REGISTRY.get_sample_value
-    assert get("rltune_offload_hit_ratio", {"job": "j9", "node": "n9"}) == 0.97
-    assert get("rltune_offload_step_seconds", {"job": "j9", "node": "n9"}) == 0.5
-    labels = {"job": "j9", "node": "n9", "quantile": "0.5"}
-    assert get("rltune_offload_migration_seconds", labels) == 0.002
+    # placed before its accepted record arrived: waits, starts when the command is known
+    early = PlacementBatch(2, 8.0, [Assignment("j3", "n1", [2])])
+    assert runner.place(early, 8.0) == ([], []) and runner.waiting == {"j3": [2]}
+    events, _ = runner.learn(Job("j3", 1, 0.0, command=["go"]), 9.0)
+    assert [(e.job_id, e.kind) for e in events] == [("j3", "started")] and not runner.waiting
+    assert calls[-1][:2] == (["go"], [2])
