@@ -56,3 +56,17 @@ def test_runner_starts_each_placed_job_once() -> None:
     events, _ = runner.learn(Job("j3", 1, 0.0, command=["go"]), 9.0)
     assert [(e.job_id, e.kind) for e in events] == [("j3", "started")] and not runner.waiting
     assert calls[-1][:2] == (["go"], [2])
+
+
+def test_stats_become_prometheus_gauges() -> None:
+    from prometheus_client import REGISTRY
+
+    from offload_agent.metrics import observe
+    from shared.messages import OffloadStats
+
+    observe(OffloadStats("j9", "n9", 0.97, migration_ms_p50=2.0, bytes_in=10, step_ms=500.0))
+    get = REGISTRY.get_sample_value
+    assert get("rltune_offload_hit_ratio", {"job": "j9", "node": "n9"}) == 0.97
+    assert get("rltune_offload_step_seconds", {"job": "j9", "node": "n9"}) == 0.5
+    labels = {"job": "j9", "node": "n9", "quantile": "0.5"}
+    assert get("rltune_offload_migration_seconds", labels) == 0.002
