@@ -41,7 +41,7 @@ from shared.config import BusSettings
 from shared.messages import Job, JobEvent, PlacementBatch, PrefetchPlan, encode
 from shared.reject import Reject
 
-__all__ = ["AgentConfig", "HostAgent", "main", "serve"]
+__all__ = ["AgentConfig", "HostAgent", "serve"]
 
 NAME = "offload-agent"
 log = logging.getLogger("rltune.offload_agent")
@@ -233,8 +233,3 @@ async def serve(
             server.close()
             await server.wait_closed()
             config.socket_path.unlink(missing_ok=True)
-
-
-def main(settings: BusSettings) -> int:
-    asyncio.run(serve(settings))
-    return 0

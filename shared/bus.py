@@ -14,7 +14,8 @@ A service is a handler: `Record -> Sequence[Outgoing]` (pure logic behind it).
   inputs it had already answered, and skips them: exactly-once in effect,
   without transactions (which the embedded broker does not support). The
   handler's own state is rebuilt from the same read-back (`replay`);
-* stop cleanly on SIGTERM / SIGINT or when `stop` is set.
+* stop cleanly when `stop` is set (the commands set it on SIGTERM / SIGINT:
+  `stop_on_signals`; a library call leaves the process's signals alone).
 
 Service counters go out on the metrics topic every few seconds (a
 `MetricsSnapshot` with `source` = the service) and to Prometheus.
@@ -54,6 +55,7 @@ __all__ = [
     "raw_text",
     "read_back",
     "run_service",
+    "stop_on_signals",
 ]
 
 log = logging.getLogger("rltune.bus")
@@ -343,11 +345,10 @@ async def run_service(
     stats: ServiceStats | None = None,
     ready: asyncio.Event | None = None,
 ) -> ServiceStats:
-    """Run one service until `stop` is set or SIGTERM/SIGINT arrives."""
+    """Run one service until `stop` is set."""
     stop = stop or asyncio.Event()
     stats = stats or ServiceStats()
     redelivered = _Redeliveries(spec.name)
-    _install_signal_handlers(stop)
 
     def learn(rec: Record) -> None:
         redelivered.learn(rec)
@@ -381,7 +382,8 @@ async def run_service(
     return stats
 
 
-def _install_signal_handlers(stop: asyncio.Event) -> None:
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """Set `stop` on SIGTERM and SIGINT (for commands; the event loop must be running)."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):

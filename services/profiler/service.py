@@ -87,8 +87,3 @@ async def serve(
 ) -> ServiceStats:
     stats = ServiceStats()
     return await run_service(settings, service_spec(settings, stats, group_id), stop, stats, ready)
-
-
-def main(settings: BusSettings) -> int:
-    asyncio.run(serve(settings))
-    return 0

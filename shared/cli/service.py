@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import logging
+from collections.abc import Awaitable, Callable
 
+from shared.bus import stop_on_signals
 from shared.cli.common import add_bus_args, bus_settings, run_async
+from shared.config import BusSettings
 from shared.errors import UserError
 from shared.prom import UP, serve_prometheus
 
@@ -61,6 +65,14 @@ def run(args: argparse.Namespace) -> int:
     module = importlib.import_module(SERVICES[args.name])
     serve_prometheus(args.prometheus_port)
     UP.labels(args.name).set(1)
-    kwargs = {"group_id": args.group_id} if args.group_id else {}
-    run_async(module.serve(settings, **kwargs))
+    run_async(_serve(module.serve, settings, args.group_id))
     return 0
+
+
+async def _serve(
+    serve: Callable[..., Awaitable[object]], settings: BusSettings, group_id: str | None
+) -> None:
+    stop = asyncio.Event()
+    stop_on_signals(stop)  # SIGTERM (compose, k8s) and Ctrl-C stop it cleanly
+    kwargs = {"group_id": group_id} if group_id else {}
+    await serve(settings, stop=stop, **kwargs)
