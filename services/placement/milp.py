@@ -98,6 +98,10 @@ class MilpConfig:
     max_patterns: int = 400  # per class; beyond it the pattern list is cut (reported)
     warm_start: str = "classes"  # hint: "classes" (milp_hint.py) or "first-fit" (greedy.py)
     weights: ObjectiveWeights = field(default_factory=ObjectiveWeights)
+    # Reproducible mode (the simulator): instead of the wall-clock budget, CP-SAT stops
+    # after this much of its own deterministic time, so the same window gets the same
+    # answer on any machine under any load. None: the wall-clock budget (services).
+    deterministic_time: float | None = None
 
 
 class MilpPlacer:
@@ -154,8 +158,11 @@ class MilpPlacer:
         else:
             class_greedy_hint(model)
         t1 = time.perf_counter()
-        left = cfg.time_limit_s - (t1 - t0) - cfg.solver_overhead_s
-        out = model.solve(left if left >= cfg.min_solve_s else 0.0, cfg.workers)
+        if cfg.deterministic_time is not None:
+            out = model.solve(0.0, cfg.workers, deterministic_time=cfg.deterministic_time)
+        else:
+            left = cfg.time_limit_s - (t1 - t0) - cfg.solver_overhead_s
+            out = model.solve(left if left >= cfg.min_solve_s else 0.0, cfg.workers)
         t2 = time.perf_counter()
         if out.status in ("OPTIMAL", "TIMEOUT_FEASIBLE", "TIMEOUT_HINT"):
             allocs = list(out.allocations)

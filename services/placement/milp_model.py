@@ -299,12 +299,19 @@ class WindowModel:
             var = cv.count[cv.pats.index(p)]
             counts[var.index] = counts.get(var.index, 0) + 1
 
-    def solve(self, time_limit_s: float, workers: int) -> SolveOutcome:
-        """Solve within the limit; with no time left at all, the hint is the answer."""
-        if time_limit_s <= 0:
-            return self._from_hint(cp_model.UNKNOWN)
+    def solve(
+        self, time_limit_s: float, workers: int, deterministic_time: float | None = None
+    ) -> SolveOutcome:
+        """Solve within the wall-clock limit, or (reproducibly) within `deterministic_time`
+        of CP-SAT's deterministic time; with no time left at all, the hint is the answer."""
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(time_limit_s, 0.001)
+        if deterministic_time is not None:
+            solver.parameters.max_deterministic_time = deterministic_time
+            workers = 1  # one worker: the search itself is deterministic
+        elif time_limit_s <= 0:
+            return self._from_hint(cp_model.UNKNOWN)
+        else:
+            solver.parameters.max_time_in_seconds = max(time_limit_s, 0.001)
         solver.parameters.num_workers = workers
         solver.parameters.cp_model_probing_level = 0  # probing alone costs ~90 ms here
         solver.parameters.max_presolve_iterations = 1

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if not names:
         raise UserError("--policies names no policy")
     policies = [make_policy(n) for n in names]  # every name checked before any long run
-    make_placer(args.placer)
+    make_placer(args.placer, reproducible=True)
     out = _out_dir(args.out)
     cluster = load_run_cluster(args)
     stats = SkipStats()
@@ -61,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
             def tick(done: int, total: int, task: TaskID = task) -> None:
                 bar.update(task, completed=done)
 
-            result = simulate(jobs, cluster, policy, make_placer(args.placer), config, tick)
+            result = simulate(
+                jobs, cluster, policy, make_placer(args.placer, reproducible=True), config, tick
+            )
             label = policy.label
             if args.preempt and getattr(policy, "preemptive", False):
                 label += " +preempt"

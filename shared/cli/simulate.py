@@ -34,7 +34,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
     p.add_argument("--limit", type=int, default=None, help="only the first N jobs by submit time")
     p.add_argument(
-        "--placer", default="greedy", help="placement: greedy (default), or one registered"
+        "--placer",
+        default="milp",
+        help="placement: milp (default, OR-Tools CP-SAT), greedy, first-fit, best-fit, fgd",
     )
     p.add_argument(
         "--window", type=int, default=128, help="jobs the policy hands placement per round"
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--window must be positive, got {args.window}")
     cluster = load_run_cluster(args)
     policy = make_policy(args.policy)
-    placer = make_placer(args.placer)
+    placer = make_placer(args.placer, reproducible=True)
     stats = SkipStats()
     jobs = load_jobs(args.trace, args.format, cluster, stats, args.limit)
     config = SimConfig(window=args.window, seed=args.seed, preempt=args.preempt)

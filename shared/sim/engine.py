@@ -44,6 +44,9 @@ _FINISH, _TICK = 0, 1
 IN_ORDER_PLACERS = {"greedy"}
 _REPORT_EVERY = 4096  # place in window order, skipping what does not fit
 
+# placer calls between two garbage collections while the cyclic GC is paused
+_COLLECT_EVERY = 500
+
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -242,6 +245,8 @@ class Simulator:
         t0 = time.perf_counter()
         result = self.placer.place(reqs, self.state.free_nodes(), self.speed)
         self.result.placement_ms.append((time.perf_counter() - t0) * 1e3)
+        if len(self.result.placement_ms) % _COLLECT_EVERY == 0:
+            gc.collect()  # a placer may leave cycles (a solver's model); the run pauses the GC
         self.result.rounds += 1
         started = 0
         for alloc in result.allocations:

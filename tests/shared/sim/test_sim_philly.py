@@ -27,10 +27,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _simulate(tmp: Path, policy: str, tag: str) -> tuple[Path, Path]:
+def _simulate(
+    tmp: Path, policy: str, tag: str, placer: str = "greedy", limit: int | None = None
+) -> tuple[Path, Path]:
     jobs, summary = tmp / f"{tag}.csv", tmp / f"{tag}.json"
     argv = ["simulate", "--trace", str(TRACE), "--format", "philly", "--cluster", str(CLUSTER)]
     argv += ["--policy", policy, "--json", str(summary), "--jobs-out", str(jobs)]
+    argv += ["--placer", placer] + (["--limit", str(limit)] if limit else [])
     assert main(argv) == 0
     return jobs, summary
 
@@ -58,6 +61,20 @@ def test_whole_philly_passes_both_checkers(
         assert again[key] == s[key], key
     for key in ("avg_bsld", "gpu_util", "makespan_s"):
         assert again[key] == pytest.approx(s[key], rel=1e-12), key
+
+
+def test_milp_placer_on_a_philly_slice_passes_the_checker(tmp_path: Path) -> None:
+    """The default placer (the MILP) in the simulator: the independent checker agrees,
+    and the schedule is reproducible (CP-SAT stops on deterministic time, not wall time)."""
+    jobs, summary = _simulate(tmp_path, "sjf-est", "milp", placer="milp", limit=2000)
+    again, _ = _simulate(tmp_path, "sjf-est", "milp-again", placer="milp", limit=2000)
+    assert jobs.read_bytes() == again.read_bytes()
+    assert violations(jobs) == []
+    done = subprocess.run(
+        [sys.executable, str(CHECKER), str(jobs), str(summary)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(summary.read_text())["jobs"] == 2000
 
 
 def test_whole_philly_is_byte_identical_run_to_run(fifo: tuple[Path, Path], tmp_path: Path) -> None:
@@ -92,6 +109,7 @@ def test_queue_limits_hold_on_a_philly_slice(tmp_path: Path) -> None:
     jobs, summary = tmp_path / "jobs.csv", tmp_path / "summary.json"
     argv = ["simulate", "--trace", str(TRACE), "--format", "philly", "--cluster", str(cluster)]
     argv += ["--policy", "drf", "--limit", "10000", "--json", str(summary), "--jobs-out", str(jobs)]
+    argv += ["--placer", "greedy"]
     assert main(argv) == 0
     done = subprocess.run(
         [sys.executable, str(CHECKER), str(jobs), str(summary), "--limits", "6214e9=60,7f04ca=16"],
