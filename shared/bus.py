@@ -55,6 +55,7 @@ __all__ = [
     "raw_text",
     "read_back",
     "run_service",
+    "serve_service",
     "stop_on_signals",
 ]
 
@@ -328,14 +329,30 @@ class ServiceSpec:
     """What `run_service` needs to know about one service."""
 
     name: str
-    group_id: str
     topics: Sequence[str]
     handle: Handler
+    group_id: str = ""  # "" = `<topic prefix><name>`
     replay_topics: Sequence[str] = ()  # our own outputs, read back at start
     replay: Callable[[Record], None] | None = None  # rebuilds handler state from them
     # (`replay` sees every record of `replay_topics`; the service's own carry SRC_HEADER)
     metrics_interval_s: float = 2.0
     max_batch: int = 5000
+
+
+async def serve_service(
+    settings: BusSettings,
+    build: Callable[[BusSettings, ServiceStats], ServiceSpec],
+    stop: asyncio.Event | None = None,
+    ready: asyncio.Event | None = None,
+    group_id: str | None = None,
+) -> ServiceStats:
+    """Build a service's spec around fresh counters and run it; `group_id` overrides
+    the default consumer group (`<topic prefix><service name>`)."""
+    stats = ServiceStats()
+    spec = build(settings, stats)
+    if group_id:
+        spec.group_id = group_id
+    return await run_service(settings, spec, stop, stats, ready)
 
 
 async def run_service(
@@ -361,7 +378,7 @@ async def run_service(
     consumer = AIOKafkaConsumer(
         *spec.topics,
         bootstrap_servers=settings.bootstrap,
-        group_id=spec.group_id,
+        group_id=spec.group_id or f"{settings.topic_prefix}{spec.name}",
         client_id=spec.name,
         enable_auto_commit=False,
         auto_offset_reset="earliest",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import msgspec
 
 from services.arrival.admission import Admission
-from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, run_service
+from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, serve_service
 from shared.config import BusSettings
 from shared.messages import JobEvent, NodeStatus
 
@@ -77,14 +77,11 @@ class ArrivalHandler:
             self._apply_event(rec)
 
 
-def service_spec(
-    settings: BusSettings, stats: ServiceStats, group_id: str | None = None
-) -> ServiceSpec:
+def service_spec(settings: BusSettings, stats: ServiceStats) -> ServiceSpec:
     t = settings.topics
     handler = ArrivalHandler(settings, stats)
     return ServiceSpec(
         name=NAME,
-        group_id=group_id or f"{t.prefix}{NAME}",
         topics=[t.jobs_submit, t.cluster_nodes, t.jobs_events],
         handle=handler,
         replay_topics=[t.jobs_accepted, t.jobs_rejected, t.jobs_events],
@@ -98,6 +95,4 @@ async def serve(
     ready: asyncio.Event | None = None,
     group_id: str | None = None,
 ) -> ServiceStats:
-    stats = ServiceStats()
-    spec = service_spec(settings, stats, group_id)
-    return await run_service(settings, spec, stop, stats, ready)
+    return await serve_service(settings, service_spec, stop, ready, group_id)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import msgspec
 
 from services.profiler.planner import Budgets, PlanError, build_plan
-from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, run_service
+from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, serve_service
 from shared.config import BusSettings
 from shared.messages import PrefetchPlan, TensorProfile, encode
 from shared.reject import Reject
@@ -64,14 +64,11 @@ class ProfileHandler:
         self.versions[plan.job_id] = max(self.versions.get(plan.job_id, 0), plan.version)
 
 
-def service_spec(
-    settings: BusSettings, stats: ServiceStats, group_id: str | None = None
-) -> ServiceSpec:
+def service_spec(settings: BusSettings, stats: ServiceStats) -> ServiceSpec:
     t = settings.topics
     handler = ProfileHandler(settings, stats)
     return ServiceSpec(
         name=NAME,
-        group_id=group_id or f"{t.prefix}{NAME}",
         topics=[t.offload_profiles],
         handle=handler,
         replay_topics=[t.offload_plans],
@@ -85,5 +82,4 @@ async def serve(
     ready: asyncio.Event | None = None,
     group_id: str | None = None,
 ) -> ServiceStats:
-    stats = ServiceStats()
-    return await run_service(settings, service_spec(settings, stats, group_id), stop, stats, ready)
+    return await serve_service(settings, service_spec, stop, ready, group_id)
