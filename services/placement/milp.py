@@ -108,6 +108,7 @@ class MilpPlacer:
     """The CP-SAT placer. `workload` is the fragmentation target (default: the window)."""
 
     name = "milp"
+    leaves_cycles = True  # OR-Tools model objects: a caller that pauses the GC must collect
 
     def __init__(self, config: MilpConfig | None = None, workload: Workload | None = None) -> None:
         self.config = config or MilpConfig()

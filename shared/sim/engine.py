@@ -122,6 +122,8 @@ class Simulator:
         self, cluster: ClusterSpec, policy: Policy, placer: Placer, config: SimConfig
     ) -> None:
         self.cluster, self.policy, self.placer, self.config = cluster, policy, placer, config
+        # a full collection scans every live job: only for placers that leave garbage cycles
+        self._collect = bool(getattr(placer, "leaves_cycles", False))
         self.state = ClusterState(cluster)
         self.speed = {t: speed_of(t, cluster.speed) for t in cluster.gpu_types}
         self.ref_speed = speed_of(cluster.reference, cluster.speed) if cluster.reference else 1.0
@@ -245,8 +247,8 @@ class Simulator:
         t0 = time.perf_counter()
         result = self.placer.place(reqs, self.state.free_nodes(), self.speed)
         self.result.placement_ms.append((time.perf_counter() - t0) * 1e3)
-        if len(self.result.placement_ms) % _COLLECT_EVERY == 0:
-            gc.collect()  # a placer may leave cycles (a solver's model); the run pauses the GC
+        if self._collect and len(self.result.placement_ms) % _COLLECT_EVERY == 0:
+            gc.collect()  # the placer leaves cycles (a solver's model); the run pauses the GC
         self.result.rounds += 1
         started = 0
         for alloc in result.allocations:
