@@ -34,6 +34,7 @@ from rich.table import Table
 
 from shared.broker import EmbeddedBroker, ensure_topics
 from shared.bus import Producer, partitions_of
+from shared.cli.common import write_json
 from shared.config import BusSettings
 
 __all__ = ["main"]
@@ -190,8 +191,5 @@ def _report(result: dict[str, object], json_out: str | None) -> None:
         v = float(result[key])  # type: ignore[arg-type]
         t.add_row(label, f"{v:,.0f}", f"{v / raw:.3f}")
     Console(stderr=json_out == "-").print(t)
-    if json_out == "-":
-        print(json.dumps(result))
-    elif json_out:
-        with open(json_out, "w") as f:
-            json.dump(result, f, indent=2)
+    if json_out:
+        write_json(result, json_out)

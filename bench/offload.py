@@ -15,10 +15,8 @@ engines are), as the fast tier here is host memory (no CUDA).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +38,7 @@ from offload_agent.residency import Tier
 from offload_agent.stats import percentile
 from offload_agent.strategies import STRATEGIES
 from services.profiler.planner import build_plan
+from shared.cli.common import write_json
 from shared.errors import UserError
 
 __all__ = ["main"]
@@ -248,9 +247,5 @@ def main(argv: list[str]) -> int:
     result["calibration"] = _calibration(runs)
     console.print(_table(result))
     if a.json:
-        text = json.dumps(result, indent=2)
-        if a.json == "-":
-            sys.stdout.write(text + "\n")
-        else:
-            Path(a.json).write_text(text + "\n")
+        write_json(result, a.json)
     return 0 if all(result["losses_identical_to_none"].values()) else 1

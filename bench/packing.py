@@ -16,8 +16,6 @@ row per setting, e.g. milp/256).
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -33,6 +31,7 @@ from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpConfig, MilpPlacer
 from services.placement.objective import ObjectiveWeights
 from services.placement.state import apply_allocations
+from shared.cli.common import write_json
 from shared.cluster import load_cluster
 from shared.errors import UserError
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, Placer
@@ -226,13 +225,7 @@ def _report(rows: list[PackingRow], args: argparse.Namespace, err: Console) -> N
         )
     (err if args.json == "-" else Console()).print(table)
     if args.json:
-        data = json.dumps(
-            [{k: v for k, v in asdict(r).items() if k != "curve"} for r in rows], indent=2
-        )
-        if args.json == "-":
-            sys.stdout.write(data + "\n")
-        else:
-            Path(args.json).write_text(data + "\n")
+        write_json([{k: v for k, v in asdict(r).items() if k != "curve"} for r in rows], args.json)
     if args.plot:
         _plot(rows, Path(args.plot))
         err.print(f"plot: {args.plot}")

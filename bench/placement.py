@@ -21,9 +21,7 @@ proven optimal), windows.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +34,7 @@ from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpConfig, MilpPlacer
 from services.placement.objective import Scorer
 from services.placement.state import apply_allocations
+from shared.cli.common import write_json
 from shared.cluster import load_cluster
 from shared.errors import UserError
 from shared.placement_api import FULL_GPU, JobRequest, NodeFree
@@ -152,8 +151,4 @@ def _report(rows: list[dict[str, float]], args: argparse.Namespace, err: Console
         table.add_row(*(str(v) for v in r.values()))
     (err if args.json == "-" else Console()).print(table)
     if args.json:
-        data = json.dumps(rows, indent=2)
-        if args.json == "-":
-            sys.stdout.write(data + "\n")
-        else:
-            Path(args.json).write_text(data + "\n")
+        write_json(rows, args.json)

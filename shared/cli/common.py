@@ -1,14 +1,18 @@
-"""Helpers shared by the commands: bus flags, the event loop."""
+"""Helpers shared by the commands and benchmarks: bus flags, the event loop, JSON out."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 from shared.config import BusSettings
+from shared.errors import UserError
 
-__all__ = ["add_bus_args", "bus_settings", "run_async"]
+__all__ = ["add_bus_args", "bus_settings", "run_async", "write_json"]
 
 T = TypeVar("T")
 
@@ -35,3 +39,15 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     import uvloop
 
     return uvloop.run(coro)
+
+
+def write_json(data: object, out: str, sort_keys: bool = False) -> None:
+    """`data` as indented JSON to the file `out`, or to stdout when `out` is "-"."""
+    text = json.dumps(data, indent=2, sort_keys=sort_keys) + "\n"
+    if out == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        Path(out).write_text(text)
+    except OSError as exc:
+        raise UserError(f"cannot write {out}: {exc.strerror or exc}") from exc

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
+from shared.cli import common
 from shared.cluster import ClusterSpec, load_cluster
 from shared.errors import UserError
 from shared.speeds import DEFAULT_SPEEDS
@@ -105,11 +104,4 @@ def write_json(summary: dict[str, Any], out: str) -> None:
         k: (None if isinstance(v, float) and not math.isfinite(v) else v)
         for k, v in summary.items()
     }
-    text = json.dumps(clean, indent=2) + "\n"
-    if out == "-":
-        sys.stdout.write(text)
-        return
-    try:
-        Path(out).write_text(text)
-    except OSError as exc:
-        raise UserError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    common.write_json(clean, out)

@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import contextlib
 import importlib
-import json
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -27,7 +26,7 @@ from rich.table import Table
 
 from shared.broker import EmbeddedBroker, ensure_topics, free_port
 from shared.bus import Producer, partitions_of
-from shared.cli.common import run_async
+from shared.cli.common import run_async, write_json
 from shared.cli.metrics import describe
 from shared.cli.service import SERVICES, available
 from shared.config import BusSettings
@@ -80,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
             highlight=False,
         )
         final = run_async(_up(settings, schedule, args.until_done, console))
-    _write_json(final, args.json)
+    if args.json is not None:
+        write_json(final, args.json, sort_keys=True)
     return 0
 
 
@@ -242,13 +242,3 @@ def _final(progress: _Progress) -> dict[str, Any]:
         "answered": progress.answered(),
         "sources": {k: msgspec.to_builtins(v) for k, v in sorted(progress.latest.items())},
     }
-
-
-def _write_json(final: dict[str, Any], out: str | None) -> None:
-    if out is None:
-        return
-    text = json.dumps(final, indent=2, sort_keys=True)
-    if out == "-":
-        print(text)
-    else:
-        Path(out).write_text(text + "\n")
