@@ -31,7 +31,7 @@ import logging
 import signal
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -65,6 +65,8 @@ log = logging.getLogger("rltune.bus")
 # it and the input it answers (one header, not two: it is paid for on every message).
 SRC_HEADER = "rltune-src"
 MAX_MESSAGE_BYTES = 1 << 20
+RAW_KEEP_BYTES = 1 << 16  # of a rejected message over MAX_MESSAGE_BYTES
+_TOO_LARGE = "message of {} bytes exceeds 1 MiB (raw holds its first 65536 bytes)"
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs 2x, per message
@@ -138,11 +140,16 @@ def raw_text(value: bytes | None) -> str:
 
 
 def dead_letter(settings: BusSettings, rec: Record, rej: Reject) -> Outgoing:
-    """The dead-letter message for a record a handler refused."""
+    """The dead-letter message for a record a handler refused. The raw bytes of an
+    oversized record are cut to their first RAW_KEEP_BYTES (the reason says so), so that
+    the rejection itself stays publishable."""
+    value = rec.value
+    if value is not None and len(value) > MAX_MESSAGE_BYTES:
+        value = value[:RAW_KEEP_BYTES]
     msg = Rejection(
         job_id=rej.key,
         reason=rej.reason,
-        raw=raw_text(rec.value),
+        raw=raw_text(value),
         topic=rec.topic,
         time=rec.timestamp_ms / 1000.0,
     )
@@ -165,7 +172,6 @@ class Producer:
     """An aiokafka producer with the project's settings, as an async context manager."""
 
     def __init__(self, settings: BusSettings, client_id: str = "rltune") -> None:
-        self._settings = settings
         self._p = AIOKafkaProducer(
             bootstrap_servers=settings.bootstrap,
             client_id=client_id,
@@ -196,13 +202,6 @@ class Producer:
         k = key.encode() if isinstance(key, str) else key
         return await self._p.send(topic, value, key=k, headers=list(headers) if headers else None)
 
-    async def send_all(self, outs: Iterable[Outgoing]) -> int:
-        """Publish and wait for every ack; the number published."""
-        futs = [await self.send(o.topic, o.key, o.value) for o in outs]
-        if futs:
-            await asyncio.gather(*futs)
-        return len(futs)
-
     async def publish(self, outs: Sequence[tuple[Outgoing, Sequence[tuple[str, bytes]]]]) -> int:
         """Publish many messages in as few record batches as they fit in, and wait for
         every ack. Keys choose partitions the way Kafka's default partitioner does
@@ -220,7 +219,9 @@ class Producer:
                 if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
                     futs.append(await self._p.send_batch(batch, topic, partition=part))
                     batch = self._p.create_batch()
-                    batch.append(key=key, value=value, timestamp=None, headers=headers)
+                    if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                        # larger than a whole batch: on its own (up to max_request_size)
+                        futs.append(await self.send(topic, key, value, headers))
             futs.append(await self._p.send_batch(batch, topic, partition=part))
         if futs:
             await asyncio.gather(*futs)
@@ -240,10 +241,6 @@ class Producer:
 
     async def flush(self) -> None:
         await self._p.flush()
-
-    @property
-    def raw(self) -> AIOKafkaProducer:
-        return self._p
 
 
 async def read_back(
@@ -394,7 +391,7 @@ async def run_service(
             await loop.run(stop)
         finally:
             with contextlib.suppress(Exception):  # last counters; never block a shutdown
-                await asyncio.wait_for(producer.send_all([loop.metrics_message()]), 2.0)
+                await asyncio.wait_for(producer.publish([(loop.metrics_message(), ())]), 2.0)
             await consumer.stop()
     return stats
 
@@ -405,6 +402,11 @@ def stop_on_signals(stop: asyncio.Event) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
+
+
+def _refuse_oversized(rec: Record) -> None:
+    if rec.value is not None and len(rec.value) > MAX_MESSAGE_BYTES:
+        raise Reject(_TOO_LARGE.format(len(rec.value)), kind="too_large")
 
 
 class _Loop:
@@ -437,7 +439,7 @@ class _Loop:
             if batch:
                 await self._process(batch)
             if time.monotonic() >= next_metrics:
-                await self.producer.send_all([self.metrics_message()])
+                await self.producer.publish([(self.metrics_message(), ())])
                 next_metrics = time.monotonic() + self.spec.metrics_interval_s
 
     def metrics_message(self) -> Outgoing:
@@ -472,16 +474,14 @@ class _Loop:
 
     def _answer(self, rec: Record) -> Sequence[Outgoing]:
         try:
-            if rec.value is not None and len(rec.value) > MAX_MESSAGE_BYTES:
-                raise Reject(f"message of {len(rec.value)} bytes exceeds 1 MiB", kind="too_large")
+            _refuse_oversized(rec)
             return self.spec.handle(rec)  # type: ignore[return-value]
         except Exception as exc:
             return self._refuse(rec, exc)
 
     async def _answer_async(self, rec: Record) -> Sequence[Outgoing]:
         try:
-            if rec.value is not None and len(rec.value) > MAX_MESSAGE_BYTES:
-                raise Reject(f"message of {len(rec.value)} bytes exceeds 1 MiB", kind="too_large")
+            _refuse_oversized(rec)
             return await self.spec.handle(rec)  # type: ignore[misc]
         except Exception as exc:
             return self._refuse(rec, exc)

@@ -117,3 +117,20 @@ async def test_sigkill_half_way_loses_nothing_and_duplicates_nothing(bus: BusSet
         except subprocess.TimeoutExpired:
             proc.kill()
     assert proc.returncode == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+
+
+async def test_oversized_message_is_rejected_with_its_head_and_nothing_is_lost(
+    bus: BusSettings,
+) -> None:
+    big = b'{"job_id": "big", "num_gpus": 1, "pad": "' + b"x" * (2 << 20) + b'"}'
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(arrival.serve(bus, stop, ready))
+    await asyncio.wait_for(ready.wait(), 30)
+    await produce(bus, [big, b'{"job_id": "small", "num_gpus": 1}'])
+    got = await collect_answers(bus, 2, timeout_s=60)
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    assert got.accepted == {"small": 1}
+    ((raw, n),) = got.rejected.items()
+    assert n == 1 and raw == big[: 1 << 16].decode()
+    assert "exceeds 1 MiB" in got.reasons[0]
