@@ -202,11 +202,12 @@ class Producer:
         k = key.encode() if isinstance(key, str) else key
         return await self._p.send(topic, value, key=k, headers=list(headers) if headers else None)
 
-    async def publish(self, outs: Sequence[tuple[Outgoing, Sequence[tuple[str, bytes]]]]) -> int:
+    async def publish(self, outs: Sequence[tuple[Outgoing, list[tuple[str, bytes]]]]) -> int:
         """Publish many messages in as few record batches as they fit in, and wait for
-        every ack. Keys choose partitions the way Kafka's default partitioner does
-        (murmur2), so keyed order holds across clients."""
-        groups: dict[tuple[str, int], list[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]]]
+        every ack. Headers go as a list (aiokafka's batch builder takes no tuple). Keys
+        choose partitions the way Kafka's default partitioner does (murmur2), so keyed
+        order holds across clients."""
+        groups: dict[tuple[str, int], list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]]]
         groups = defaultdict(list)
         for out, headers in outs:
             key = out.key.encode() if isinstance(out.key, str) else out.key
@@ -391,7 +392,7 @@ async def run_service(
             await loop.run(stop)
         finally:
             with contextlib.suppress(Exception):  # last counters; never block a shutdown
-                await asyncio.wait_for(producer.publish([(loop.metrics_message(), ())]), 2.0)
+                await asyncio.wait_for(producer.publish([(loop.metrics_message(), [])]), 2.0)
             await consumer.stop()
     return stats
 
@@ -439,7 +440,7 @@ class _Loop:
             if batch:
                 await self._process(batch)
             if time.monotonic() >= next_metrics:
-                await self.producer.publish([(self.metrics_message(), ())])
+                await self.producer.publish([(self.metrics_message(), [])])
                 next_metrics = time.monotonic() + self.spec.metrics_interval_s
 
     def metrics_message(self) -> Outgoing:
