@@ -10,7 +10,8 @@ Relays between the training processes on this host (a Unix socket, see
 * where the host has GPUs (pynvml), a `NodeStatus` on `cluster.nodes` at
   start and every `status_interval_s`;
 * `sched.placements` for this node → the job's command (from `jobs.accepted`)
-  started on its GPUs, `JobEvent`s on `jobs.events` (see `offload_agent.jobs`).
+  started on its GPUs, `JobEvent`s on `jobs.events` (see `offload_agent.jobs`);
+  each job swaps under `RLTUNE_SWAP_DIR`/<job>, removed when it exits.
   Bad messages on those two topics are counted and ignored (their producers'
   consumers own the dead-letter topics).
 
@@ -36,6 +37,7 @@ from offload_agent import ipc
 from offload_agent.jobs import JobRunner, Started
 from offload_agent.launcher import launch, node_status
 from offload_agent.metrics import observe
+from offload_agent.nvme import swap_dir
 from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
 from shared.config import BusSettings
 from shared.messages import Job, JobEvent, PlacementBatch, PrefetchPlan, encode
@@ -52,11 +54,12 @@ class AgentConfig:
     socket_path: Path
     node_id: str
     status_interval_s: float = 10.0
+    swap_root: Path | None = None  # jobs started here swap under it (RLTUNE_SWAP_DIR)
 
     @classmethod
     def from_env(cls) -> AgentConfig:
         node = os.environ.get("RLTUNE_NODE_ID") or socket.gethostname()
-        return cls(ipc.socket_path(), node)
+        return cls(ipc.socket_path(), node, swap_root=swap_dir())
 
 
 @dataclass
@@ -78,7 +81,7 @@ class HostAgent:
         self.stats = stats
         self.jobs: dict[str, _Conn] = {}
         env = {**os.environ, "RLTUNE_OFFLOAD_SOCKET": str(config.socket_path)}
-        self.runner = JobRunner(config.node_id, launch, env)
+        self.runner = JobRunner(config.node_id, launch, env, swap_root=config.swap_root)
         self.watchers: set[asyncio.Task[None]] = set()
         self._plan = msgspec.json.Decoder(PrefetchPlan)
         self._job = msgspec.json.Decoder(Job)
@@ -129,6 +132,7 @@ class HostAgent:
 
     async def _watch(self, started: Started) -> None:
         code = await asyncio.to_thread(started.process.wait)
+        await asyncio.to_thread(self.runner.remove_swap, started.job_id)
         event = self.runner.exited(started.job_id, code, time.time())
         await self._publish(self.topics.jobs_events, event.job_id, encode(event))
 

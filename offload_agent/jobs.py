@@ -2,8 +2,9 @@
 
 The agent learns each job's command from `jobs.accepted` and, when a
 `PlacementBatch` gives GPUs of this node to a job, starts the command with
-`CUDA_VISIBLE_DEVICES` set to them (plus `RLTUNE_JOB_ID` and the agent's
-socket, so the 10Cache engine inside can find its agent). It answers with a
+`CUDA_VISIBLE_DEVICES` set to them (plus `RLTUNE_JOB_ID`, the agent's
+socket, so the 10Cache engine inside can find its agent, and
+`RLTUNE_SWAP_DIR`, the job's own directory under the node's swap root). It answers with a
 `started` event, or `failed` when the command cannot start; `finished` /
 `failed` follow when the process exits. A placement can arrive before the
 job's accepted record (they are different topics): it waits, and the job
@@ -13,10 +14,13 @@ again (redelivered placements).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from offload_agent.nvme import SWAP_DIR_ENV, job_swap_dir
 from shared.messages import Job, JobEvent, PlacementBatch
 
 __all__ = ["JobRunner", "Started"]
@@ -35,6 +39,7 @@ class JobRunner:
     node_id: str
     launch: Launch
     env: Mapping[str, str] = field(default_factory=dict)
+    swap_root: Path | None = None  # each job gets swap_root/<job> as RLTUNE_SWAP_DIR
     commands: dict[str, list[str]] = field(default_factory=dict)
     started: set[str] = field(default_factory=set)
     waiting: dict[str, list[int]] = field(default_factory=dict)  # placed, command unknown
@@ -80,6 +85,8 @@ class JobRunner:
     ) -> tuple[JobEvent, subprocess.Popen[bytes] | None]:
         command = self.commands[job_id]
         env = {**self.env, "RLTUNE_JOB_ID": job_id}
+        if self.swap_root is not None:
+            env[SWAP_DIR_ENV] = str(job_swap_dir(self.swap_root, job_id))
         try:
             proc = self.launch(command, gpus, env=env)
         except OSError as exc:
@@ -88,6 +95,14 @@ class JobRunner:
         return JobEvent(
             job_id, "started", now, [self.node_id], f"pid {proc.pid} gpus {gpu_list}"
         ), proc
+
+    def remove_swap(self, job_id: str) -> None:
+        """Delete an ended job's swap directory (blocking: run it off the event loop).
+
+        A process killed mid-training never runs its own cleanup; without this
+        its swap files would fill the node's NVMe one crashed job at a time."""
+        if self.swap_root is not None:
+            shutil.rmtree(job_swap_dir(self.swap_root, job_id), ignore_errors=True)
 
     def exited(self, job_id: str, returncode: int, now: float) -> JobEvent:
         detail = f"exit code {returncode}"

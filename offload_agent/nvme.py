@@ -12,6 +12,13 @@ they bypass the page cache (what a real NVMe offload does; without it a "disk"
 tier would silently be host memory). Calls are blocking and thread-safe per
 file; the engine runs them on its I/O thread pool. Nothing touches the disk
 until `prepare` (not in the constructor).
+
+Where the files go: a training process started by the host agent finds its
+own directory in `RLTUNE_SWAP_DIR` (the agent's swap root, which the
+deployment mounts on the host's NVMe, joined with the job id; the agent
+removes it when the process exits, so a crashed job leaves nothing behind).
+`swap_dir()` reads it, falling back to a directory under the system's
+temporary directory for processes run by hand.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import errno
 import mmap
 import os
 import struct
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -28,7 +36,9 @@ import torch
 
 from offload_agent.device import ALIGN, align_up
 
-__all__ = ["NvmeStore", "SwapFileError", "SwapPathError"]
+__all__ = ["NvmeStore", "SwapFileError", "SwapPathError", "job_swap_dir", "swap_dir"]
+
+SWAP_DIR_ENV = "RLTUNE_SWAP_DIR"
 
 _MAGIC = b"RLTSWAP1"
 _HEADER = struct.Struct("<8sQBQ")  # magic, payload bytes, checksum kind, checksum
@@ -58,6 +68,17 @@ class SwapFileError(RuntimeError):
 
 class SwapPathError(RuntimeError):
     """The NVMe directory cannot be created, written or read."""
+
+
+def swap_dir() -> Path:
+    """This process's swap directory: `RLTUNE_SWAP_DIR`, else `<tmp>/rltune-swap`."""
+    return Path(os.environ.get(SWAP_DIR_ENV) or Path(tempfile.gettempdir()) / "rltune-swap")
+
+
+def job_swap_dir(root: Path, job_id: str) -> Path:
+    """One job's directory under the agent's swap root (any job id is a safe name)."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in job_id).lstrip(".")
+    return Path(root) / f"{safe or 'job'}-{zlib.crc32(job_id.encode()):08x}"
 
 
 def _memview(buf: torch.Tensor) -> memoryview:

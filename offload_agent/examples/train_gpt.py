@@ -34,7 +34,7 @@ from offload_agent.device import select_device
 from offload_agent.engine import EngineConfig, OffloadEngine
 from offload_agent.gpt import GPT, GPTConfig, batch
 from offload_agent.ipc import AgentClient
-from offload_agent.nvme import NvmeStore
+from offload_agent.nvme import NvmeStore, swap_dir
 from offload_agent.optim import AdamW
 from services.profiler.planner import build_plan
 from shared.messages import OffloadStats
@@ -52,7 +52,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--fast-mib", type=float, default=8.0, help="fast-tier (GPU) budget")
     p.add_argument("--host-mib", type=float, default=2.0, help="pinned host budget")
-    p.add_argument("--swap-dir", type=Path, default=Path("/tmp/rltune-swap"))
+    p.add_argument(
+        "--swap-dir",
+        type=Path,
+        default=None,
+        help="NVMe swap directory (default: $RLTUNE_SWAP_DIR, set by the host agent, "
+        "else <tmp>/rltune-swap)",
+    )
     p.add_argument("--agent-socket", type=Path, default=None)
     p.add_argument("--wait-plan", type=float, default=30.0, help="seconds to wait for the plan")
     p.add_argument("--stats-every", type=int, default=10, help="steps between OffloadStats")
@@ -74,7 +80,7 @@ def main(argv: list[str]) -> int:
     )
     client = _connect(args.agent_socket, args.job_id)
     with ThreadPoolExecutor(2, thread_name_prefix="offload-io") as io:
-        store = NvmeStore(args.swap_dir)
+        store = NvmeStore(args.swap_dir or swap_dir())
         engine = OffloadEngine(
             model, AdamW(lr=3e-4), config, device=select_device(), store=store, io=io
         )

@@ -148,6 +148,14 @@ def test_offload_agent_daemonset_targets_gpu_nodes() -> None:
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["nvme-swap"] == "/var/lib/rltune/swap" and "nvme-swap" in host
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["RLTUNE_SWAP_DIR"] == mounts["nvme-swap"]  # jobs swap on the mounted NVMe
+
+
+def test_compose_offload_agent_swaps_on_its_volume() -> None:
+    agent = _compose()["services"]["offload-agent"]
+    mounts = {v.split(":")[1] for v in agent["volumes"] if v.startswith("offload-swap:")}
+    assert mounts == {agent["environment"]["RLTUNE_SWAP_DIR"]}
 
 
 def test_prometheus_scrapes_every_compose_service() -> None:

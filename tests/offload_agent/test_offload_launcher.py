@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
+import pytest
+
+from offload_agent.device import ALIGN, CpuDevice
 from offload_agent.launcher import Gpu, gpu_inventory, launch, node_status
 
 
@@ -70,3 +76,39 @@ def test_stats_become_prometheus_gauges() -> None:
     assert get("rltune_offload_step_seconds", {"job": "j9", "node": "n9"}) == 0.5
     labels = {"job": "j9", "node": "n9", "quantile": "0.5"}
     assert get("rltune_offload_migration_seconds", labels) == 0.002
+
+
+def test_each_job_swaps_in_its_own_directory_removed_when_it_ends(tmp_path: Path) -> None:
+    from offload_agent.jobs import JobRunner
+    from offload_agent.nvme import NvmeStore, job_swap_dir
+    from shared.messages import Assignment, Job, PlacementBatch
+
+    envs: dict[str, dict[str, str]] = {}
+
+    def record_launch(cmd, gpus, *, env):  # type: ignore[no-untyped-def]
+        envs[env["RLTUNE_JOB_ID"]] = env
+        return subprocess.Popen([sys.executable, "-c", "pass"])
+
+    runner = JobRunner("n1", record_launch, swap_root=tmp_path)
+    ids = ["a/b", "../up", "a_b"]  # hostile and colliding-after-sanitising ids
+    for i, job_id in enumerate(ids):
+        runner.learn(Job(job_id, 1, 0.0, command=["x"]), 0.0)
+        runner.place(PlacementBatch(i, 0.0, [Assignment(job_id, "n1", [i])]), 0.0)
+    dirs = {job_id: Path(envs[job_id]["RLTUNE_SWAP_DIR"]) for job_id in ids}
+    assert len(set(dirs.values())) == len(ids)  # no two jobs share a directory
+    for job_id, d in dirs.items():
+        assert d == job_swap_dir(tmp_path, job_id) and d.parent == tmp_path
+        store = NvmeStore(d)
+        store.prepare()
+        store.write("w", CpuDevice().alloc_host(ALIGN), 100)
+    runner.remove_swap("a/b")  # the process ended (or was killed before its own cleanup)
+    assert not dirs["a/b"].exists() and dirs["a_b"].exists() and dirs["../up"].exists()
+
+
+def test_swap_dir_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from offload_agent.nvme import swap_dir
+
+    monkeypatch.setenv("RLTUNE_SWAP_DIR", "/mnt/nvme/j1")
+    assert swap_dir() == Path("/mnt/nvme/j1")
+    monkeypatch.delenv("RLTUNE_SWAP_DIR")
+    assert swap_dir() == Path(tempfile.gettempdir()) / "rltune-swap"
