@@ -75,10 +75,16 @@ def swap_dir() -> Path:
     return Path(os.environ.get(SWAP_DIR_ENV) or Path(tempfile.gettempdir()) / "rltune-swap")
 
 
+def _file_name(key: str) -> str:
+    """A file name for any string: readable, never a path, distinct for distinct keys
+    (the CRC tells apart keys that read the same once sanitised)."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in key).lstrip(".")
+    return f"{safe}-{zlib.crc32(key.encode()):08x}"
+
+
 def job_swap_dir(root: Path, job_id: str) -> Path:
-    """One job's directory under the agent's swap root (any job id is a safe name)."""
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in job_id).lstrip(".")
-    return Path(root) / f"{safe or 'job'}-{zlib.crc32(job_id.encode()):08x}"
+    """One job's directory under the agent's swap root."""
+    return Path(root) / _file_name(job_id)
 
 
 def _memview(buf: torch.Tensor) -> memoryview:
@@ -133,8 +139,7 @@ class NvmeStore:
             (self.root / ".probe_direct").unlink(missing_ok=True)
 
     def path(self, tensor_id: str) -> Path:
-        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in tensor_id)
-        return self.root / f"{safe}-{zlib.crc32(tensor_id.encode()):08x}.swap"
+        return self.root / f"{_file_name(tensor_id)}.swap"
 
     def _open(self, path: Path, flags: int) -> int:
         if self.direct:
