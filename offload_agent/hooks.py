@@ -10,6 +10,14 @@
   parameter's optimizer step.
 * optimizer: `register_post_accumulate_grad_hook` runs the per-parameter
   AdamW step as soon as the gradient is complete, then frees the gradient.
+* a parameter read outside the forward of a module that owns it (weight tying
+  through `F.linear(x, self.tok.weight)`, a parent reading a child's weight):
+  no module hook announces it. `LooseParams`, a torch function mode active
+  for the first step (and for every later step if it found any), catches any
+  op that receives a parameter that is not pinned and fetches it, pinned for
+  that op only, as a module's hooks would; a copy saved for backward becomes
+  a reference like any other. Module-level tying (`head.weight = tok.weight`)
+  needs none of this: the same parameter simply has two owners.
 """
 
 from __future__ import annotations
@@ -21,8 +29,9 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
-__all__ = ["HookTarget", "SavedRef", "install_hooks", "saved_tensor_refs"]
+__all__ = ["HookTarget", "LooseParams", "SavedRef", "install_hooks", "saved_tensor_refs"]
 
 
 class HookTarget(Protocol):
@@ -33,6 +42,10 @@ class HookTarget(Protocol):
     def owner_of(self, t: torch.Tensor) -> tuple[str, torch.Tensor] | None: ...
 
     def optimizer_step(self, tensor_id: str, param: nn.Parameter) -> None: ...
+
+    def pinned(self, tensor_id: str) -> bool: ...
+
+    def use_loose(self, tensor_id: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,3 +117,51 @@ def saved_tensor_refs(target: HookTarget) -> Iterator[None]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield
+
+
+class LooseParams(TorchFunctionMode):
+    """Fetches, and pins for the op, any parameter an op receives while no module
+    hook has it pinned; without it such an op would read the parameter's NaN
+    placeholder, or a buffer another tensor now owns."""
+
+    def __init__(self, names: dict[nn.Parameter, str], target: HookTarget) -> None:
+        super().__init__()
+        self.names = names
+        self.target = target
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in _ACCESSORS:  # `p.data = view`, `p.grad`: no read
+            return func(*args, **kwargs)
+        fetched = []
+        for a in _params_in(args, kwargs):
+            tid = self.names.get(a)
+            if tid is not None and not self.target.pinned(tid):
+                self.target.use_loose(tid)
+                fetched.append(tid)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            for tid in fetched:
+                self.target.release(tid)
+
+
+_ACCESSORS = frozenset({"__get__", "__set__", "__delete__"})
+
+
+def _params_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[nn.Parameter]:
+    """Parameters among the arguments, and one level into lists and tuples
+    (`torch.cat([w1, w2])`); deeper nesting is not how ops take weights."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, nn.Parameter):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, nn.Parameter):
+                    yield b

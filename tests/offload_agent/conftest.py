@@ -35,10 +35,11 @@ def make_engine(tmp_path: Path, io: ThreadPoolExecutor) -> Iterator[MakeEngine]:
         store: NvmeStore | None = None,
         device: CpuDevice | None = None,
         job_id: str = "job-1",
+        model: type[GPT] = GPT,
     ) -> OffloadEngine:
         torch.manual_seed(0)
         engine = OffloadEngine(
-            GPT(TINY),
+            model(TINY),
             AdamW(lr=1e-3),
             EngineConfig(
                 job_id=job_id,

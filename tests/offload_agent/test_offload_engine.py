@@ -3,6 +3,7 @@ never read early, bad plans and bad disks survived."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -10,10 +11,11 @@ from pathlib import Path
 import msgspec
 import pytest
 import torch
+import torch.nn.functional as F
 
 import offload_agent.engine as engine_mod
 from offload_agent.device import ALIGN, CpuDevice
-from offload_agent.gpt import GPT, batch
+from offload_agent.gpt import GPT, GPTConfig, batch
 from offload_agent.nvme import NvmeStore, SwapFileError
 from offload_agent.residency import Tier
 from services.profiler.planner import build_plan
@@ -203,3 +205,57 @@ def test_close_gives_the_trained_parameters_back(make_engine: MakeEngine) -> Non
     for name, p in engine.model.named_parameters():
         assert p.device.type == "cpu" and p.is_contiguous()
         assert torch.equal(p.detach(), want[name])
+
+
+class FunctionallyTiedGPT(GPT):
+    """The output layer reads the embedding's weight through `F.linear`, outside
+    any module that owns it (Megatron's and many minimal GPTs' weight tying)."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__(cfg)
+        del self.head
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        logits = F.linear(self.ln_f(x), self.tok.weight)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class ModuleTiedGPT(GPT):
+    """Tying by sharing the parameter between two modules (nanoGPT, GPT-2)."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__(cfg)
+        self.head.weight = self.tok.weight
+
+
+@pytest.mark.parametrize("model", [FunctionallyTiedGPT, ModuleTiedGPT])
+@pytest.mark.parametrize("strategy", ["none", "lru", "fixed", "tencache"])
+def test_tied_weights_train_as_without_offload(
+    make_engine: MakeEngine, model: type[GPT], strategy: str
+) -> None:
+    torch.manual_seed(0)
+    plain = model(TINY)
+    opt = torch.optim.AdamW(plain.parameters(), lr=1e-3, weight_decay=1e-2, foreach=False)
+    want = []
+    for step in range(STEPS):
+        x, y = batch(TINY, 2, step)
+        loss = plain(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        want.append(float(loss.item()))
+    engine = make_engine(strategy, model=model)
+    got = train(engine, STEPS)
+    assert all(math.isfinite(v) for v in got)  # never the NaN placeholder
+    assert got == pytest.approx(want, rel=1e-5)
+    assert engine.loose == ({"tok.weight"} if model is FunctionallyTiedGPT else set())
+    if strategy != "none":
+        homes = {e.home for e in engine.cache.residency}  # type: ignore[union-attr]
+        assert Tier.NVME in homes
+    trained = dict(plain.named_parameters())
+    engine.close()
+    for name, p in engine.model.named_parameters():
+        torch.testing.assert_close(p.data, trained[name].data, rtol=1e-4, atol=1e-6)
