@@ -30,7 +30,7 @@ from offload_agent.cache import Bind, TensorCache
 from offload_agent.device import Device
 from offload_agent.hooks import LooseParams, install_hooks, saved_tensor_refs
 from offload_agent.nvme import NvmeStore, SwapPathError
-from offload_agent.optim import STATE_KINDS, AdamW, adamw_step
+from offload_agent.optim import GRAD_KIND, STATE_KINDS, AdamW, adamw_step
 from offload_agent.profiler import Recorder
 from offload_agent.slabs import SlabPool
 from offload_agent.stats import CacheStats
@@ -51,6 +51,9 @@ class EngineConfig:
     host_budget: int = 1 << 30
     fixed_window: int = 4  # `fixed`: parameters prefetched ahead in layer order
     node_id: str = ""
+    # backward passes (micro-batches) per optimizer step; gradients are summed
+    # as PyTorch sums them in `.grad` (scale the loss yourself, as with PyTorch)
+    accumulation_steps: int = 1
 
 
 class OffloadEngine:
@@ -66,6 +69,8 @@ class OffloadEngine:
     ) -> None:
         if config.strategy not in STRATEGIES:
             raise ValueError(f"strategy {config.strategy!r}: choose from {', '.join(STRATEGIES)}")
+        if config.accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps must be >= 1, not {config.accumulation_steps}")
         self.model, self.optim, self.config = model, optim, config
         self.device, self.store, self.io = device, store, io
         self.budgets = Budgets(config.fast_budget, config.host_budget)
@@ -73,7 +78,7 @@ class OffloadEngine:
         self.recorder = Recorder()
         self.names = {p: n for n, p in model.named_parameters()}
         self.params = {n: p for p, n in self.names.items()}
-        self.specs = specs_of(model)
+        self.specs = specs_of(model, accumulate=config.accumulation_steps > 1)
         self.cache: TensorCache | None = None
         self.setup_name = ""
         self.last_error = ""
@@ -83,6 +88,7 @@ class OffloadEngine:
         self._handles: list[object] = []
         self._binder = ParamBinder(self.params)
         self.loose: set[str] = set()  # parameters read outside their modules' forward
+        self._backwards: dict[str, int] = {}  # this step's gradients per parameter
         self._watch_loose = True  # the first step looks for them; later ones if any
 
     # ---- lifecycle ---------------------------------------------------------
@@ -155,12 +161,14 @@ class OffloadEngine:
         if warmup:
             self.recorder.start()
         t0 = time.perf_counter()
+        self._backwards.clear()
         with ExitStack() as stack:
             stack.enter_context(saved_tensor_refs(self))
             if self._watch_loose:
                 stack.enter_context(LooseParams(self.names, self))
             cache.begin_step()
             yield
+            self._step_partial_sums()
         for entry in cache.residency:
             entry.pins = 0
         # Watching every op costs ~7% of a small model's CPU step; a model that
@@ -211,12 +219,52 @@ class OffloadEngine:
         return None if entry is None else (entry.spec.tensor_id, entry.fast_view())
 
     def optimizer_step(self, tensor_id: str, param: nn.Parameter) -> None:
+        """A parameter's gradient is complete: step it now, or add it to the sum
+        of this step's micro-batches and step on the last one."""
         grad = param.grad
         assert grad is not None
+        param.grad = None
+        k = self.config.accumulation_steps
+        if k == 1:
+            self._adamw(tensor_id, grad)
+            return
+        seen = self._backwards.get(tensor_id, 0) + 1
+        if seen > k:
+            raise RuntimeError(
+                f"{tensor_id} got gradient {seen} in one step, but accumulation_steps is {k}: "
+                "run that many backward passes per `with engine.step():`"
+            )
+        self._backwards[tensor_id] = seen
+        total_id = f"{tensor_id}#{GRAD_KIND}"
+        total = self.use(total_id)
+        with torch.no_grad():  # the order PyTorch sums `.grad` in: ((g1 + g2) + g3) ...
+            if seen == 1:
+                total.copy_(grad)
+            else:
+                total.add_(grad)
+        del grad
+        cache = self._cache()
+        if seen == k:
+            self._adamw(tensor_id, total)
+        else:  # backward is done with the parameter (its gradient is complete)
+            cache.release(tensor_id, all_pins=True)
+        cache.mark_dirty(total_id)
+        cache.release(total_id, all_pins=True)
+
+    def _step_partial_sums(self) -> None:
+        """Parameters that missed some micro-batches (an expert no token was
+        routed to) still step on the sum they got, as `torch.optim` would."""
+        k = self.config.accumulation_steps
+        for tensor_id, seen in self._backwards.items():
+            if seen < k:
+                total_id = f"{tensor_id}#{GRAD_KIND}"
+                self._adamw(tensor_id, self.use(total_id))
+                self._cache().release(total_id, all_pins=True)
+
+    def _adamw(self, tensor_id: str, grad: torch.Tensor) -> None:
         p = self.use(tensor_id)
         m, v = (self.use(f"{tensor_id}#{k}") for k in STATE_KINDS)
         adamw_step(self.optim, self.steps, p, grad, m, v)
-        param.grad = None
         cache = self._cache()
         for tid in (tensor_id, *(f"{tensor_id}#{k}" for k in STATE_KINDS)):
             cache.mark_dirty(tid)

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["STATE_KINDS", "AdamW", "adamw_step"]
+__all__ = ["GRAD_KIND", "STATE_KINDS", "AdamW", "adamw_step"]
 
 STATE_KINDS = ("exp_avg", "exp_avg_sq")
+GRAD_KIND = "grad"  # the gradient summed over micro-batches (accumulation_steps > 1)
 
 
 @dataclass(frozen=True, slots=True)

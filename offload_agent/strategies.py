@@ -22,10 +22,10 @@ from typing import Protocol
 
 from torch import nn
 
-from offload_agent.optim import STATE_KINDS
+from offload_agent.optim import GRAD_KIND, STATE_KINDS
 from offload_agent.policies import LayerOrderPolicy, OnDemandPolicy, PlanPolicy, Policy
 from offload_agent.residency import TensorSpec, Tier
-from services.profiler.planner import MIN_INUSE, Budgets, buffer_classes, in_use_floor
+from services.profiler.planner import Budgets, buffer_classes, in_use_floor, step_group
 from shared.messages import PrefetchPlan
 
 __all__ = [
@@ -92,7 +92,8 @@ def lru_setup(specs: Sequence[TensorSpec], budgets: Budgets) -> Setup:
     by_class: dict[int, int] = {}
     for s in specs:
         by_class[s.size_class] = by_class.get(s.size_class, 0) + 1
-    floor = {c: min(n, in_use_floor(c)) for c, n in by_class.items()}
+    group = step_group(s.kind for s in specs)
+    floor = {c: min(n, in_use_floor(c, group)) for c, n in by_class.items()}
     spare = budgets.fast - sum(c * n for c, n in floor.items())
     if spare < 0:
         raise ValueError(
@@ -112,7 +113,8 @@ def fixed_setup(
 ) -> Setup:
     buffer_size = max(s.size_class for s in specs)
     buffer_count = budgets.fast // buffer_size
-    if buffer_count < MIN_INUSE:
+    in_use = step_group(s.kind for s in specs) + 1  # one held by backward
+    if buffer_count < in_use:
         raise ValueError(
             f"fixed: fast budget {budgets.fast} B holds {buffer_count} buffers of {buffer_size} B"
         )
@@ -120,7 +122,7 @@ def fixed_setup(
     states = [s for s in specs if s.kind != "param"]
     homes, host = _fill_homes(states, budgets.host)
     homes.update({s.tensor_id: Tier.NVME for s in params})
-    window = min(window, buffer_count - MIN_INUSE)
+    window = min(window, buffer_count - in_use)
     policy = LayerOrderPolicy(layer_order, window)
     one = {s.tensor_id: buffer_size for s in specs}
     return Setup("fixed", {buffer_size: buffer_count}, host, homes, policy, one)
@@ -134,13 +136,16 @@ def from_plan(plan: PrefetchPlan, specs: Sequence[TensorSpec]) -> Setup:
     return Setup("tencache", fast, host, homes, PlanPolicy(plan.prefetch, plan.window), classes)
 
 
-def specs_of(model: nn.Module) -> list[TensorSpec]:
-    """Every parameter, and the AdamW states of those that train."""
+def specs_of(model: nn.Module, *, accumulate: bool = False) -> list[TensorSpec]:
+    """Every parameter, and the AdamW states of those that train (plus, when
+    gradients are accumulated over micro-batches, the running sum: a state
+    like the others, cached and planned from the profile)."""
+    kinds = (*STATE_KINDS, GRAD_KIND) if accumulate else STATE_KINDS
     specs = []
     for name, p in model.named_parameters():
         specs.append(TensorSpec(name, tuple(p.shape), p.dtype, "param"))
         if p.requires_grad:
-            specs += [TensorSpec(f"{name}#{k}", tuple(p.shape), p.dtype, k) for k in STATE_KINDS]
+            specs += [TensorSpec(f"{name}#{k}", tuple(p.shape), p.dtype, k) for k in kinds]
     return specs
 
 

@@ -59,6 +59,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="NVMe swap directory (default: $RLTUNE_SWAP_DIR, set by the host agent, "
         "else <tmp>/rltune-swap)",
     )
+    p.add_argument(
+        "--micro-batches", type=int, default=1, help="gradient accumulation: backwards per step"
+    )
     p.add_argument("--agent-socket", type=Path, default=None)
     p.add_argument("--wait-plan", type=float, default=30.0, help="seconds to wait for the plan")
     p.add_argument("--stats-every", type=int, default=10, help="steps between OffloadStats")
@@ -77,6 +80,7 @@ def main(argv: list[str]) -> int:
         strategy="tencache",
         fast_budget=int(args.fast_mib * 2**20),
         host_budget=int(args.host_mib * 2**20),
+        accumulation_steps=args.micro_batches,
     )
     client = _connect(args.agent_socket, args.job_id)
     with ThreadPoolExecutor(2, thread_name_prefix="offload-io") as io:
@@ -84,12 +88,17 @@ def main(argv: list[str]) -> int:
         engine = OffloadEngine(
             model, AdamW(lr=3e-4), config, device=select_device(), store=store, io=io
         )
-        engine.start()
+        try:
+            engine.start()
+        except ValueError as exc:  # budgets too small for even the in-use buffers
+            log.error("%s (raise --fast-mib)", exc)
+            return 2
         for step in range(args.steps):
-            x, y = batch(cfg, 4, step)
             with engine.step():
-                loss = model(x, y)
-                loss.backward()
+                for micro in range(args.micro_batches):  # gradients summed over these
+                    x, y = batch(cfg, 4, step * args.micro_batches + micro)
+                    loss = model(x, y) / args.micro_batches
+                    loss.backward()
             log.info("step %d loss %.4f (%s)", step, loss.item(), engine.setup_name)
             if step == 0:  # the warm-up step: its profile is ready
                 client = _plan(engine, client, args.wait_plan)

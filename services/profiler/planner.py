@@ -9,8 +9,9 @@ budgets of the fast tier (GPU) and the pinned host tier. Steps:
    straight from a swap file.
 2. Streaming buffers per class: enough for the accesses of that class inside
    any `window` consecutive streamed accesses (what prefetch keeps in flight)
-   plus the buffers in use at once (a parameter and its two optimizer states,
-   plus one held by backward in small classes). A streamed class may borrow
+   plus the buffers in use at once (a parameter and its optimizer states, the
+   two of AdamW and the gradient sum when gradients are accumulated, plus one
+   held by backward in small classes). A streamed class may borrow
    the buffers of a class at most `MERGE` times bigger, so a few idle buffers
    serve several sizes. The window shrinks until these take at most
    `stream_share` of the fast budget: measured on the benchmark, a prefetch
@@ -30,7 +31,7 @@ Every buffer count in the plan is within budget by construction; `check_plan`
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from shared.errors import UserError
@@ -46,6 +47,7 @@ __all__ = [
     "check_plan",
     "in_use_floor",
     "size_class",
+    "step_group",
 ]
 
 ALIGN = 4096  # equal to offload_agent.device.ALIGN (a test keeps them equal)
@@ -99,11 +101,18 @@ def _window_need(order: Sequence[str], cls: dict[str, int], window: int) -> Coun
     return need
 
 
-def in_use_floor(size: int) -> int:
-    """Buffers of a class that may be in use at once: a parameter and its two
-    optimizer states, plus (small classes, where LayerNorm weight and bias share
-    one) a weight held by backward."""
-    return MIN_INUSE if size <= SMALL else MIN_INUSE - 1
+def step_group(kinds: Iterable[str]) -> int:
+    """Tensors one parameter's optimizer step holds at once: the parameter and
+    each kind of state there is (AdamW's two; a third, the gradient sum, when
+    gradients are accumulated over micro-batches). Never fewer than three."""
+    return max(MIN_INUSE - 1, 1 + len(set(kinds) - {"param"}))
+
+
+def in_use_floor(size: int, group: int = MIN_INUSE - 1) -> int:
+    """Buffers of a class that may be in use at once: a parameter's optimizer
+    step (`group` tensors), plus (small classes, where LayerNorm weight and bias
+    share one) a weight held by backward."""
+    return group + 1 if size <= SMALL else group
 
 
 def stream_classes(sizes: dict[str, int], streamed: set[str]) -> dict[str, int]:
@@ -117,10 +126,12 @@ def stream_classes(sizes: dict[str, int], streamed: set[str]) -> dict[str, int]:
     return {t: target[size_class(sizes[t])] for t in streamed}
 
 
-def _stream_layout(order: Sequence[str], bufcls: dict[str, int], window: int) -> dict[int, int]:
+def _stream_layout(
+    order: Sequence[str], bufcls: dict[str, int], window: int, group: int
+) -> dict[int, int]:
     seq = [t for t in order if t in bufcls]
     need = _window_need(seq, bufcls, window) if window > 0 else Counter()
-    return {c: in_use_floor(c) + need[c] for c in set(bufcls.values())}
+    return {c: in_use_floor(c, group) + need[c] for c in set(bufcls.values())}
 
 
 def _bytes(layout: dict[int, int]) -> int:
@@ -141,6 +152,7 @@ def build_plan(
     streaming buffers take at most `stream_share` of the fast budget (or, failing
     that, until they fit at all)."""
     sizes = _validate_profile(profile)
+    group = step_group(kind for _t, _n, _d, kind in profile.tensors)
     cls = {t: size_class(n) for t, n in sizes.items()}
     uses = Counter(profile.order)
     first: dict[str, int] = {}
@@ -148,11 +160,11 @@ def build_plan(
         first.setdefault(t, i)
     ranked = sorted(sizes, key=lambda t: (-uses[t] / cls[t], first.get(t, 1 << 60), cls[t]))
     resident, window = _choose(
-        profile.order, ranked, cls, sizes, budgets.fast, window, stream_share
+        profile.order, ranked, cls, sizes, budgets.fast, window, stream_share, group
     )
     streamed = set(sizes) - resident
     bufcls = stream_classes(sizes, streamed)
-    stream = _stream_layout(profile.order, bufcls, window)
+    stream = _stream_layout(profile.order, bufcls, window, group)
     placement, host_counts = _homes(ranked, cls, resident, budgets.host)
     buffers: dict[int, dict[str, int]] = {}
     for c, n in stream.items():
@@ -180,12 +192,15 @@ def _choose(
     budget: int,
     window: int,
     share: float,
+    group: int,
 ) -> tuple[set[str], int]:
     """The largest window whose streaming buffers, next to the residents chosen for
     it, take at most `share` of the budget; else the largest that fits at all."""
     fallback: tuple[set[str], int] | None = None
     for w in range(max(0, window), -1, -1):
-        resident, stream_bytes, total = _choose_residents(ranked, cls, sizes, order, budget, w)
+        resident, stream_bytes, total = _choose_residents(
+            ranked, cls, sizes, order, budget, w, group
+        )
         if total > budget:
             continue
         if stream_bytes <= budget * share:
@@ -193,7 +208,7 @@ def _choose(
         if fallback is None:
             fallback = (resident, w)
     if fallback is None:
-        floor = _bytes(_stream_layout(order, stream_classes(sizes, set(sizes)), 0))
+        floor = _bytes(_stream_layout(order, stream_classes(sizes, set(sizes)), 0, group))
         raise PlanError(
             f"fast budget {budget} B cannot hold the {floor} B of buffers that streaming "
             "this job's tensors needs; raise the budget"
@@ -208,6 +223,7 @@ def _choose_residents(
     order: Sequence[str],
     budget: int,
     window: int,
+    group: int,
 ) -> tuple[set[str], int, int]:
     """Greedy by accesses per byte: keep a tensor for good while the residents plus
     the streaming buffers the others still need fit the fast budget. Returns the
@@ -218,11 +234,12 @@ def _choose_residents(
     tensor becomes resident); the exact layout is then recomputed, and the
     last-chosen residents are given back while it does not fit."""
     resident: set[str] = set()
-    cheap = _cheap(order, sizes, window)
-    if sum(cls[t] for t in cheap) + _exact(order, sizes, set(sizes) - cheap, window) <= budget:
+    cheap = _cheap(order, sizes, window, group)
+    streamed = set(sizes) - cheap
+    if sum(cls[t] for t in cheap) + _exact(order, sizes, streamed, window, group) <= budget:
         resident = set(cheap)
     bufcls = stream_classes(sizes, set(sizes) - resident)
-    layout = _stream_layout(order, bufcls, window)
+    layout = _stream_layout(order, bufcls, window, group)
     members = Counter(bufcls.values())
     used = sum(cls[t] for t in resident) + _bytes(layout)
     chosen: list[str] = []
@@ -239,24 +256,26 @@ def _choose_residents(
             if refund:
                 layout.pop(c)
     while True:
-        stream = _exact(order, sizes, set(sizes) - resident, window)
+        stream = _exact(order, sizes, set(sizes) - resident, window, group)
         total = sum(cls[t] for t in resident) + stream
         if total <= budget or not chosen:
             return resident, stream, total
         resident.discard(chosen.pop())
 
 
-def _exact(order: Sequence[str], sizes: dict[str, int], streamed: set[str], window: int) -> int:
+def _exact(
+    order: Sequence[str], sizes: dict[str, int], streamed: set[str], window: int, group: int
+) -> int:
     if not streamed:
         return 0
-    return _bytes(_stream_layout(order, stream_classes(sizes, streamed), window))
+    return _bytes(_stream_layout(order, stream_classes(sizes, streamed), window, group))
 
 
-def _cheap(order: Sequence[str], sizes: dict[str, int], window: int) -> set[str]:
+def _cheap(order: Sequence[str], sizes: dict[str, int], window: int, group: int) -> set[str]:
     """Tensors of classes with no more members than streaming them would need
     buffers: keeping all of them costs no more bytes, and every access hits."""
     bufcls = stream_classes(sizes, set(sizes))
-    layout = _stream_layout(order, bufcls, window)
+    layout = _stream_layout(order, bufcls, window, group)
     members = Counter(bufcls.values())
     return {t for t, c in bufcls.items() if members[c] <= layout[c]}
 
@@ -305,7 +324,7 @@ def check_plan(plan: PrefetchPlan, profile: TensorProfile, budgets: Budgets) -> 
             raise PlanError(
                 f"plan for {plan.job_id} needs {total[tier]} B of {tier} buffers, budget {budget} B"
             )
-    _check_counts(plan, sizes)
+    _check_counts(plan, sizes, step_group(kind for _t, _n, _d, kind in profile.tensors))
 
 
 def buffer_classes(plan: PrefetchPlan, sizes: dict[str, int]) -> dict[str, int]:
@@ -317,7 +336,7 @@ def buffer_classes(plan: PrefetchPlan, sizes: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def _check_counts(plan: PrefetchPlan, sizes: dict[str, int]) -> None:
+def _check_counts(plan: PrefetchPlan, sizes: dict[str, int], group: int) -> None:
     """Every resident and host-homed tensor has its own buffer, and every class that
     streams keeps its in-use floor on top of its residents."""
     want: Counter[tuple[int, str]] = Counter()
@@ -326,7 +345,7 @@ def _check_counts(plan: PrefetchPlan, sizes: dict[str, int]) -> None:
             want[size_class(sizes[t]), tier] += 1
     streaming = {c for t, c in buffer_classes(plan, sizes).items() if plan.placement[t] != "gpu"}
     for c in streaming:
-        want[c, "gpu"] += in_use_floor(c)
+        want[c, "gpu"] += in_use_floor(c, group)
     for (c, tier), n in want.items():
         have = plan.buffers.get(c, {}).get(tier, 0)
         if have < n:

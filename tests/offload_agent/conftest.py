@@ -36,6 +36,7 @@ def make_engine(tmp_path: Path, io: ThreadPoolExecutor) -> Iterator[MakeEngine]:
         device: CpuDevice | None = None,
         job_id: str = "job-1",
         model: type[GPT] = GPT,
+        accumulation_steps: int = 1,
     ) -> OffloadEngine:
         torch.manual_seed(0)
         engine = OffloadEngine(
@@ -46,6 +47,7 @@ def make_engine(tmp_path: Path, io: ThreadPoolExecutor) -> Iterator[MakeEngine]:
                 strategy=strategy,
                 fast_budget=int(PARAM_BYTES * fast),
                 host_budget=int(PARAM_BYTES * host),
+                accumulation_steps=accumulation_steps,
             ),
             device=device or CpuDevice(),
             store=store if store is not None else NvmeStore(tmp_path / f"swap-{strategy}"),

@@ -259,3 +259,86 @@ def test_tied_weights_train_as_without_offload(
     engine.close()
     for name, p in engine.model.named_parameters():
         torch.testing.assert_close(p.data, trained[name].data, rtol=1e-4, atol=1e-6)
+
+
+class SometimesGPT(GPT):
+    """A layer that only some micro-batches go through (an MoE expert no token
+    was routed to): its gradient sum is short of the others'."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__(cfg)
+        self.extra = torch.nn.Linear(cfg.dim, cfg.dim)
+        self.use_extra = True
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        if self.use_extra:
+            x = x + self.extra(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+MICRO = 3
+
+
+def _micro_batches(model: SometimesGPT, step: int) -> list[torch.Tensor]:
+    """The scaled losses of one step's micro-batches, backward already run."""
+    out = []
+    for i in range(MICRO):
+        model.use_extra = i == 0
+        x, y = batch(TINY, 2, step * MICRO + i)
+        loss = model(x, y) / MICRO
+        loss.backward()
+        out.append(loss.detach())
+    return out
+
+
+@pytest.fixture(scope="module")
+def accumulated_reference() -> tuple[list[float], dict[str, torch.Tensor]]:
+    """PyTorch's own gradient accumulation: `.grad` summed over the micro-batches."""
+    torch.manual_seed(0)
+    model = SometimesGPT(TINY)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-2, foreach=False)
+    losses = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        losses += [float(v) for v in _micro_batches(model, step)]
+        opt.step()
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("strategy", ["none", "lru", "fixed", "tencache"])
+def test_gradient_accumulation_matches_pytorch(
+    make_engine: MakeEngine,
+    accumulated_reference: tuple[list[float], dict[str, torch.Tensor]],
+    strategy: str,
+) -> None:
+    want, trained = accumulated_reference
+    engine = make_engine(strategy, model=SometimesGPT, accumulation_steps=MICRO)
+    assert isinstance(engine.model, SometimesGPT)
+    got = []
+    for step in range(STEPS):
+        with engine.step():
+            got += [float(v) for v in _micro_batches(engine.model, step)]
+        if engine.profile_ready:
+            assert engine.apply_plan(build_plan(engine.profile(), engine.budgets))
+    assert got == pytest.approx(want, rel=1e-5)
+    if strategy != "none":
+        homes = {(e.spec.kind, e.home) for e in engine.cache.residency}  # type: ignore[union-attr]
+        assert {k for k, _ in homes} == {"param", "exp_avg", "exp_avg_sq", "grad"}
+        assert Tier.NVME in {tier for _, tier in homes}
+    engine.close()
+    for name, p in engine.model.named_parameters():  # `extra` stepped on its partial sum
+        torch.testing.assert_close(p.data, trained[name], rtol=1e-4, atol=1e-6)
+
+
+def test_more_backward_passes_than_accumulation_steps_is_an_error(
+    make_engine: MakeEngine,
+) -> None:
+    engine = make_engine("lru", accumulation_steps=2)
+    with pytest.raises(RuntimeError, match="accumulation_steps is 2"), engine.step():
+        for step in range(3):
+            x, y = batch(TINY, 2, step)
+            engine.model(x, y).backward()

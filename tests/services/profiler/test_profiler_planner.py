@@ -17,6 +17,7 @@ from services.profiler.planner import (
     check_plan,
     in_use_floor,
     size_class,
+    step_group,
 )
 from shared.messages import TensorProfile
 
@@ -129,3 +130,24 @@ def test_tiny_fast_budget_is_a_clear_error() -> None:
     profile, _ = _plan()
     with pytest.raises(PlanError, match="raise the budget"):
         build_plan(profile, Budgets(fast=ALIGN, host=0))
+
+
+def test_accumulated_gradients_raise_the_in_use_floor() -> None:
+    """With gradient accumulation one parameter's optimizer step holds four
+    tensors (parameter, two AdamW states, gradient sum): a streamed class keeps
+    four buffers in use, and a plan made for three is refused."""
+    big = 128 * KIB
+    kinds = ("param", "exp_avg", "exp_avg_sq", "grad")
+    tensors = [(f"w{i}#{k}", big, "float32", k) for i in range(6) for k in kinds]
+    profile = TensorProfile(job_id="j", tensors=tensors, order=[t[0] for t in tensors])
+    assert step_group(kinds) == 4 and step_group(kinds[:3]) == 3 and step_group(["param"]) == 3
+    budgets = Budgets(4 * big, 1 << 30)  # room for exactly the floor, nothing resident
+    plan = build_plan(profile, budgets, window=0)
+    assert plan.buffers[big]["gpu"] == in_use_floor(big, 4) == 4
+    assert set(plan.placement.values()) == {"host"}
+    check_plan(plan, profile, budgets)
+    short = msgspec.structs.replace(plan, buffers={big: {"gpu": 3, "host": 24}})
+    with pytest.raises(PlanError, match="4 gpu buffers of 131072 B needed, 3 given"):
+        check_plan(short, profile, budgets)
+    with pytest.raises(PlanError, match="cannot hold"):
+        build_plan(profile, Budgets(3 * big, 1 << 30), window=0)
