@@ -56,18 +56,24 @@ def test_losses_identical_to_none(
     assert Tier.NVME in homes  # the run really went through swap files
 
 
-def test_none_matches_torch_adamw(reference: list[float]) -> None:
+def torch_adamw(model: type[GPT]) -> tuple[list[float], GPT]:
+    """Losses of plain PyTorch training (torch.optim.AdamW), and the trained model."""
     torch.manual_seed(0)
-    model = GPT(TINY)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-2, foreach=False)
+    plain = model(TINY)
+    opt = torch.optim.AdamW(plain.parameters(), lr=1e-3, weight_decay=1e-2, foreach=False)
     losses = []
     for step in range(STEPS):
         x, y = batch(TINY, 2, step)
-        loss = model(x, y)
+        loss = plain(x, y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(float(loss.item()))
+    return losses, plain
+
+
+def test_none_matches_torch_adamw(reference: list[float]) -> None:
+    losses, _ = torch_adamw(GPT)
     assert losses == pytest.approx(reference, rel=1e-5)
 
 
@@ -236,17 +242,7 @@ class ModuleTiedGPT(GPT):
 def test_tied_weights_train_as_without_offload(
     make_engine: MakeEngine, model: type[GPT], strategy: str
 ) -> None:
-    torch.manual_seed(0)
-    plain = model(TINY)
-    opt = torch.optim.AdamW(plain.parameters(), lr=1e-3, weight_decay=1e-2, foreach=False)
-    want = []
-    for step in range(STEPS):
-        x, y = batch(TINY, 2, step)
-        loss = plain(x, y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        want.append(float(loss.item()))
+    want, plain = torch_adamw(model)
     engine = make_engine(strategy, model=model)
     got = train(engine, STEPS)
     assert all(math.isfinite(v) for v in got)  # never the NaN placeholder
