@@ -6,23 +6,26 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 
 from shared.broker import EmbeddedBroker, ensure_topics
 from shared.config import BusSettings
+from tests.paths import REQUIRED, SHARED
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 _counter = itertools.count()
 
 
-@pytest.fixture(scope="session")
-def traces_dir() -> Path:
-    """`../shared/traces` beside the checkout (the real traces)."""
-    if not TRACES.is_dir():
-        pytest.fail(f"the real traces are expected at {TRACES}")
-    return TRACES
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The tests run on the real traces: without them, stop with one clear line
+    rather than skipping the tests that need them."""
+    missing = [p for p in REQUIRED if not p.exists()]
+    if missing:
+        pytest.exit(
+            f"the real traces are expected in {SHARED} (the project's shared folder beside "
+            f"the checkout); missing: {', '.join(str(p) for p in missing)}",
+            returncode=4,
+        )
 
 
 @pytest.fixture(scope="session")

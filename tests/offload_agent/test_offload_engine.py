@@ -15,9 +15,12 @@ import torch.nn.functional as F
 
 import offload_agent.engine as engine_mod
 from offload_agent.device import ALIGN, CpuDevice
+from offload_agent.engine import OffloadEngine
 from offload_agent.gpt import GPT, GPTConfig, batch
 from offload_agent.nvme import NvmeStore, SwapFileError
+from offload_agent.policies import PlanPolicy
 from offload_agent.residency import Tier
+from offload_agent.stats import CacheStats
 from services.profiler.planner import build_plan
 from tests.offload_agent.tiny import PARAM_BYTES, TINY, MakeEngine, train
 
@@ -129,7 +132,28 @@ def test_no_tensor_used_while_its_copy_is_in_flight(
     monkeypatch.setattr(engine_mod, "adamw_step", checked_step)
     assert train(engine, STEPS) == reference
     assert checked["modules"] > 0 and checked["steps"] > 0
-    assert engine.stats.late + engine.stats.misses > 0  # copies really were in flight
+    assert engine.stats.late > 0  # prefetched copies really were still in flight when used
+
+
+def test_prefetch_turns_streamed_misses_into_hits(
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same planned run with and without the plan's prefetch: every access
+    that prefetch does not start ahead is a miss (fetched on demand)."""
+
+    def planned_steps(engine: OffloadEngine) -> CacheStats:
+        train(engine, 2)  # warm-up, plan, one step on it
+        engine.stats.reset()
+        train(engine, 3, start=2)
+        return engine.stats
+
+    ahead = planned_steps(make_engine("tencache", fast=1.2, host=0.0))
+    monkeypatch.setattr(PlanPolicy, "upcoming", lambda self: [])
+    on_demand = planned_steps(make_engine("tencache", fast=1.2, host=0.0))
+    assert ahead.accesses == on_demand.accesses
+    assert on_demand.late == 0 and on_demand.misses > 0
+    assert ahead.misses * 4 <= on_demand.misses
+    assert ahead.hit_rate > on_demand.hit_rate
 
 
 def test_plan_for_unknown_job_is_refused_and_training_goes_on(

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from shared.speeds import DEFAULT_SPEEDS, gavel_speeds, speed_of
-
-GAVEL = (
-    Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "gavel" / "throughputs.json"
-)
+from tests.paths import GAVEL
 
 
-@pytest.mark.skipif(not GAVEL.exists(), reason="no Gavel throughputs beside the checkout")
 def test_measured_speeds_come_from_gavel() -> None:
     measured = gavel_speeds(GAVEL)
     assert measured["P100"] == 1.0

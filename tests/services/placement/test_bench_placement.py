@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from bench import placement
+from tests.paths import ALIBABA_2023
 
-TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "alibaba-2023"
+TRACES = ALIBABA_2023
 KEYS = {"window", "solve_p50_ms", "solve_p99_ms", "gap_vs_exact", "timeouts"}
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="real traces not present")
 def test_json_keys(tmp_path: Path) -> None:
     out = tmp_path / "b.json"
     argv = ["--windows", "16", "--fills", "0.3", "--samples", "2", "--exact-limit", "1"]

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from shared.cli import main
+from tests.paths import RLTUNE_TRACE
 
 ROOT = Path(__file__).resolve().parents[3]
-RLTUNE = ROOT.parent / "shared" / "traces" / "rltune" / "synthetic_trace.csv"
+RLTUNE = RLTUNE_TRACE
 
 
-@pytest.mark.skipif(not RLTUNE.exists(), reason="no RLTune trace beside the checkout")
 def test_eval_writes_table_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cluster = tmp_path / "c.yaml"
     cluster.write_text(

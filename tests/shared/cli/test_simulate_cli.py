@@ -11,6 +11,7 @@ import pytest
 
 from shared.cli import main
 from shared.metrics import SUMMARY_KEYS
+from tests.paths import RLTUNE_TRACE
 
 ROOT = Path(__file__).resolve().parents[3]
 PHILLY_HEAD = "timestamp,duration,num_gpus,gpu_time,cluster\n"
@@ -117,9 +118,7 @@ def test_identical_bytes_across_processes_and_hash_seeds(tmp_path: Path) -> None
     PYTHONHASHSEED give the same --jobs-out on a trace with GPU type constraints."""
     import os
 
-    trace = ROOT.parent / "shared" / "traces" / "rltune" / "synthetic_trace.csv"
-    if not trace.exists():
-        pytest.skip("no RLTune trace beside the checkout")
+    trace = RLTUNE_TRACE
     cluster = tmp_path / "mixed.yaml"
     cluster.write_text(
         "nodes:\n"

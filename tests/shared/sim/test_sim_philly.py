@@ -15,16 +15,13 @@ from shared.cli import main
 from shared.cluster import load_cluster
 from shared.metrics import summarize
 from shared.sim import read_jobs_csv
+from tests.paths import PHILLY, TOOLS
 from tests.shared.sim.jobs_check import violations
 
 ROOT = Path(__file__).resolve().parents[3]
-TRACE = ROOT.parent / "shared" / "traces" / "philly" / "philly-sep-oct.csv"
-CHECKER = ROOT.parent / "shared" / "tools" / "check_jobs.py"
+TRACE = PHILLY
+CHECKER = TOOLS / "check_jobs.py"
 CLUSTER = ROOT / "clusters" / "philly.yaml"
-
-pytestmark = pytest.mark.skipif(
-    not TRACE.exists(), reason="the Philly trace is not beside the checkout"
-)
 
 
 def _simulate(

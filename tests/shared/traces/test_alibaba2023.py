@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,9 @@ import pytest
 from shared.errors import UserError
 from shared.traces import SkipStats
 from shared.traces.alibaba2023 import read_alibaba2023
+from tests.paths import ALIBABA_2023
 
-TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "alibaba-2023"
+TRACES = ALIBABA_2023
 HEADER = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
     "creation_time,deletion_time,scheduled_time\n"
@@ -70,12 +72,18 @@ def test_not_a_pod_list(tmp_path: Path) -> None:
         list(read_alibaba2023(tmp_path / "nope.csv", SkipStats()))
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="real traces not present")
 def test_real_default_list() -> None:
     stats = SkipStats()
     jobs = list(read_alibaba2023(TRACES / "openb_pod_list_default.csv", stats))
     assert len(jobs) + stats.total == 8152
     assert stats.counts["zero GPUs"] == 1088
-    assert sum(1 for j in jobs if j.gpu_milli < 1000) > 0
+    # a second reading of the same file with the csv module alone
+    with (TRACES / "openb_pod_list_default.csv").open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["num_gpu"] or 0) > 0]
+    assert [j.job_id for j in jobs] == [r["name"] for r in rows]  # 7,064 pods, in file order
+    assert sum(1 for j in jobs if j.gpu_milli < 1000) == sum(
+        1 for r in rows if int(r["gpu_milli"] or 1000) < 1000
+    )  # 3,078 GPU-sharing pods
     assert all(j.num_gpus in (1, 2, 4, 8) for j in jobs)
-    assert sum(1 for j in jobs if j.duration_s is None) > 0
+    never_ran = sum(1 for r in rows if not r["scheduled_time"] or not r["deletion_time"])
+    assert sum(1 for j in jobs if j.duration_s is None) == never_ran == 861

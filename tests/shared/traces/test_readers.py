@@ -12,9 +12,7 @@ from shared.cluster import parse_cluster
 from shared.errors import UserError
 from shared.traces import SkipStats, TraceJob
 from shared.traces.registry import FORMATS, open_trace
-
-TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
-PHILLY = TRACES / "philly" / "philly-sep-oct.csv"
+from tests.paths import ALIBABA_2023, PHILLY, RLTUNE_TRACE
 
 
 def read(path: Path, fmt: str, cluster: object = None) -> tuple[list[TraceJob], SkipStats]:
@@ -22,7 +20,6 @@ def read(path: Path, fmt: str, cluster: object = None) -> tuple[list[TraceJob], 
     return list(open_trace(path, fmt, cluster, stats)), stats  # type: ignore[arg-type]
 
 
-@pytest.mark.skipif(not PHILLY.exists(), reason="no Philly trace beside the checkout")
 def test_philly_csv_slice_and_garbage(tmp_path: Path) -> None:
     lines = PHILLY.read_text().splitlines()[:6]  # header + 5 real rows
     lines += ["garbage", "2017-09-30 01:02:03,abc,1,1,x", "2017-09-30 01:02:03,5.0,0,0,x", ""]
@@ -121,11 +118,9 @@ def test_alibaba2020_job_and_task_tables(tmp_path: Path) -> None:
 
 
 def test_rltune_real_file_and_type_codes(tmp_path: Path) -> None:
-    real = TRACES / "rltune" / "synthetic_trace.csv"
-    if real.exists():
-        jobs, stats = read(real, "rltune")
-        assert len(jobs) == 960 and stats.total == 0
-        assert jobs[0] == TraceJob("deepspeech2-0_1", 1201.0, 25.0, 8, gpu_types=("T4",), user="2")
+    jobs, stats = read(RLTUNE_TRACE, "rltune")
+    assert len(jobs) == 960 and stats.total == 0
+    assert jobs[0] == TraceJob("deepspeech2-0_1", 1201.0, 25.0, 8, gpu_types=("T4",), user="2")
     row = "a,10,0,{run},{n},-1,-1,-1,-1,-1,2,7,2,-1,0,-1,-1,{vc},{code}\n"
     p = tmp_path / "t.csv"
     p.write_text(
@@ -194,10 +189,8 @@ def test_type_names_map_onto_the_cluster(tmp_path: Path) -> None:
 
 def test_alibaba2023_is_registered() -> None:
     assert set(FORMATS) == {"philly", "helios", "alibaba2020", "alibaba2023", "rltune", "jsonl"}
-    real = TRACES / "alibaba-2023" / "openb_pod_list_default.csv"
-    if real.exists():
-        jobs, stats = read(real, "alibaba2023")
-        assert len(jobs) + stats.total == 8152
+    jobs, stats = read(ALIBABA_2023 / "openb_pod_list_default.csv", "alibaba2023")
+    assert len(jobs) + stats.total == 8152
 
 
 def test_bad_paths_and_formats(tmp_path: Path) -> None:
