@@ -9,6 +9,7 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -17,7 +18,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from services.arrival.admission import Admission
-from shared.bus import Producer, partitions_of, raw_text
+from shared.bus import SRC_HEADER, Producer, partitions_of, raw_text
 from shared.config import BusSettings
 from shared.messages import Job, MetricsSnapshot, Rejection
 from shared.reject import Reject
@@ -156,6 +157,7 @@ class Answers:
     accepted: Counter[str] = field(default_factory=Counter)
     rejected: Counter[str] = field(default_factory=Counter)
     reasons: list[str] = field(default_factory=list)
+    inputs: Counter[int] = field(default_factory=Counter)  # jobs.submit offsets answered
 
     @property
     def total(self) -> int:
@@ -165,16 +167,37 @@ class Answers:
 async def collect_answers(settings: BusSettings, expect: int, timeout_s: float) -> Answers:
     """Read jobs.accepted and jobs.rejected from the beginning until `expect` answers have
     come and nothing more arrives for a second (so extras would be seen), or timeout."""
+    ans, _ = await _read_answers(settings, lambda ans, _at_end: ans.total >= expect, timeout_s)
+    return ans
+
+
+async def settled_answers(settings: BusSettings, timeout_s: float = 60) -> Answers:
+    """Every answer on jobs.accepted and jobs.rejected, for when no service is running:
+    read past the end offsets the broker reports and until nothing more arrives for a
+    second (Tansu reports the start of the last batch as the end)."""
+    ans, settled = await _read_answers(settings, lambda _ans, at_end: at_end, timeout_s)
+    if not settled:
+        raise AssertionError(f"answers still coming or unread after {timeout_s} s")
+    return ans
+
+
+async def _read_answers(
+    settings: BusSettings, done: Callable[[Answers, bool], bool], timeout_s: float
+) -> tuple[Answers, bool]:
+    """Read the answers until `done(answers, at the end offsets read first)` holds and
+    nothing more arrives for a second (then True), or timeout (then False)."""
     t = settings.topics
     c = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False)
     await c.start()
     ans = Answers()
     job_dec = msgspec.json.Decoder(Job)
     rej_dec = msgspec.json.Decoder(Rejection)
+    submit = f"|{t.jobs_submit}:".encode()
     try:
         parts = await partitions_of(c, [t.jobs_accepted, t.jobs_rejected])
         c.assign(parts)
         await c.seek_to_beginning(*parts)
+        end = await c.end_offsets(parts)
         deadline = time.monotonic() + timeout_s
         quiet_since = time.monotonic()
         while time.monotonic() < deadline:
@@ -189,11 +212,29 @@ async def collect_answers(settings: BusSettings, expect: int, timeout_s: float) 
                         r = rej_dec.decode(m.value)
                         ans.rejected[r.raw] += 1
                         ans.reasons.append(r.reason)
-            if ans.total >= expect and time.monotonic() - quiet_since > 1.0:
-                break
+                    src = dict(m.headers or ()).get(SRC_HEADER, b"")
+                    if submit in src:
+                        ans.inputs[int(src.rsplit(b":", 1)[1])] += 1
+            at_end = all([await c.position(tp) >= end[tp] for tp in parts])
+            if done(ans, at_end) and time.monotonic() - quiet_since > 1.0:
+                return ans, True
     finally:
         await c.stop()
-    return ans
+    return ans, False
+
+
+async def committed_offset(settings: BusSettings, group_id: str, topic: str) -> int:
+    """The offset `group_id` has committed on `topic` (one partition); 0 if none."""
+    c = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap, group_id=group_id, enable_auto_commit=False
+    )
+    await c.start()
+    try:
+        (tp,) = await partitions_of(c, [topic])
+        c.assign([tp])
+        return max(await c.committed(tp) or 0, 0)
+    finally:
+        await c.stop()
 
 
 async def service_counters(settings: BusSettings, source: str) -> list[dict[str, float]]:
