@@ -31,7 +31,7 @@ import logging
 import signal
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -54,6 +54,7 @@ __all__ = [
     "partitions_of",
     "raw_text",
     "read_back",
+    "read_to_end",
     "run_service",
     "serve_service",
     "stop_on_signals",
@@ -244,6 +245,31 @@ class Producer:
         await self._p.flush()
 
 
+async def read_to_end(
+    c: AIOKafkaConsumer, parts: Sequence[TopicPartition], *, max_records: int = 10_000
+) -> AsyncIterator[list[ConsumerRecord]]:
+    """Every record of the assigned `parts` from the consumer's position up to the
+    end of each partition as it is when the partition is first fetched.
+
+    The end is the larger of ListOffsets' answer and the high watermark of that
+    first fetch: the embedded broker answers ListOffsets with the first offset
+    of the last record batch plus one, not the end of the log, and a reader that
+    stopped there would miss the rest of that batch (up to a whole publish)."""
+    end = await c.end_offsets(list(parts))
+    todo = {tp for tp in parts if end[tp] > 0}
+    settled: set[TopicPartition] = set()
+    while todo:
+        batch = await c.getmany(*todo, timeout_ms=500, max_records=max_records)
+        for tp, msgs in batch.items():
+            if tp not in settled:
+                settled.add(tp)
+                end[tp] = max(end[tp], c.highwater(tp) or 0)
+            yield msgs
+        for tp in list(todo):
+            if tp in settled and await c.position(tp) >= end[tp]:
+                todo.discard(tp)
+
+
 async def read_back(
     settings: BusSettings,
     topics: Sequence[str],
@@ -265,19 +291,10 @@ async def read_back(
             return {}
         c.assign(parts)
         await c.seek_to_beginning(*parts)
-        end = await c.end_offsets(parts)
-        todo = {tp for tp in parts if end[tp] > 0}
-        while todo:
-            batch = await c.getmany(*todo, timeout_ms=500, max_records=10_000)
-            for tp, msgs in batch.items():
-                for m in msgs:
-                    seen[tp.topic] += 1
-                    on_record(_to_record(m))
-                if msgs and msgs[-1].offset + 1 >= end[tp]:
-                    todo.discard(tp)
-            for tp in list(todo):
-                if await c.position(tp) >= end[tp]:
-                    todo.discard(tp)
+        async for msgs in read_to_end(c, parts):
+            for m in msgs:
+                seen[m.topic] += 1
+                on_record(_to_record(m))
     finally:
         await c.stop()
     return dict(seen)

@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer
 from rich.console import Console
 from rich.table import Table
 
-from shared.bus import partitions_of
+from shared.bus import partitions_of, read_to_end
 from shared.cli.common import add_bus_args, bus_settings, run_async
 from shared.config import BusSettings
 from shared.messages import MetricsSnapshot
@@ -77,17 +77,18 @@ async def _read(settings: BusSettings, follow: bool, as_json: bool) -> None:
             return
         c.assign(parts)
         await c.seek_to_beginning(*parts)
-        end = await c.end_offsets(parts)
         latest: dict[str, MetricsSnapshot] = {}
-        while True:
-            batch = await c.getmany(timeout_ms=500)
-            for msgs in batch.values():
+        if not follow:
+            async for msgs in read_to_end(c, parts):
                 for m in msgs:
                     _show(m.value, latest, console, follow, as_json)
-            if not follow and all([await c.position(tp) >= end[tp] for tp in parts]):
-                break
-        if not follow and not as_json:
-            console.print(table(latest))
+            if not as_json:
+                console.print(table(latest))
+            return
+        while True:
+            for msgs in (await c.getmany(timeout_ms=500)).values():
+                for m in msgs:
+                    _show(m.value, latest, console, follow, as_json)
     except asyncio.CancelledError:
         pass
     finally:

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from services.arrival.admission import Admission
-from shared.bus import SRC_HEADER, Producer, partitions_of, raw_text
+from shared.bus import SRC_HEADER, Producer, partitions_of, raw_text, read_to_end
 from shared.config import BusSettings
 from shared.messages import Job, MetricsSnapshot, Rejection
 from shared.reject import Reject
@@ -247,13 +247,11 @@ async def service_counters(settings: BusSettings, source: str) -> list[dict[str,
         parts = await partitions_of(c, [settings.topics.metrics])
         c.assign(parts)
         await c.seek_to_beginning(*parts)
-        end = await c.end_offsets(parts)
-        while any([await c.position(tp) < end[tp] for tp in parts]):
-            for msgs in (await c.getmany(timeout_ms=200)).values():
-                for m in msgs:
-                    snap = dec.decode(m.value)
-                    if snap.source == source:
-                        out.append(snap.counters)
+        async for msgs in read_to_end(c, parts):
+            for m in msgs:
+                snap = dec.decode(m.value)
+                if snap.source == source:
+                    out.append(snap.counters)
     finally:
         await c.stop()
     return out
