@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings, target
 from hypothesis import strategies as st
 
 from offload_agent.device import ALIGN as DEVICE_ALIGN
 from services.profiler.planner import (
     ALIGN,
+    MERGE,
     Budgets,
     PlanError,
     buffer_classes,
     build_plan,
     check_plan,
     in_use_floor,
-    size_class,
     step_group,
 )
 from shared.messages import TensorProfile
@@ -56,40 +58,135 @@ def test_hand_solved_plan() -> None:
     check_plan(plan, profile, Budgets(fast, host))
 
 
-sizes_st = st.lists(st.integers(1, 300 * KIB), min_size=1, max_size=24)
+# The test's own reading of the planner docstring (not the planner's helpers):
+# a size class is the bytes rounded up to ALIGN; a streamed buffer class keeps
+# in use a parameter's optimizer step (the parameter and each kind of state,
+# never fewer than three) plus, up to 64 KiB, one held by backward.
+SMALL_CLASS = 64 * KIB
+KINDS = ("param", "exp_avg", "exp_avg_sq", "grad")
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    sizes=sizes_st,
-    order_idx=st.lists(st.integers(0, 100), max_size=80),
-    fast=st.integers(0, 8 << 20),
-    host=st.integers(0, 4 << 20),
-    window=st.integers(0, 12),
-    share=st.floats(0.1, 1.0),
-)
-def test_plans_respect_every_budget(
-    sizes: list[int], order_idx: list[int], fast: int, host: int, window: int, share: float
-) -> None:
-    profile = _profile(sizes, order_idx)
-    budgets = Budgets(fast, host)
+def _class(nbytes: int) -> int:
+    return max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+
+
+def _group(kinds: set[str]) -> int:
+    return max(3, 1 + len(kinds - {"param"}))
+
+
+def _in_use(size: int, group: int) -> int:
+    return group + 1 if size <= SMALL_CLASS else group
+
+
+def _most_in_window(seq: list[int], cls: int, window: int) -> int:
+    """The most accesses of buffer class `cls` in any `window` consecutive ones."""
+    if window <= 0:
+        return 0
+    hits = [int(c == cls) for c in seq]
+    starts = range(max(1, len(hits) - window + 1))
+    return max(sum(hits[i : i + window]) for i in starts)
+
+
+@st.composite
+def planner_cases(draw: st.DrawFn) -> tuple[TensorProfile, Budgets, int, float, str]:
+    """A profile whose tensors share a few size classes (so streaming can pay), and a
+    fast budget that is mostly between the streaming floor and the all-resident total."""
+    palette = draw(st.lists(st.integers(1, 300 * KIB), min_size=1, max_size=4))
+    picks = draw(
+        st.lists(
+            st.tuples(st.sampled_from(palette), st.integers(0, ALIGN - 1)), min_size=4, max_size=40
+        )
+    )
+    kinds = draw(st.sampled_from([KINDS[:1], KINDS[:3], KINDS]))
+    tensors = [
+        (f"t{i}", max(1, p - jitter), "float32", kinds[i % len(kinds)])
+        for i, (p, jitter) in enumerate(picks)
+    ]
+    n = len(tensors)
+    order = [f"t{i}" for i in draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=80))]
+    profile = TensorProfile(job_id="j", tensors=tensors, order=order)
+    group = _group({k for *_x, k in tensors})
+    classes = [_class(nb) for _t, nb, _d, _k in tensors]
+    total = sum(classes)  # everything resident
+    # Streaming everything at window 0, each size class its own buffers (merging
+    # classes only lowers this): at or above it a plan must exist.
+    floor = sum(_in_use(c, group) * c for c in set(classes))
+    region = draw(st.sampled_from(["stream"] * 14 + ["roomy"] * 3 + ["tight"] * 3))
+    if region == "stream" and floor < total:
+        kind, fast = "stream", draw(st.integers(floor, total - 1))
+    elif region != "tight":
+        top = max(floor, total)
+        kind, fast = "roomy", draw(st.integers(top, 2 * top))
+    else:
+        kind, fast = "tight", draw(st.integers(0, floor - 1))
+    host = draw(st.integers(0, total + ALIGN))
+    window = draw(st.integers(0, 12))
+    share = draw(st.floats(0.1, 1.0))
+    return profile, Budgets(fast, host), window, share, kind
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=planner_cases())
+def test_plans_respect_every_budget(case: tuple[TensorProfile, Budgets, int, float, str]) -> None:
+    profile, budgets, window, share, region = case
+    sizes = {t: nb for t, nb, _d, _k in profile.tensors}
+    cls = {t: _class(nb) for t, nb in sizes.items()}
+    group = _group({k for *_x, k in profile.tensors})
+    total = sum(cls.values())
+    floor = sum(_in_use(c, group) * c for c in set(cls.values()))
+    # Any plan either keeps everything (total) or streams a tensor (its in-use floor).
+    least = min(total, min(_in_use(c, group) * c for c in cls.values()))
     try:
         plan = build_plan(profile, budgets, window=window, stream_share=share)
     except PlanError as exc:
-        assert "budget" in str(exc)
+        event("PlanError")
+        assert budgets.fast < floor, f"no plan for a fast budget at or above the floor {floor}"
+        assert "raise the budget" in str(exc)
         return
+    assert budgets.fast >= least, f"a plan in {budgets.fast} B, below any plan's {least} B"
     check_plan(plan, profile, budgets)
+    assert set(plan.placement) == set(sizes)
+    assert 0 <= plan.window <= window
+
+    resident = {t for t, tier in plan.placement.items() if tier == "gpu"}
+    streamed = set(sizes) - resident
+    # Every streamed tensor lives on host or NVMe; the prefetch list is the access
+    # order without the residents, repeats and all.
+    assert all(plan.placement[t] in ("host", "nvme") for t in streamed)
+    assert plan.prefetch == [t for t in profile.order if t not in resident]
+    uses = Counter(profile.order)
+    assert Counter(plan.prefetch) == {t: uses[t] for t in streamed if uses[t]}
+    if budgets.fast < total:  # not everything fits: the plan must stream
+        assert streamed, f"{budgets.fast} B < {total} B yet everything is resident"
+    if region == "stream":
+        assert streamed
+
     gpu = sum(c * t.get("gpu", 0) for c, t in plan.buffers.items())
     hostb = sum(c * t.get("host", 0) for c, t in plan.buffers.items())
-    assert gpu <= fast and hostb <= host
-    assert set(plan.placement) == {t[0] for t in profile.tensors}
-    resident = {t for t, tier in plan.placement.items() if tier == "gpu"}
-    assert not resident & set(plan.prefetch)
-    assert [t for t in profile.order if t not in resident] == plan.prefetch
-    classes = buffer_classes(plan, {t[0]: t[1] for t in profile.tensors})
-    for t, c in classes.items():
-        assert c >= size_class(dict((x[0], x[1]) for x in profile.tensors)[t])
-        assert plan.buffers[c]["gpu"] > 0
+    assert gpu <= budgets.fast and hostb <= budgets.host
+    # Homes: host slabs while the host budget lasts, then NVMe.
+    on_host = [t for t in streamed if plan.placement[t] == "host"]
+    host_left = budgets.host - sum(cls[t] for t in on_host)
+    assert host_left >= 0
+    assert all(cls[t] > host_left for t in streamed if plan.placement[t] == "nvme")
+    for c, n in Counter(cls[t] for t in on_host).items():
+        assert plan.buffers[c].get("host", 0) >= n
+
+    # GPU buffers per class: one per resident of that class, and for a class that
+    # streams, the in-use floor plus its accesses in any `window` streamed ones.
+    bufcls = buffer_classes(plan, sizes)
+    for t in streamed:
+        assert cls[t] <= bufcls[t] <= cls[t] * MERGE
+    seq = [bufcls[t] for t in profile.order if t in streamed]
+    for c in set(cls.values()) | set(bufcls.values()):
+        want = sum(1 for t in resident if cls[t] == c)
+        if any(bufcls[t] == c for t in streamed):
+            want += _in_use(c, group) + _most_in_window(seq, c, plan.window)
+        assert plan.buffers.get(c, {}).get("gpu", 0) >= want, (c, want, plan.buffers)
+
+    repeats = any(uses[t] > 1 for t in streamed)
+    event("streams, repeated prefetches" if repeats else "streams" if streamed else "all on GPU")
+    target(float(len(plan.prefetch)), label="prefetch length")
 
 
 def _plan() -> tuple[TensorProfile, Budgets]:
