@@ -30,7 +30,7 @@ from offload_agent.cache import Bind, TensorCache
 from offload_agent.device import Device
 from offload_agent.hooks import LooseParams, install_hooks, saved_tensor_refs
 from offload_agent.nvme import NvmeStore, SwapPathError
-from offload_agent.optim import GRAD_KIND, STATE_KINDS, AdamW, adamw_step
+from offload_agent.optim import GRAD_KIND, STATE_KINDS, AdamW, adamw_step, state_id
 from offload_agent.profiler import Recorder
 from offload_agent.slabs import SlabPool
 from offload_agent.stats import CacheStats
@@ -235,7 +235,7 @@ class OffloadEngine:
                 "run that many backward passes per `with engine.step():`"
             )
         self._backwards[tensor_id] = seen
-        total_id = f"{tensor_id}#{GRAD_KIND}"
+        total_id = state_id(tensor_id, GRAD_KIND)
         total = self.use(total_id)
         with torch.no_grad():  # the order PyTorch sums `.grad` in: ((g1 + g2) + g3) ...
             if seen == 1:
@@ -257,16 +257,16 @@ class OffloadEngine:
         k = self.config.accumulation_steps
         for tensor_id, seen in self._backwards.items():
             if seen < k:
-                total_id = f"{tensor_id}#{GRAD_KIND}"
+                total_id = state_id(tensor_id, GRAD_KIND)
                 self._adamw(tensor_id, self.use(total_id))
                 self._cache().release(total_id, all_pins=True)
 
     def _adamw(self, tensor_id: str, grad: torch.Tensor) -> None:
         p = self.use(tensor_id)
-        m, v = (self.use(f"{tensor_id}#{k}") for k in STATE_KINDS)
+        m, v = (self.use(state_id(tensor_id, k)) for k in STATE_KINDS)
         adamw_step(self.optim, self.steps, p, grad, m, v)
         cache = self._cache()
-        for tid in (tensor_id, *(f"{tensor_id}#{k}" for k in STATE_KINDS)):
+        for tid in (tensor_id, *(state_id(tensor_id, k) for k in STATE_KINDS)):
             cache.mark_dirty(tid)
             cache.release(tid, all_pins=True)
 

@@ -4,8 +4,8 @@ The agent learns each job's command from `jobs.accepted` and, when a
 `PlacementBatch` gives GPUs of this node to a job, starts the command with
 `CUDA_VISIBLE_DEVICES` set to them (plus `RLTUNE_JOB_ID`, the agent's
 socket, so the 10Cache engine inside can find its agent, and
-`RLTUNE_SWAP_DIR`, the job's own directory under the node's swap root). It answers with a
-`started` event, or `failed` when the command cannot start; `finished` /
+`RLTUNE_SWAP_DIR`, the job's own directory under the node's swap root). It
+answers with a `started` event, or `failed` when the command cannot start; `finished` /
 `failed` follow when the process exits. A placement can arrive before the
 job's accepted record (they are different topics): it waits, and the job
 starts when its command is learned. A job already started here is not started

@@ -13,10 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["GRAD_KIND", "STATE_KINDS", "AdamW", "adamw_step"]
+__all__ = ["GRAD_KIND", "STATE_KINDS", "AdamW", "adamw_step", "state_id"]
 
 STATE_KINDS = ("exp_avg", "exp_avg_sq")
 GRAD_KIND = "grad"  # the gradient summed over micro-batches (accumulation_steps > 1)
+
+
+def state_id(param_id: str, kind: str) -> str:
+    """The cached tensor id of one of a parameter's states."""
+    return f"{param_id}#{kind}"
 
 
 @dataclass(frozen=True, slots=True)

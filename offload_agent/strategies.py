@@ -22,7 +22,7 @@ from typing import Protocol
 
 from torch import nn
 
-from offload_agent.optim import GRAD_KIND, STATE_KINDS
+from offload_agent.optim import GRAD_KIND, STATE_KINDS, state_id
 from offload_agent.policies import LayerOrderPolicy, OnDemandPolicy, PlanPolicy, Policy
 from offload_agent.residency import TensorSpec, Tier
 from services.profiler.planner import Budgets, buffer_classes, in_use_floor, step_group
@@ -145,7 +145,7 @@ def specs_of(model: nn.Module, *, accumulate: bool = False) -> list[TensorSpec]:
     for name, p in model.named_parameters():
         specs.append(TensorSpec(name, tuple(p.shape), p.dtype, "param"))
         if p.requires_grad:
-            specs += [TensorSpec(f"{name}#{k}", tuple(p.shape), p.dtype, k) for k in kinds]
+            specs += [TensorSpec(state_id(name, k), tuple(p.shape), p.dtype, k) for k in kinds]
     return specs
 
 
