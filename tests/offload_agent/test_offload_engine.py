@@ -135,11 +135,13 @@ def test_no_tensor_used_while_its_copy_is_in_flight(
     assert engine.stats.late > 0  # prefetched copies really were still in flight when used
 
 
-def test_prefetch_turns_streamed_misses_into_hits(
+def test_prefetch_starts_every_streamed_fetch_ahead(
     make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same planned run with and without the plan's prefetch: every access
-    that prefetch does not start ahead is a miss (fetched on demand)."""
+    """The same planned run with and without the plan's prefetch: without it every
+    streamed access is a miss (fetched on demand); with it none is. Whether a
+    prefetched copy has landed by its use (hit) or not yet (late) is the disk's
+    and the scheduler's timing, so the split between the two is not asserted."""
 
     def planned_steps(engine: OffloadEngine) -> CacheStats:
         train(engine, 2)  # warm-up, plan, one step on it
@@ -152,8 +154,8 @@ def test_prefetch_turns_streamed_misses_into_hits(
     on_demand = planned_steps(make_engine("tencache", fast=1.2, host=0.0))
     assert ahead.accesses == on_demand.accesses
     assert on_demand.late == 0 and on_demand.misses > 0
-    assert ahead.misses * 4 <= on_demand.misses
-    assert ahead.hit_rate > on_demand.hit_rate
+    assert ahead.misses == 0
+    assert ahead.hits + ahead.late == on_demand.hits + on_demand.misses
 
 
 def test_plan_for_unknown_job_is_refused_and_training_goes_on(
