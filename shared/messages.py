@@ -29,6 +29,7 @@ __all__ = [
     "PriorityBatch",
     "Rejection",
     "Reward",
+    "RoundRequest",
     "TensorProfile",
 ]
 
@@ -108,6 +109,10 @@ class NodeStatus(Struct, omit_defaults=True):
     nvme_gbps: float = 0.0
     time: float = 0.0
     round_id: int | None = None
+    # appended (issue 10): free milli-GPUs per GPU index (1000 = untouched), so that a
+    # GPU shared by fractional jobs is seen as partly free; absent = `free_gpus` only
+    free_milli: list[int] | None = None
+    source: str = ""  # "pynvml", "inventory" (configured, no GPU) or "simulated"
 
 
 class PriorityBatch(Struct):
@@ -115,6 +120,33 @@ class PriorityBatch(Struct):
     time: float
     jobs: list[tuple[str, float]]  # (job_id, score), highest priority first
     cluster_version: int = 0
+    # appended (issue 10): True when the executor drives the rounds (`sched.rounds`):
+    # the executor then names the window placement solves, and placement skips this batch
+    driven: bool = False
+
+
+RoundPhase = Literal["score", "place"]
+
+
+class RoundRequest(Struct, omit_defaults=True):
+    """A scheduling round the executor (cluster_sim) asks for, on `sched.rounds`.
+
+    `score`: everything that happened since the previous round (jobs that arrived,
+    started and finished, in the simulator's order, and the nodes whose `NodeStatus`
+    stamped with this `round_id` precede it); scoring answers once it has seen them.
+    `place`: the window (job_id, score) the simulator hands its placer this round;
+    placement answers with a `PlacementBatch` of the same `round_id`.
+    """
+
+    round_id: int
+    time: float
+    phase: RoundPhase = "score"
+    window: int = 128
+    arrived: list[str] = []
+    started: list[str] = []
+    finished: list[str] = []
+    nodes: list[str] = []
+    jobs: list[tuple[str, float]] = []
 
 
 class Assignment(Struct):

@@ -14,6 +14,7 @@ PUBLIC_TOPICS = (
     "cluster.nodes",
     "sched.priorities",
     "sched.placements",
+    "sched.rounds",
     "jobs.events",
     "metrics",
     "rl.rewards",
@@ -27,6 +28,7 @@ _INTERNAL = (
     "cluster.nodes",
     "sched.priorities",
     "sched.placements",
+    "sched.rounds",
     "jobs.events",
     "rl.rewards",
     "offload.profiles",
@@ -65,6 +67,10 @@ class Topics:
     @property
     def sched_placements(self) -> str:
         return self.name("sched.placements")
+
+    @property
+    def sched_rounds(self) -> str:
+        return self.name("sched.rounds")
 
     @property
     def jobs_events(self) -> str:

@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from shared.bus import stop_on_signals
 from shared.cli.common import add_bus_args, bus_settings, run_async
 from shared.config import BusSettings
-from shared.errors import UserError
 from shared.prom import UP, serve_prometheus
 
 # service name -> module with `async def serve(settings, stop=None, ready=None)`
@@ -41,38 +40,44 @@ def available() -> list[str]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("service", help="run one service")
-    p.add_argument("name", help="service: " + ", ".join(SERVICES))
-    p.add_argument(
-        "--prometheus-port",
-        type=int,
-        default=0,
-        help="serve Prometheus /metrics on this port (default: off)",
-    )
-    p.add_argument(
-        "--group-id",
-        default=None,
-        help="consumer group (default: <topic prefix><service name>)",
-    )
-    add_bus_args(p)
-    p.set_defaults(func=run)
+    names = p.add_subparsers(dest="name", metavar="NAME", parser_class=type(p))
+    names.required = True
+    for name in available():
+        module = importlib.import_module(SERVICES[name])
+        q = names.add_parser(name, help=(module.__doc__ or name).splitlines()[0])
+        q.add_argument(
+            "--prometheus-port",
+            type=int,
+            default=0,
+            help="serve Prometheus /metrics on this port (default: off)",
+        )
+        q.add_argument(
+            "--group-id",
+            default=None,
+            help="consumer group (default: <topic prefix><service name>)",
+        )
+        add_bus_args(q)
+        if hasattr(module, "add_args"):  # the service's own settings
+            module.add_args(q)
+        q.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.name not in available():
-        raise UserError(f"no service {args.name!r}; available: {', '.join(available())}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = bus_settings(args)
     module = importlib.import_module(SERVICES[args.name])
+    kwargs: dict[str, object] = {"group_id": args.group_id} if args.group_id else {}
+    if hasattr(module, "from_args"):
+        kwargs["conf"] = module.from_args(args)
     serve_prometheus(args.prometheus_port)
     UP.labels(args.name).set(1)
-    run_async(_serve(module.serve, settings, args.group_id))
+    run_async(_serve(module.serve, settings, kwargs))
     return 0
 
 
 async def _serve(
-    serve: Callable[..., Awaitable[object]], settings: BusSettings, group_id: str | None
+    serve: Callable[..., Awaitable[object]], settings: BusSettings, kwargs: dict[str, object]
 ) -> None:
     stop = asyncio.Event()
     stop_on_signals(stop)  # SIGTERM (compose, k8s) and Ctrl-C stop it cleanly
-    kwargs = {"group_id": group_id} if group_id else {}
     await serve(settings, stop=stop, **kwargs)

@@ -1,0 +1,214 @@
+"""The simulated cluster's side of a round over the bus (pure: no bus).
+
+cluster_sim runs the one simulator (`shared.sim.Simulator`) with the simulator's
+own clock, and hands it a `Policy` and a `Placer` that ask the services instead
+of deciding themselves:
+
+* `RemotePolicy.window(k, obs)` is the start of round r: the node states that
+  changed since the last round (`NodeStatus` stamped with r), the job events
+  since then, and a `RoundRequest(score)` naming the jobs that arrived, started
+  and finished, go out; the answer is scoring's `PriorityBatch` of round r.
+* `RemotePlacer.place(window, nodes, speed)` sends `RoundRequest(place)` with
+  the window the simulator hands its placer (the simulator's own choice of
+  candidates, queue limits and all) and returns placement's `PlacementBatch`.
+
+Everything else (arrivals from the trace, run times, finishes, conflicts, the
+per-job records and the summary) is the simulator's, unchanged, so that the
+same trace, cluster, policy, placer and seed give the same start times as
+`rltune simulate`. The simulator runs in a worker thread; `Channel` is the
+blocking call into the service's event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from shared.cluster import ClusterSpec
+from shared.messages import JobEvent, NodeStatus, PlacementBatch, PriorityBatch, RoundRequest
+from shared.placement_api import Allocation, JobRequest, NodeFree, PlacementResult
+from shared.policy_api import Observation, PolicyContext, QueuedJob
+from shared.sim.engine import SimConfig, Simulator, _Run
+from shared.sim.state import Claim
+
+__all__ = ["BusSimulator", "Channel", "RemotePlacer", "RemotePolicy", "Rounds"]
+
+
+class Channel(Protocol):
+    """The service's side: publish a round's messages and block until its answer."""
+
+    def score(
+        self, req: RoundRequest, nodes: list[NodeStatus], events: list[JobEvent]
+    ) -> PriorityBatch: ...
+
+    def place(self, req: RoundRequest) -> PlacementBatch: ...
+
+
+@dataclass
+class _Pending:
+    arrived: list[str]
+    started: list[str]
+    finished: list[str]
+    events: list[JobEvent]
+
+
+class Rounds:
+    """Round ids, what happened since the last round, and the node states last sent."""
+
+    def __init__(self, channel: Channel, window: int) -> None:
+        self.channel = channel
+        self.window = window
+        self.sim: Simulator | None = None
+        self.round_id = -1
+        self.now = 0.0
+        self.pending = _Pending([], [], [], [])
+        self.sent: dict[int, tuple[int, ...]] = {}  # node index -> free row last published
+        self.by_id: dict[str, QueuedJob] = {}  # waiting jobs, as the simulator holds them
+        self.unknown = 0  # job ids in an answer that are not waiting here
+
+    def score(self, k: int, now: float) -> list[QueuedJob]:
+        self.round_id += 1
+        self.now = now
+        p, self.pending = self.pending, _Pending([], [], [], [])
+        nodes = self._changed_nodes(now)
+        req = RoundRequest(
+            round_id=self.round_id,
+            time=now,
+            phase="score",
+            window=k,
+            arrived=p.arrived,
+            started=p.started,
+            finished=p.finished,
+            nodes=[n.node_id for n in nodes],
+        )
+        batch = self.channel.score(req, nodes, p.events)
+        out = []
+        for jid, _ in batch.jobs:
+            job = self.by_id.get(jid)
+            if job is None:
+                self.unknown += 1
+            else:
+                out.append(job)
+        return out
+
+    def place(self, jobs: Sequence[JobRequest]) -> PlacementResult:
+        req = RoundRequest(
+            round_id=self.round_id,
+            time=self.now,
+            phase="place",
+            window=len(jobs),
+            jobs=[(j.job_id, j.score) for j in jobs],
+        )
+        batch = self.channel.place(req)
+        milli = {j.job_id: j.gpu_milli for j in jobs}
+        gpus: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+        for a in batch.assignments:
+            gpus.setdefault(a.job_id, []).append((a.node_id, tuple(a.gpu_indices)))
+            if self.sim is not None:  # republish it next round whatever the claim gives
+                self.sent.pop(self.sim.state.index.get(a.node_id, -1), None)
+        allocs = tuple(
+            Allocation(jid, tuple(g), milli.get(jid, 1000)) for jid, g in gpus.items()
+        )
+        return PlacementResult(allocs, batch.solver_ms, batch.solver_status)
+
+    def flush(self) -> list[JobEvent]:
+        """The events not yet sent (at the end of the run)."""
+        events, self.pending.events = self.pending.events, []
+        return events
+
+    def _changed_nodes(self, now: float) -> list[NodeStatus]:
+        assert self.sim is not None
+        st = self.sim.state
+        out = []
+        for i, row in enumerate(st.free):
+            t = tuple(row)
+            if self.sent.get(i) == t:
+                continue
+            self.sent[i] = t
+            out.append(node_status(st.node_ids[i], st.node_type[i], t, now, self.round_id))
+        return out
+
+
+def node_status(
+    node_id: str, gpu_type: str, row: tuple[int, ...], now: float, round_id: int | None
+) -> NodeStatus:
+    return NodeStatus(
+        node_id=node_id,
+        gpu_type=gpu_type,
+        gpus=len(row),
+        free_gpus=[g for g, m in enumerate(row) if m == 1000],
+        gpu_util=1.0 - sum(row) / (1000.0 * len(row)) if row else 0.0,
+        time=now,
+        round_id=round_id,
+        free_milli=list(row),
+        source="simulated",
+    )
+
+
+class RemotePolicy:
+    """A `Policy` whose every window is scoring's answer to a round request."""
+
+    oracle = False
+
+    def __init__(self, name: str, time_invariant: bool, rounds: Rounds) -> None:
+        self.name = name
+        self.time_invariant = time_invariant
+        self.rounds = rounds
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+    def reset(self, ctx: PolicyContext) -> None:
+        self.rounds.by_id.clear()
+
+    def add(self, job: QueuedJob) -> None:
+        self.rounds.by_id[job.job_id] = job
+        self.rounds.pending.arrived.append(job.job_id)
+
+    def remove(self, job: QueuedJob) -> None:
+        self.rounds.by_id.pop(job.job_id, None)
+        self.rounds.pending.started.append(job.job_id)
+
+    def window(self, k: int, obs: Observation) -> Iterable[QueuedJob]:
+        return self.rounds.score(k, obs.now)
+
+
+class RemotePlacer:
+    """A `Placer` whose every answer is the placement service's."""
+
+    leaves_cycles = False
+
+    def __init__(self, name: str, rounds: Rounds) -> None:
+        self.name = name  # the placer the service runs: the simulator reads it
+        self.rounds = rounds
+
+    def place(
+        self, jobs: Sequence[JobRequest], nodes: Sequence[NodeFree], speed: Mapping[str, float]
+    ) -> PlacementResult:
+        return self.rounds.place(jobs)
+
+
+class BusSimulator(Simulator):
+    """The simulator, telling the rounds of every start and finish (as `JobEvent`s)."""
+
+    def __init__(
+        self, cluster: ClusterSpec, policy: RemotePolicy, placer: RemotePlacer, config: SimConfig
+    ) -> None:
+        super().__init__(cluster, policy, placer, config)
+        self.rounds = policy.rounds
+        self.rounds.sim = self
+
+    def _start(self, run: _Run, claim: Claim, now: float) -> None:
+        super()._start(run, claim, now)
+        nodes = [self.state.node_ids[i] for i, _ in claim]
+        self.rounds.pending.events.append(
+            JobEvent(run.job.job_id, "started", now, nodes, run.nodes)
+        )
+
+    def _finish(self, run: _Run, now: float) -> None:
+        nodes = sorted({self.state.node_ids[i] for i, _ in run.claim})
+        super()._finish(run, now)
+        self.rounds.pending.finished.append(run.job.job_id)
+        self.rounds.pending.events.append(JobEvent(run.job.job_id, "finished", now, nodes))

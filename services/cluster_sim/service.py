@@ -1,0 +1,313 @@
+"""cluster_sim service: the simulated heterogeneous cluster, driving rounds over Kafka.
+
+Publishes `cluster.nodes`, `jobs.events` and `sched.rounds`; consumes
+`sched.priorities` (scoring's answers to its rounds) and `sched.placements`
+(placement's; it owns that topic's dead letters). The simulator
+(`shared.sim.Simulator`, see `services.cluster_sim.rounds`) runs in a worker
+thread over the trace it was given (it alone knows the true run times).
+
+Two clocks: `--lockstep` runs virtual time as fast as the rounds come back;
+otherwise the simulator's clock follows the wall clock at `--speedup` N (each
+round waits until wall time has reached its virtual time; the round's own
+latency is not charged to virtual time). A round not answered in `resend_s`
+is asked again (same round_id), so a restarted scoring or placement service
+picks it up. At the end it writes `--json` and `--jobs-out` exactly as
+`rltune simulate` does, and stops if `exit_when_done`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from services.cluster_sim.rounds import BusSimulator, RemotePlacer, RemotePolicy, Rounds
+from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
+from shared.cluster import load_cluster
+from shared.config import BusSettings
+from shared.errors import UserError
+from shared.messages import JobEvent, NodeStatus, PlacementBatch, PriorityBatch, RoundRequest, encode
+from shared.reject import Reject
+from shared.sim import SimConfig, load_jobs, write_jobs_csv
+from shared.traces import SkipStats
+
+__all__ = ["SimSettings", "add_args", "from_args", "serve"]
+
+NAME = "cluster-sim"
+log = logging.getLogger("rltune.cluster_sim")
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    trace: str = "examples/philly-2000.jsonl"
+    format: str = "jsonl"
+    cluster: str = "clusters/philly.yaml"
+    policy: str = "fifo"  # the name scoring runs (the simulator reads its time invariance)
+    placer: str = "milp"  # the name placement runs (the simulator reads it)
+    limit: int | None = None
+    window: int = 128
+    seed: int = 0
+    lockstep: bool = False
+    speedup: float = 1000.0
+    resend_s: float = 5.0
+    json_out: str | None = None
+    jobs_out: str | None = None
+    exit_when_done: bool = False
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", default=SimSettings.trace, help="trace file to simulate")
+    p.add_argument("--format", default=SimSettings.format, help="trace format")
+    p.add_argument("--cluster", default=SimSettings.cluster, help="cluster YAML / openb CSV")
+    p.add_argument("--policy", default="fifo", help="the policy scoring runs")
+    p.add_argument("--placer", default="milp", help="the placer placement runs")
+    p.add_argument("--limit", type=int, default=None, help="first N jobs by submit time")
+    p.add_argument("--window", type=int, default=128, help="jobs per round (K)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lockstep", action="store_true", help="virtual time, round by round")
+    p.add_argument("--speedup", type=float, default=1000.0, help="virtual s per wall s")
+    p.add_argument("--json", dest="json_out", default=None, help="summary JSON at the end")
+    p.add_argument("--jobs-out", default=None, help="per-job CSV at the end")
+    p.add_argument("--exit-when-done", action="store_true", help="stop when the trace is done")
+
+
+def from_args(args: argparse.Namespace) -> SimSettings:
+    if args.speedup <= 0:
+        raise UserError(f"--speedup must be positive, got {args.speedup}")
+    if args.window <= 0:
+        raise UserError(f"--window must be positive, got {args.window}")
+    return SimSettings(
+        trace=args.trace, format=args.format, cluster=args.cluster, policy=args.policy,
+        placer=args.placer, limit=args.limit, window=args.window, seed=args.seed,
+        lockstep=args.lockstep, speedup=args.speedup, json_out=args.json_out,
+        jobs_out=args.jobs_out, exit_when_done=args.exit_when_done,
+    )  # fmt: skip
+
+
+def time_invariant(policy: str) -> bool:
+    """Whether the named policy's order changes only when a job finishes (a class
+    attribute: read without building the policy)."""
+    from services.scoring.policies import POLICIES
+
+    cls = POLICIES.get(policy)
+    return bool(getattr(cls, "time_invariant", False)) if cls is not None else False
+
+
+class Stopped(Exception):
+    """The service is stopping while the simulator waits for a round."""
+
+
+@dataclass
+class _Waits:
+    score: dict[int, asyncio.Future[PriorityBatch]] = field(default_factory=dict)
+    place: dict[int, asyncio.Future[PlacementBatch]] = field(default_factory=dict)
+
+
+class BusChannel:
+    """The simulator thread's blocking calls into the event loop (`rounds.Channel`)."""
+
+    def __init__(
+        self,
+        settings: BusSettings,
+        producer: Producer,
+        loop: asyncio.AbstractEventLoop,
+        conf: SimSettings,
+        stop: asyncio.Event,
+        stats: ServiceStats,
+    ) -> None:
+        self.t = settings.topics
+        self.producer = producer
+        self.loop = loop
+        self.conf = conf
+        self.stop = stop
+        self.stats = stats
+        self.waits = _Waits()
+        self.t0: tuple[float, float] | None = None  # (virtual, wall) at the first round
+        self.round_ms: list[float] = []
+
+    # called from the simulator thread
+    def score(
+        self, req: RoundRequest, nodes: list[NodeStatus], events: list[JobEvent]
+    ) -> PriorityBatch:
+        outs = [Outgoing(self.t.jobs_events, e.job_id, encode(e)) for e in events]
+        outs += [Outgoing(self.t.cluster_nodes, n.node_id, encode(n)) for n in nodes]
+        return self._call(self._ask(req, outs, self.waits.score))
+
+    def place(self, req: RoundRequest) -> PlacementBatch:
+        return self._call(self._ask(req, [], self.waits.place))
+
+    def publish(self, events: Sequence[JobEvent]) -> None:
+        outs = [Outgoing(self.t.jobs_events, e.job_id, encode(e)) for e in events]
+        self._call(self._publish(outs))
+
+    def _call(self, coro: Any) -> Any:
+        fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return fut.result()
+
+    # on the event loop
+    async def _publish(self, outs: list[Outgoing]) -> None:
+        await self.producer.publish([(o, []) for o in outs])
+        self.stats.published += len(outs)
+
+    async def _pace(self, now: float) -> None:
+        if self.conf.lockstep:
+            return
+        if self.t0 is None:
+            self.t0 = (now, time.monotonic())
+        due = self.t0[1] + (now - self.t0[0]) / self.conf.speedup
+        delay = due - time.monotonic()
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), delay)
+
+    async def _ask(self, req: RoundRequest, outs: list[Outgoing], waits: dict[int, Any]) -> Any:
+        if req.phase == "score":
+            await self._pace(req.time)
+        t0 = time.perf_counter()
+        fut = waits[req.round_id] = self.loop.create_future()
+        msg = Outgoing(self.t.sched_rounds, str(req.round_id), encode(req))
+        await self._publish([*outs, msg])
+        self.stats.extra["rounds_" + req.phase] += 1
+        stopping = asyncio.ensure_future(self.stop.wait())
+        try:
+            while True:
+                if self.stop.is_set():
+                    raise Stopped
+                done, _ = await asyncio.wait(
+                    [fut, stopping],
+                    timeout=self.conf.resend_s,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if fut.done():
+                    break
+                if not done:  # no answer yet: ask again (services answer by round_id)
+                    self.stats.extra["rounds_resent"] += 1
+                    log.warning("round %d (%s): no answer, asking again", req.round_id, req.phase)
+                    await self._publish([msg])
+        finally:
+            stopping.cancel()
+            waits.pop(req.round_id, None)
+        self.round_ms.append((time.perf_counter() - t0) * 1e3)
+        return fut.result()
+
+    def answer(self, rid: int, waits: dict[int, Any], value: Any) -> None:
+        fut = waits.get(rid)
+        if fut is not None and not fut.done():
+            fut.set_result(value)
+        else:
+            self.stats.extra["answers_unasked"] += 1
+
+
+class Handler:
+    """Answers to the simulator's rounds; bad placement batches are dead-lettered."""
+
+    def __init__(self, settings: BusSettings, stats: ServiceStats) -> None:
+        self.t = settings.topics
+        self.stats = stats
+        self.channel: BusChannel | None = None
+        self._prio = msgspec.json.Decoder(PriorityBatch)
+        self._place = msgspec.json.Decoder(PlacementBatch)
+
+    def __call__(self, rec: Record) -> Sequence[Outgoing]:
+        if rec.topic == self.t.sched_placements:
+            try:
+                batch = self._place.decode(rec.value or b"")
+            except msgspec.MsgspecError as exc:
+                raise Reject(f"invalid PlacementBatch: {exc}", kind="invalid") from None
+            if self.channel is not None:
+                self.channel.answer(batch.round_id, self.channel.waits.place, batch)
+        else:
+            try:
+                prio = self._prio.decode(rec.value or b"")
+            except msgspec.MsgspecError:
+                self.stats.extra["ignored_bad_priorities"] += 1  # placement owns its dlq
+                return ()
+            if prio.driven and self.channel is not None:
+                self.channel.answer(prio.round_id, self.channel.waits.score, prio)
+        return ()
+
+
+async def serve(
+    settings: BusSettings,
+    stop: asyncio.Event | None = None,
+    ready: asyncio.Event | None = None,
+    group_id: str | None = None,
+    conf: SimSettings | None = None,
+) -> ServiceStats:
+    conf = conf or SimSettings()
+    stop = stop or asyncio.Event()
+    cluster = load_cluster(conf.cluster)
+    skipped = SkipStats()
+    jobs = load_jobs(conf.trace, conf.format, cluster, skipped, conf.limit)
+    stats = ServiceStats()
+    handler = Handler(settings, stats)
+    t = settings.topics
+    spec = ServiceSpec(
+        name=NAME,
+        topics=[t.sched_priorities, t.sched_placements],
+        handle=handler,
+        group_id=group_id or "",
+    )
+    consumer_ready = asyncio.Event()
+    consumer = asyncio.create_task(run_service(settings, spec, stop, stats, consumer_ready))
+    await _first(consumer_ready, consumer)
+    loop = asyncio.get_running_loop()
+    async with Producer(settings, client_id=NAME) as producer:
+        channel = handler.channel = BusChannel(settings, producer, loop, conf, stop, stats)
+        rounds = Rounds(channel, conf.window)
+        sim = BusSimulator(
+            cluster,
+            RemotePolicy(conf.policy, time_invariant(conf.policy), rounds),
+            RemotePlacer(conf.placer, rounds),
+            SimConfig(window=conf.window, seed=conf.seed),
+        )
+        if ready is not None:
+            ready.set()
+        log.info("simulating %d jobs (%s)", len(jobs), "lockstep" if conf.lockstep else "real time")
+        done = threading.Event()
+
+        def run_sim() -> Any:
+            try:
+                result = sim.run(jobs)
+                channel.publish(rounds.flush())
+                return result
+            finally:
+                done.set()
+
+        try:
+            result = await asyncio.to_thread(run_sim)
+        except Stopped:
+            result = None
+        if result is not None:
+            stats.extra["done"] = 1
+            stats.extra["jobs_finished"] = sum(1 for r in result.records if r.finished)
+            if conf.jobs_out:
+                write_jobs_csv(result.records, conf.jobs_out)
+            if conf.json_out:
+                from shared.cli.simulate import write_json
+
+                write_json(result.summary(), conf.json_out)
+            log.info("done: %s", result.summary())
+        if not conf.exit_when_done:
+            await stop.wait()
+        stop.set()
+        await consumer
+    return stats
+
+
+async def _first(ready: asyncio.Event, task: asyncio.Task[Any]) -> None:
+    """Wait until the consumer is up (or raise what stopped it)."""
+    waiter = asyncio.ensure_future(ready.wait())
+    await asyncio.wait([waiter, task], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        waiter.cancel()
+        task.result()

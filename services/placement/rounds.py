@@ -1,0 +1,138 @@
+"""The placement service's state and its answer to a round (pure: no bus).
+
+Placement keeps its own view of the free GPUs (`FreeView`, from `cluster.nodes`)
+and the accepted jobs, and solves with the placer `rltune simulate` uses
+(`services.placement.registry.make_placer`):
+
+* free rounds: a `PriorityBatch` from scoring is solved over the batch's jobs
+  that are not already placed and waiting to start; what it gives away is taken
+  off the view at once, so the next batch never gets the same GPU even before
+  the executor's next `NodeStatus` (and the executor refuses any GPU that is
+  not really free with `rejected_placement`).
+* driven rounds (lockstep): the executor's `place` request names the window its
+  simulator hands the placer; it is answered once every node status of that
+  round (named by the round's `score` request) has been seen, so the solve sees
+  exactly the simulator's free GPUs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from services.placement.view import FreeView
+from shared.cluster import ClusterSpec
+from shared.messages import Assignment, Job, JobEvent, NodeStatus, PlacementBatch, RoundRequest
+from shared.placement_api import FULL_GPU, JobRequest, Placer, PlacementResult
+from shared.speeds import speed_of
+
+__all__ = ["PlacementState", "job_request"]
+
+
+def job_request(job: Job, score: float) -> JobRequest:
+    milli = job.gpu_milli if job.num_gpus == 1 else FULL_GPU
+    return JobRequest(
+        job.job_id, job.num_gpus, milli, frozenset(job.gpu_types), job.weight, score
+    )
+
+
+class PlacementState:
+    def __init__(self, placer: Placer, cluster: ClusterSpec | None) -> None:
+        self.placer = placer
+        self.view = FreeView(cluster)
+        self.jobs: dict[str, Job] = {}
+        self.placed: set[str] = set()  # given GPUs, not yet started or refused
+        self.gone: set[str] = set()  # started (or ended): never placed again in free rounds
+        self.round_nodes: dict[int, list[str]] = {}  # driven: nodes each round waits for
+        self.pending: dict[int, RoundRequest] = {}  # driven place requests not yet answered
+        self.answered: dict[int, PlacementBatch] = {}  # driven: the last answers (resends)
+        self.solve_ms: list[float] = []
+        self.counts: Counter[str] = Counter()
+
+    # ---- inputs -------------------------------------------------------------------------
+    def accepted(self, job: Job) -> None:
+        self.jobs.setdefault(job.job_id, job)
+
+    def node(self, status: NodeStatus) -> None:
+        self.view.update(status)
+
+    def event(self, ev: JobEvent) -> None:
+        if ev.kind in ("started", "finished", "failed"):
+            self.placed.discard(ev.job_id)
+            self.gone.add(ev.job_id)
+        elif ev.kind in ("rejected_placement", "preempted"):
+            self.placed.discard(ev.job_id)
+            self.gone.discard(ev.job_id)
+            if ev.kind == "rejected_placement":
+                self.counts["rejected_placement"] += 1
+
+    # ---- free rounds --------------------------------------------------------------------
+    def free_round(self, round_id: int, now: float, jobs: list[tuple[str, float]]) -> PlacementBatch:
+        reqs = [
+            job_request(self.jobs[jid], score)
+            for jid, score in jobs
+            if jid in self.jobs and jid not in self.placed and jid not in self.gone
+        ]
+        self.counts["unknown_jobs"] += sum(1 for jid, _ in jobs if jid not in self.jobs)
+        batch = self._solve(round_id, now, reqs)
+        for a in batch.assignments:
+            self.placed.add(a.job_id)
+        return batch
+
+    # ---- driven rounds ------------------------------------------------------------------
+    def request(self, req: RoundRequest) -> None:
+        if req.phase == "score":
+            self.round_nodes[req.round_id] = list(req.nodes)
+        else:
+            self.pending[req.round_id] = req
+
+    def answer_rounds(self) -> list[PlacementBatch]:
+        out = []
+        for rid in sorted(self.pending):
+            req = self.pending[rid]
+            if rid in self.answered:  # asked again (the executor resent it): same answer
+                del self.pending[rid]
+                out.append(self.answered[rid])
+                continue
+            if self.waiting_for(req):
+                break
+            del self.pending[rid]
+            reqs = [job_request(self.jobs[jid], s) for jid, s in req.jobs]
+            batch = self._solve(rid, req.time, reqs)
+            self.answered = {rid: batch}
+            self.round_nodes = {r: n for r, n in self.round_nodes.items() if r > rid}
+            out.append(batch)
+        return out
+
+    def waiting_for(self, req: RoundRequest) -> list[str]:
+        nodes = self.round_nodes.get(req.round_id)
+        if nodes is None:
+            return [f"score request of round {req.round_id}"]
+        miss = [f"job {j}" for j, _ in req.jobs if j not in self.jobs]
+        return miss + [
+            f"node {n}" for n in nodes if self.view.round_of.get(n, -1) < req.round_id
+        ]
+
+    # ---- the solve ----------------------------------------------------------------------
+    def _solve(self, round_id: int, now: float, reqs: list[JobRequest]) -> PlacementBatch:
+        cluster = self.view.cluster
+        speed = {t: speed_of(t, cluster.speed) for t in cluster.gpu_types}
+        t0 = time.perf_counter()
+        result: PlacementResult = (
+            self.placer.place(reqs, self.view.free_nodes(), speed)
+            if reqs
+            else PlacementResult(())
+        )
+        wall_ms = (time.perf_counter() - t0) * 1e3
+        self.solve_ms.append(wall_ms)
+        self.counts["rounds"] += 1
+        self.view.take(result.allocations)
+        return PlacementBatch(
+            round_id=round_id,
+            time=now,
+            assignments=[
+                Assignment(a.job_id, node, list(gpus)) for a in result.allocations for node, gpus in a.gpus
+            ],
+            solver_ms=result.solver_ms or wall_ms,
+            solver_status=result.status if reqs else "EMPTY",
+        )

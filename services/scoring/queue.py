@@ -1,0 +1,257 @@
+"""The scoring service's state: the waiting queue, the cluster view, the policy.
+
+Pure logic (no bus). Two ways a round happens:
+
+* driven (`answer_round`): the executor (cluster_sim) sends a `RoundRequest`
+  naming what happened since the previous round (jobs arrived, started,
+  finished, in the simulator's order, and which nodes changed). The round is
+  answered only once every one of those has been seen on its own topic, and the
+  changes are applied in the simulator's order (finished run times enter the
+  `History` in the same order, so even running means are bit-for-bit equal).
+  This is what makes a run over Kafka start every job when `rltune simulate`
+  does.
+* free (`free_round`): live hosts drive nothing; the queue follows
+  `jobs.accepted` and `jobs.events`, and a round is the policy's window of the
+  jobs that could start alone on the free GPUs, published after every change.
+
+Either way the policy object is the one `rltune simulate` uses
+(`services.scoring.policies.make_policy`), observing the cluster through the
+simulator's own `SimObservation` over this service's view of the free GPUs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from services.placement.view import FreeView
+from shared.cluster import ClusterSpec
+from shared.messages import Job, JobEvent, NodeStatus, PriorityBatch, RoundRequest
+from shared.placement_api import FULL_GPU
+from shared.policy_api import History, Policy, PolicyContext, QueuedJob
+from shared.sim.observe import SimObservation, WaitingIndex
+
+__all__ = ["RoundState", "ScoringState", "queued_job"]
+
+
+def queued_job(job: Job, seq: int) -> QueuedJob:
+    """A job as the policy sees it, normalised as the simulator does."""
+    milli = job.gpu_milli if job.num_gpus == 1 else FULL_GPU
+    return QueuedJob(
+        seq, job.job_id, job.submit_time, job.num_gpus, milli, frozenset(job.gpu_types),
+        job.user, job.vc, job.weight,
+    )  # fmt: skip
+
+
+@dataclass
+class RoundState:
+    """What the driven rounds have applied so far (kept across duplicate requests)."""
+
+    applied: int = -1  # round_id of the last score request applied
+    pending: dict[int, RoundRequest] = field(default_factory=dict)
+
+
+class ScoringState:
+    def __init__(
+        self, policy: Policy, cluster: ClusterSpec | None, window: int = 128, seed: int = 0
+    ) -> None:
+        if policy.oracle:
+            raise ValueError(
+                f"policy {policy.name!r} reads true run times, which never travel on the bus"
+            )
+        self.policy = policy
+        self.window = window
+        self.view = FreeView(cluster)
+        self.history = History()
+        self.waiting = WaitingIndex()
+        self.vc_held: dict[str, float] = {}
+        self.jobs: dict[str, Job] = {}  # accepted, by id
+        self.dropped: set[str] = set()  # rejected on arrival: never waited for
+        self.queued: dict[str, QueuedJob] = {}  # waiting
+        self.running: dict[str, QueuedJob] = {}
+        self.started_at: dict[str, float] = {}
+        self.run_s: dict[str, float] = {}  # GPU-holding time of finished jobs
+        self.ended: set[str] = set()
+        self.seq = 0
+        self.rounds = RoundState()
+        self.counts: Counter[str] = Counter()
+        self.dirty = False
+        policy.reset(PolicyContext(self.view.cluster, self.history, seed, None))
+
+    # ---- inputs -------------------------------------------------------------------------
+    def accepted(self, job: Job, free: bool) -> None:
+        if job.job_id in self.jobs:
+            return  # a redelivery
+        self.jobs[job.job_id] = job
+        if free:
+            self._enqueue(job)
+
+    def rejected(self, job_id: str) -> None:
+        self.dropped.add(job_id)
+
+    def node(self, status: NodeStatus) -> None:
+        self.view.update(status)
+        self.dirty = True
+
+    def event(self, ev: JobEvent, free: bool) -> None:
+        jid = ev.job_id
+        if ev.kind == "started":
+            if jid in self.started_at or jid in self.ended:
+                return
+            self.started_at[jid] = ev.time
+            if free:
+                self._start(jid)
+        elif ev.kind in ("finished", "failed", "preempted"):
+            if jid not in self.started_at or jid in self.ended:
+                return
+            self.run_s[jid] = self.run_s.get(jid, 0.0) + ev.time - self.started_at.pop(jid)
+            if ev.kind == "preempted":
+                if free:
+                    self._stop(jid, requeue=True)
+                return
+            self.ended.add(jid)
+            if free:
+                self._stop(jid, requeue=False)
+        self.dirty = True
+
+    # ---- driven rounds ------------------------------------------------------------------
+    def request(self, req: RoundRequest) -> None:
+        if req.round_id >= self.rounds.applied:
+            self.rounds.pending[req.round_id] = req
+
+    def answer_rounds(self) -> list[PriorityBatch]:
+        """Every pending round whose inputs have all been seen, in round order."""
+        out = []
+        for rid in sorted(self.rounds.pending):
+            req = self.rounds.pending[rid]
+            if not self._ready(req):
+                break
+            del self.rounds.pending[rid]
+            if rid > self.rounds.applied:
+                self._apply(req)
+                self.rounds.applied = rid
+            elif rid < self.rounds.applied:
+                continue  # an old round asked again: its answer is already out
+            out.append(self._batch(rid, req.time, req.window, driven=True, fits_only=False))
+        return out
+
+    def waiting_for(self, req: RoundRequest) -> list[str]:
+        """What a round still waits for (for `why` and for the logs)."""
+        miss = [f"job {j}" for j in req.arrived if j not in self.jobs and j not in self.dropped]
+        miss += [f"finish of {j}" for j in req.finished if j not in self.run_s]
+        miss += [
+            f"node {n}" for n in req.nodes if self.view.round_of.get(n, -1) < req.round_id
+        ]
+        return miss
+
+    def _ready(self, req: RoundRequest) -> bool:
+        if req.round_id <= self.rounds.applied:
+            return True
+        return not self.waiting_for(req)
+
+    def _apply(self, req: RoundRequest) -> None:
+        for jid in req.started:
+            self._start(jid)
+        for jid in req.finished:
+            self.ended.add(jid)
+            self._stop(jid, requeue=False)
+        for jid in req.arrived:
+            job = self.jobs.get(jid)
+            if job is not None:
+                self._enqueue(job)
+
+    # ---- free rounds --------------------------------------------------------------------
+    def free_round(self, round_id: int, now: float) -> PriorityBatch | None:
+        """A round over the jobs that could start alone now; None if none could."""
+        self.dirty = False
+        if not self.queued:
+            return None
+        batch = self._batch(round_id, now, self.window, driven=False, fits_only=True)
+        return batch if batch.jobs else None
+
+    # ---- the queue ----------------------------------------------------------------------
+    def _batch(
+        self, round_id: int, now: float, k: int, driven: bool, fits_only: bool
+    ) -> PriorityBatch:
+        obs = SimObservation(self.view.state, self.waiting, self.history, self.vc_held)
+        obs.now = now
+        fits = self.view.state.fits
+        window = [
+            j
+            for j in self.policy.window(k, obs)
+            if not fits_only or fits(j.num_gpus, j.gpu_milli, j.gpu_types)
+        ]
+        n = len(window)
+        self.counts["rounds"] += 1
+        return PriorityBatch(
+            round_id=round_id,
+            time=now,
+            jobs=[(j.job_id, float(n - r)) for r, j in enumerate(window)],
+            cluster_version=self.view.version,
+            driven=driven,
+        )
+
+    def _enqueue(self, job: Job) -> None:
+        if job.job_id in self.queued or job.job_id in self.running or job.job_id in self.ended:
+            return
+        q = queued_job(job, self.seq)
+        self.seq += 1
+        self.queued[job.job_id] = q
+        self.waiting.add(q)
+        self.policy.add(q)
+        self.dirty = True
+
+    def _start(self, jid: str) -> None:
+        q = self.queued.pop(jid, None)
+        if q is None:
+            return
+        self.waiting.remove(q)
+        self.policy.remove(q)
+        q.runs += 1
+        self.running[jid] = q
+        self.vc_held[q.vc] = self.vc_held.get(q.vc, 0.0) + q.gpus
+
+    def _stop(self, jid: str, requeue: bool) -> None:
+        q = self.running.pop(jid, None)
+        if q is None:
+            return
+        self.vc_held[q.vc] = self.vc_held.get(q.vc, 0.0) - q.gpus
+        if requeue:
+            self.queued[jid] = q
+            self.waiting.add(q)
+            self.policy.add(q)
+        else:
+            self.history.record(q, self.run_s.get(jid, 0.0))
+
+    def swap_policy(self, policy: Policy, seed: int = 0) -> None:
+        """Go on with `policy` (a newer checkpoint): it is told of every waiting job."""
+        policy.reset(PolicyContext(self.view.cluster, self.history, seed, None))
+        for q in sorted(self.queued.values(), key=lambda q: q.seq):
+            policy.add(q)
+        self.policy = policy
+        self.counts["policy_swaps"] += 1
+
+    def rebuild(self, requests: list[RoundRequest], answered: int, free: bool) -> None:
+        """After a restart: the queue as the rounds up to `answered` left it (driven), or
+        every accepted job that has not started (free); later requests wait again."""
+        if free:
+            for job in sorted(self.jobs.values(), key=lambda j: (j.submit_time, j.job_id)):
+                jid = job.job_id
+                if jid in self.ended:
+                    self.history.record(queued_job(job, -1), self.run_s.get(jid, 0.0))
+                elif jid in self.started_at:
+                    self._enqueue(job)
+                    self._start(jid)
+                else:
+                    self._enqueue(job)
+            return
+        for req in sorted(requests, key=lambda r: r.round_id):
+            if req.round_id <= answered and req.round_id > self.rounds.applied:
+                self._apply(req)
+                self.rounds.applied = req.round_id
+            elif req.round_id > answered:
+                self.rounds.pending[req.round_id] = req
+
+    @property
+    def queue_length(self) -> int:
+        return len(self.queued)

@@ -1,0 +1,280 @@
+"""Scoring service: the waiting queue and the policy → `sched.priorities`.
+
+Consumes `jobs.accepted`, `jobs.rejected`, `jobs.events`, `cluster.nodes`,
+`sched.rounds` and `rl.rewards`; owns the dead letters of `sched.rounds` and
+`rl.rewards` (bad `cluster.nodes` / `jobs.events` messages are counted here and
+dead-lettered by telemetry). The logic is `services.scoring.queue`.
+
+Rounds (`--rounds`): `driven` answers the executor's `RoundRequest`s (cluster_sim);
+`free` publishes a round after every change, at most one per `tick`
+(live hosts); `auto` (default) is driven once a round request has been seen and
+free until then. A `rl:PATH` policy is reloaded when the file changes, without
+stopping. After a restart the state is rebuilt from the topics (`replay`).
+Rewards on `rl.rewards` are read and counted; learning from them online is not
+built yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from services.scoring.policies import make_policy
+from services.scoring.queue import ScoringState
+from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
+from shared.cluster import load_cluster
+from shared.config import BusSettings
+from shared.errors import UserError
+from shared.messages import (
+    Job,
+    JobEvent,
+    NodeStatus,
+    PriorityBatch,
+    Rejection,
+    Reward,
+    RoundRequest,
+    encode,
+)
+from shared.reject import Reject
+
+__all__ = ["ScoringSettings", "add_args", "from_args", "serve"]
+
+NAME = "scoring"
+log = logging.getLogger("rltune.scoring")
+ROUND_MODES = ("auto", "driven", "free")
+
+
+@dataclass(frozen=True)
+class ScoringSettings:
+    policy: str = "fifo"
+    cluster: str | None = None  # the cluster's node order and speeds; None = as nodes report
+    window: int = 128
+    seed: int = 0
+    rounds: str = "auto"
+    tick_s: float = 0.05  # at most one free round per tick
+    reload_s: float = 2.0  # how often a checkpoint file is checked for a newer version
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", default="fifo", help="fifo, sjf-est, ..., rl, rl:PATH")
+    p.add_argument("--cluster", default=None, help="cluster spec (default: nodes as they report)")
+    p.add_argument("--window", type=int, default=128, help="jobs per PriorityBatch (K)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", default="auto", choices=ROUND_MODES, help="who starts rounds")
+
+
+def from_args(args: argparse.Namespace) -> ScoringSettings:
+    if args.window <= 0:
+        raise UserError(f"--window must be positive, got {args.window}")
+    make_policy(args.policy)  # a bad name is one line and exit 2, before connecting
+    return ScoringSettings(args.policy, args.cluster, args.window, args.seed, args.rounds)
+
+
+class ScoringHandler:
+    def __init__(self, settings: BusSettings, stats: ServiceStats, conf: ScoringSettings) -> None:
+        self.t = settings.topics
+        self.stats = stats
+        self.conf = conf
+        cluster = load_cluster(conf.cluster) if conf.cluster else None
+        self.state = ScoringState(make_policy(conf.policy), cluster, conf.window, conf.seed)
+        self.driven = conf.rounds == "driven"
+        self.free_round_id = 0
+        self._job = msgspec.json.Decoder(Job)
+        self._event = msgspec.json.Decoder(JobEvent)
+        self._node = msgspec.json.Decoder(NodeStatus)
+        self._round = msgspec.json.Decoder(RoundRequest)
+        self._reward = msgspec.json.Decoder(Reward)
+        self._rejection = msgspec.json.Decoder(Rejection)
+        self._replayed: list[RoundRequest] = []
+        self._answered = -1
+        self._rebuilt = False
+        self._routes = {
+            self.t.jobs_accepted: self._accepted,
+            self.t.jobs_rejected: self._rejected,
+            self.t.jobs_events: self._events,
+            self.t.cluster_nodes: self._nodes,
+            self.t.sched_rounds: self._rounds,
+            self.t.rl_rewards: self._rewards,
+        }
+
+    @property
+    def free(self) -> bool:
+        return self.conf.rounds == "free" or (self.conf.rounds == "auto" and not self.driven)
+
+    def __call__(self, rec: Record) -> Sequence[Outgoing]:
+        self._rebuild()
+        self._routes[rec.topic](rec)
+        out = [
+            Outgoing(self.t.sched_priorities, str(b.round_id), encode(b))
+            for b in self.state.answer_rounds()
+        ]
+        self.stats.extra["queue_length"] = self.state.queue_length
+        self.stats.extra["rounds"] = self.state.counts["rounds"]
+        return out
+
+    # ---- topics ---------------------------------------------------------------------------
+    def _accepted(self, rec: Record) -> None:
+        try:
+            self.state.accepted(self._job.decode(rec.value or b""), self.free)
+        except msgspec.MsgspecError:
+            self.stats.extra["ignored_bad_job"] += 1
+
+    def _rejected(self, rec: Record) -> None:
+        with contextlib.suppress(msgspec.MsgspecError):
+            r = self._rejection.decode(rec.value or b"")
+            if r.job_id and rec.topic == self.t.jobs_rejected:
+                self.state.rejected(r.job_id)
+
+    def _events(self, rec: Record) -> None:
+        try:
+            self.state.event(self._event.decode(rec.value or b""), self.free)
+        except msgspec.MsgspecError:
+            self.stats.extra["ignored_bad_event"] += 1  # telemetry dead-letters it
+
+    def _nodes(self, rec: Record) -> None:
+        try:
+            self.state.node(self._node.decode(rec.value or b""))
+        except (msgspec.MsgspecError, ValueError):
+            self.stats.extra["ignored_bad_node_status"] += 1  # telemetry dead-letters it
+
+    def _rounds(self, rec: Record) -> None:
+        try:
+            req = self._round.decode(rec.value or b"")
+        except msgspec.MsgspecError as exc:
+            raise Reject(f"invalid RoundRequest: {exc}", kind="invalid") from None
+        if req.phase == "score":
+            self.driven = True
+            self.state.request(req)
+
+    def _rewards(self, rec: Record) -> None:
+        try:
+            self._reward.decode(rec.value or b"")
+        except msgspec.MsgspecError as exc:
+            raise Reject(f"invalid Reward: {exc}", kind="invalid") from None
+        self.stats.extra["rewards_seen"] += 1
+
+    # ---- restart --------------------------------------------------------------------------
+    def replay(self, rec: Record) -> None:
+        """Read back at start: jobs, events, nodes, round requests and our own answers."""
+        if rec.topic == self.t.sched_rounds:
+            with contextlib.suppress(msgspec.MsgspecError):
+                req = self._round.decode(rec.value or b"")
+                if req.phase == "score":
+                    self._replayed.append(req)
+                    self.driven = self.conf.rounds != "free"
+        elif rec.topic == self.t.sched_priorities:
+            with contextlib.suppress(msgspec.MsgspecError):
+                b = msgspec.json.decode(rec.value or b"", type=PriorityBatch)
+                if b.driven:
+                    self._answered = max(self._answered, b.round_id)
+                else:
+                    self.free_round_id = max(self.free_round_id, b.round_id + 1)
+        elif rec.topic == self.t.jobs_accepted:
+            with contextlib.suppress(msgspec.MsgspecError):
+                self.state.accepted(self._job.decode(rec.value or b""), False)
+        elif rec.topic == self.t.jobs_events:
+            with contextlib.suppress(msgspec.MsgspecError):
+                self.state.event(self._event.decode(rec.value or b""), False)
+        elif rec.topic in (self.t.jobs_rejected, self.t.cluster_nodes):
+            self._routes[rec.topic](rec)
+
+    def _rebuild(self) -> None:
+        if self._rebuilt:
+            return
+        self._rebuilt = True
+        self.state.rebuild(self._replayed, self._answered, self.free)
+        self._replayed = []
+
+    # ---- free rounds ----------------------------------------------------------------------
+    def free_round(self) -> PriorityBatch | None:
+        self._rebuild()
+        if not self.free or not self.state.dirty:
+            return None
+        batch = self.state.free_round(self.free_round_id, time.time())
+        if batch is not None:
+            self.free_round_id += 1
+        return batch
+
+    def reload(self, name: str) -> None:
+        self.state.swap_policy(make_policy(name), self.conf.seed)
+        log.info("policy %s reloaded", name)
+
+
+async def _ticker(
+    settings: BusSettings, handler: ScoringHandler, stop: asyncio.Event, stats: ServiceStats
+) -> None:
+    """Free rounds, and checkpoint reloads, on a clock of their own."""
+    conf = handler.conf
+    path = conf.policy[3:] if conf.policy.startswith("rl:") else None
+    mtime = _mtime(path)
+    next_reload = time.monotonic() + conf.reload_s
+    async with Producer(settings, client_id=f"{NAME}-rounds") as producer:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), conf.tick_s)
+            batch = handler.free_round()
+            if batch is not None:
+                out = Outgoing(settings.topics.sched_priorities, str(batch.round_id), encode(batch))
+                await producer.publish([(out, [])])
+                stats.published += 1
+            if path is not None and time.monotonic() >= next_reload:
+                next_reload = time.monotonic() + conf.reload_s
+                now = _mtime(path)
+                if now is not None and now != mtime:
+                    mtime = now
+                    try:
+                        handler.reload(conf.policy)
+                    except Exception as exc:  # a half-written file: keep the old policy
+                        stats.extra["policy_reload_failed"] += 1
+                        log.warning("cannot reload %s: %s", path, exc)
+
+
+def _mtime(path: str | None) -> float | None:
+    if path is None:
+        return None
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+async def serve(
+    settings: BusSettings,
+    stop: asyncio.Event | None = None,
+    ready: asyncio.Event | None = None,
+    group_id: str | None = None,
+    conf: ScoringSettings | None = None,
+) -> ServiceStats:
+    conf = conf or ScoringSettings()
+    stop = stop or asyncio.Event()
+    stats = ServiceStats()
+    handler = ScoringHandler(settings, stats, conf)
+    t = settings.topics
+    spec = ServiceSpec(
+        name=NAME,
+        topics=[
+            t.jobs_accepted, t.jobs_rejected, t.jobs_events, t.cluster_nodes, t.sched_rounds,
+            t.rl_rewards,
+        ],
+        handle=handler,
+        group_id=group_id or "",
+        replay_topics=[
+            t.jobs_accepted, t.jobs_rejected, t.jobs_events, t.cluster_nodes, t.sched_rounds,
+            t.sched_priorities,
+        ],
+        replay=handler.replay,
+    )  # fmt: skip
+    ticker = asyncio.create_task(_ticker(settings, handler, stop, stats))
+    try:
+        return await run_service(settings, spec, stop, stats, ready)
+    finally:
+        stop.set()
+        await ticker
