@@ -66,6 +66,7 @@ log = logging.getLogger("rltune.bus")
 # it and the input it answers (one header, not two: it is paid for on every message).
 SRC_HEADER = "rltune-src"
 MAX_MESSAGE_BYTES = 1 << 20
+FETCH_MAX_WAIT_MS = 20
 RAW_KEEP_BYTES = 1 << 16  # of a rejected message over MAX_MESSAGE_BYTES
 _TOO_LARGE = "message of {} bytes exceeds 1 MiB (raw holds its first 65536 bytes)"
 
@@ -399,6 +400,10 @@ async def run_service(
         auto_offset_reset="earliest",
         max_partition_fetch_bytes=8 << 20,
         fetch_max_bytes=32 << 20,
+        # a fetch that finds nothing comes back after this long: what a round trip
+        # through an idle service costs when the broker does not answer a waiting
+        # fetch as soon as data arrives (the embedded one does not)
+        fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
     )
     async with Producer(settings, client_id=spec.name) as producer:
         await consumer.start()

@@ -107,18 +107,17 @@ class Rounds:
             gpus.setdefault(a.job_id, []).append((a.node_id, tuple(a.gpu_indices)))
             if self.sim is not None:  # republish it next round whatever the claim gives
                 self.sent.pop(self.sim.state.index.get(a.node_id, -1), None)
-        allocs = tuple(
-            Allocation(jid, tuple(g), milli.get(jid, 1000)) for jid, g in gpus.items()
-        )
+        allocs = tuple(Allocation(jid, tuple(g), milli.get(jid, 1000)) for jid, g in gpus.items())
         return PlacementResult(allocs, batch.solver_ms, batch.solver_status)
 
-    def flush(self) -> list[JobEvent]:
-        """The events not yet sent (at the end of the run)."""
+    def flush(self) -> tuple[list[JobEvent], list[NodeStatus]]:
+        """The events and node changes not yet sent (at the end of the run)."""
         events, self.pending.events = self.pending.events, []
-        return events
+        return events, self._changed_nodes(max([self.now, *(e.time for e in events)]), None)
 
-    def _changed_nodes(self, now: float) -> list[NodeStatus]:
+    def _changed_nodes(self, now: float, round_id: int | None = -1) -> list[NodeStatus]:
         assert self.sim is not None
+        rid = self.round_id if round_id == -1 else round_id
         st = self.sim.state
         out = []
         for i, row in enumerate(st.free):
@@ -126,7 +125,7 @@ class Rounds:
             if self.sent.get(i) == t:
                 continue
             self.sent[i] = t
-            out.append(node_status(st.node_ids[i], st.node_type[i], t, now, self.round_id))
+            out.append(node_status(st.node_ids[i], st.node_type[i], t, now, rid))
         return out
 
 

@@ -35,7 +35,14 @@ from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, ru
 from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
-from shared.messages import JobEvent, NodeStatus, PlacementBatch, PriorityBatch, RoundRequest, encode
+from shared.messages import (
+    JobEvent,
+    NodeStatus,
+    PlacementBatch,
+    PriorityBatch,
+    RoundRequest,
+    encode,
+)
 from shared.reject import Reject
 from shared.sim import SimConfig, load_jobs, write_jobs_csv
 from shared.traces import SkipStats
@@ -145,8 +152,9 @@ class BusChannel:
     def place(self, req: RoundRequest) -> PlacementBatch:
         return self._call(self._ask(req, [], self.waits.place))
 
-    def publish(self, events: Sequence[JobEvent]) -> None:
+    def publish(self, events: Sequence[JobEvent], nodes: Sequence[NodeStatus]) -> None:
         outs = [Outgoing(self.t.jobs_events, e.job_id, encode(e)) for e in events]
+        outs += [Outgoing(self.t.cluster_nodes, n.node_id, encode(n)) for n in nodes]
         self._call(self._publish(outs))
 
     def _call(self, coro: Any) -> Any:
@@ -197,6 +205,10 @@ class BusChannel:
             stopping.cancel()
             waits.pop(req.round_id, None)
         self.round_ms.append((time.perf_counter() - t0) * 1e3)
+        if len(self.round_ms) % 16 == 0:
+            recent = sorted(self.round_ms[-256:])
+            self.stats.extra["round_p50_ms"] = round(recent[len(recent) // 2])
+            self.stats.extra["virtual_time_s"] = round(req.time)
         return fut.result()
 
     def answer(self, rid: int, waits: dict[int, Any], value: Any) -> None:
@@ -278,7 +290,7 @@ async def serve(
         def run_sim() -> Any:
             try:
                 result = sim.run(jobs)
-                channel.publish(rounds.flush())
+                channel.publish(*rounds.flush())
                 return result
             finally:
                 done.set()

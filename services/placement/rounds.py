@@ -23,7 +23,7 @@ from collections import Counter
 from services.placement.view import FreeView
 from shared.cluster import ClusterSpec
 from shared.messages import Assignment, Job, JobEvent, NodeStatus, PlacementBatch, RoundRequest
-from shared.placement_api import FULL_GPU, JobRequest, Placer, PlacementResult
+from shared.placement_api import FULL_GPU, JobRequest, PlacementResult, Placer
 from shared.speeds import speed_of
 
 __all__ = ["PlacementState", "job_request"]
@@ -31,9 +31,7 @@ __all__ = ["PlacementState", "job_request"]
 
 def job_request(job: Job, score: float) -> JobRequest:
     milli = job.gpu_milli if job.num_gpus == 1 else FULL_GPU
-    return JobRequest(
-        job.job_id, job.num_gpus, milli, frozenset(job.gpu_types), job.weight, score
-    )
+    return JobRequest(job.job_id, job.num_gpus, milli, frozenset(job.gpu_types), job.weight, score)
 
 
 class PlacementState:
@@ -67,7 +65,9 @@ class PlacementState:
                 self.counts["rejected_placement"] += 1
 
     # ---- free rounds --------------------------------------------------------------------
-    def free_round(self, round_id: int, now: float, jobs: list[tuple[str, float]]) -> PlacementBatch:
+    def free_round(
+        self, round_id: int, now: float, jobs: list[tuple[str, float]]
+    ) -> PlacementBatch:
         reqs = [
             job_request(self.jobs[jid], score)
             for jid, score in jobs
@@ -109,9 +109,7 @@ class PlacementState:
         if nodes is None:
             return [f"score request of round {req.round_id}"]
         miss = [f"job {j}" for j, _ in req.jobs if j not in self.jobs]
-        return miss + [
-            f"node {n}" for n in nodes if self.view.round_of.get(n, -1) < req.round_id
-        ]
+        return miss + [f"node {n}" for n in nodes if self.view.round_of.get(n, -1) < req.round_id]
 
     # ---- the solve ----------------------------------------------------------------------
     def _solve(self, round_id: int, now: float, reqs: list[JobRequest]) -> PlacementBatch:
@@ -119,9 +117,7 @@ class PlacementState:
         speed = {t: speed_of(t, cluster.speed) for t in cluster.gpu_types}
         t0 = time.perf_counter()
         result: PlacementResult = (
-            self.placer.place(reqs, self.view.free_nodes(), speed)
-            if reqs
-            else PlacementResult(())
+            self.placer.place(reqs, self.view.free_nodes(), speed) if reqs else PlacementResult(())
         )
         wall_ms = (time.perf_counter() - t0) * 1e3
         self.solve_ms.append(wall_ms)
@@ -131,7 +127,9 @@ class PlacementState:
             round_id=round_id,
             time=now,
             assignments=[
-                Assignment(a.job_id, node, list(gpus)) for a in result.allocations for node, gpus in a.gpus
+                Assignment(a.job_id, node, list(gpus))
+                for a in result.allocations
+                for node, gpus in a.gpus
             ],
             solver_ms=result.solver_ms or wall_ms,
             solver_status=result.status if reqs else "EMPTY",

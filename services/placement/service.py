@@ -24,8 +24,15 @@ from services.placement.rounds import PlacementState
 from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, run_service
 from shared.cluster import load_cluster
 from shared.config import BusSettings
-from shared.messages import Job, JobEvent, NodeStatus, PlacementBatch, PriorityBatch, RoundRequest
-from shared.messages import encode
+from shared.messages import (
+    Job,
+    JobEvent,
+    NodeStatus,
+    PlacementBatch,
+    PriorityBatch,
+    RoundRequest,
+    encode,
+)
 from shared.prom import SOLVE_SECONDS
 from shared.reject import Reject
 
@@ -90,7 +97,7 @@ class PlacementHandler:
         self.stats.extra["rounds"] = self.state.counts["rounds"]
         self.stats.extra["rejected_placement"] = self.state.counts["rejected_placement"]
         if self.state.solve_ms:
-            self.stats.extra["last_solve_ms"] = self.state.solve_ms[-1]
+            self.stats.extra["last_solve_ms"] = round(self.state.solve_ms[-1])
         return [Outgoing(self.t.sched_placements, str(b.round_id), encode(b)) for b in batches]
 
     def _accepted(self, rec: Record) -> list[PlacementBatch]:
@@ -163,12 +170,22 @@ async def serve(
     t = settings.topics
     spec = ServiceSpec(
         name=NAME,
-        topics=[t.jobs_accepted, t.jobs_events, t.cluster_nodes, t.sched_rounds, t.sched_priorities],
+        topics=[
+            t.jobs_accepted,
+            t.jobs_events,
+            t.cluster_nodes,
+            t.sched_rounds,
+            t.sched_priorities,
+        ],
         handle=handler,
         group_id=group_id or "",
         replay_topics=[
-            t.jobs_accepted, t.jobs_events, t.cluster_nodes, t.sched_rounds, t.sched_placements,
-        ],  # fmt: skip
+            t.jobs_accepted,
+            t.jobs_events,
+            t.cluster_nodes,
+            t.sched_rounds,
+            t.sched_placements,
+        ],
         replay=handler.replay,
     )
     return await run_service(settings, spec, stop, stats, ready)

@@ -139,9 +139,7 @@ class ScoringState:
         """What a round still waits for (for `why` and for the logs)."""
         miss = [f"job {j}" for j in req.arrived if j not in self.jobs and j not in self.dropped]
         miss += [f"finish of {j}" for j in req.finished if j not in self.run_s]
-        miss += [
-            f"node {n}" for n in req.nodes if self.view.round_of.get(n, -1) < req.round_id
-        ]
+        miss += [f"node {n}" for n in req.nodes if self.view.round_of.get(n, -1) < req.round_id]
         return miss
 
     def _ready(self, req: RoundRequest) -> bool:

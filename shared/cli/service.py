@@ -7,10 +7,12 @@ import asyncio
 import importlib
 import logging
 from collections.abc import Awaitable, Callable
+from types import ModuleType
 
 from shared.bus import stop_on_signals
 from shared.cli.common import add_bus_args, bus_settings, run_async
 from shared.config import BusSettings
+from shared.errors import UserError
 from shared.prom import UP, serve_prometheus
 
 # service name -> module with `async def serve(settings, stop=None, ready=None)`
@@ -39,37 +41,50 @@ def available() -> list[str]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("service", help="run one service")
-    names = p.add_subparsers(dest="name", metavar="NAME", parser_class=type(p))
-    names.required = True
-    for name in available():
-        module = importlib.import_module(SERVICES[name])
-        q = names.add_parser(name, help=(module.__doc__ or name).splitlines()[0])
-        q.add_argument(
-            "--prometheus-port",
-            type=int,
-            default=0,
-            help="serve Prometheus /metrics on this port (default: off)",
-        )
-        q.add_argument(
-            "--group-id",
-            default=None,
-            help="consumer group (default: <topic prefix><service name>)",
-        )
-        add_bus_args(q)
-        if hasattr(module, "add_args"):  # the service's own settings
-            module.add_args(q)
-        q.set_defaults(func=run)
+    p = sub.add_parser(
+        "service",
+        help="run one service",
+        description="Run one service; NAME --help lists its flags.",
+    )
+    p.add_argument("name", metavar="NAME", choices=list(SERVICES), help=", ".join(SERVICES))
+    p.add_argument("flags", nargs=argparse.REMAINDER, help="the service's flags")
+    p.set_defaults(func=run)
+
+
+def service_parser(name: str, module: ModuleType) -> argparse.ArgumentParser:
+    """The flags of one service: the common ones, then its own (`add_args`). Built
+    only for the service asked for, so no command imports every service."""
+    from shared.cli import _Parser
+
+    q = _Parser(prog=f"rltune service {name}", description=(module.__doc__ or "").split("\n")[0])
+    q.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=0,
+        help="serve Prometheus /metrics on this port (default: off)",
+    )
+    q.add_argument(
+        "--group-id",
+        default=None,
+        help="consumer group (default: <topic prefix><service name>)",
+    )
+    add_bus_args(q)
+    if hasattr(module, "add_args"):
+        module.add_args(q)
+    return q
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    settings = bus_settings(args)
+    if args.name not in available():
+        raise UserError(f"service {args.name!r} is not built into this checkout")
     module = importlib.import_module(SERVICES[args.name])
-    kwargs: dict[str, object] = {"group_id": args.group_id} if args.group_id else {}
+    opts = service_parser(args.name, module).parse_args(args.flags)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = bus_settings(opts)
+    kwargs: dict[str, object] = {"group_id": opts.group_id} if opts.group_id else {}
     if hasattr(module, "from_args"):
-        kwargs["conf"] = module.from_args(args)
-    serve_prometheus(args.prometheus_port)
+        kwargs["conf"] = module.from_args(opts)
+    serve_prometheus(opts.prometheus_port)
     UP.labels(args.name).set(1)
     run_async(_serve(module.serve, settings, kwargs))
     return 0

@@ -1,8 +1,17 @@
-"""`rltune up`: the embedded broker, every service, a trace replay, live metrics.
+"""`rltune up`: the embedded broker, every service as its own process, the simulated
+cluster and a trace replay, with a live view of the run.
 
-Everything runs in this one process on one event loop except the broker (a
-child process tied to this one). Ctrl-C stops the replay, then every service
-(each commits what it has done), then the broker.
+Each service is `rltune service NAME` in a child process (its log in the run's
+log folder), tied to this process (it gets SIGTERM if this process dies) and in
+its own process group, so Ctrl-C reaches this process only: it stops the replay,
+then asks every service to stop (SIGTERM: each commits what it has done), kills
+what has not stopped after a grace period, then stops the broker.
+
+The simulated cluster is cluster-sim: `--lockstep` runs virtual time round by
+round, otherwise its clock follows the wall clock at `--speedup`. The replay
+publishes each job with its trace submit time. With `--until-done` the run ends
+when cluster-sim has simulated the whole trace; `--json` and `--jobs-out` are
+then written by it, exactly as `rltune simulate` writes them.
 """
 
 from __future__ import annotations
@@ -10,13 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import signal
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import msgspec
 from aiokafka import AIOKafkaConsumer
@@ -24,76 +34,82 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from shared.broker import EmbeddedBroker, ensure_topics, free_port
+from shared.broker import EmbeddedBroker, _die_with_parent, ensure_topics, free_port
 from shared.bus import Producer, partitions_of
 from shared.cli.common import run_async, write_json
-from shared.cli.metrics import describe
-from shared.cli.service import SERVICES, available
+from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import MetricsSnapshot, encode
 from shared.replay import Paced, job_spec_of, paced
+from shared.sim import load_jobs
 from shared.traces import SkipStats
-from shared.traces.registry import open_trace
 
-SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "philly-2000.jsonl"
-# the services `up` starts, in start order, when their module exists
-UP_SERVICES = ("arrival", "telemetry", "scoring", "placement", "profiler", "cluster-sim")
-# flags of DESIGN.md that need the simulated cluster in the loop (cluster-sim service)
-_NEEDS_CLUSTER_SIM = ("lockstep", "jobs_out", "cluster", "policy")
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "examples" / "philly-2000.jsonl"
+CLUSTER = ROOT / "clusters" / "philly.yaml"
+STOP_GRACE_S = 10.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("up", help="embedded broker + every service + trace replay, live metrics")
+    p = sub.add_parser("up", help="embedded broker + every service + trace replay, live view")
     p.add_argument("--trace", type=Path, default=SAMPLE, help=f"trace file (default {SAMPLE.name})")
     p.add_argument("--format", default="jsonl", help="trace format (default jsonl)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N jobs")
-    p.add_argument("--cluster", default=None, help="cluster spec (needs cluster-sim)")
-    p.add_argument("--policy", default=None, help="scheduling policy (needs scoring)")
+    p.add_argument("--cluster", default=str(CLUSTER), help="cluster spec (default philly.yaml)")
+    p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
+    p.add_argument("--placer", default="milp", help="placement (default milp)")
+    p.add_argument("--window", type=int, default=128, help="jobs per round (K)")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speedup", type=float, default=1000.0, help="trace time / wall time")
-    p.add_argument("--lockstep", action="store_true", help="virtual-time rounds (cluster-sim)")
+    p.add_argument("--lockstep", action="store_true", help="virtual time, round by round")
     p.add_argument("--until-done", action="store_true", help="exit when the trace is done")
-    p.add_argument("--json", default=None, help="write final figures as JSON ('-' = stdout)")
-    p.add_argument("--jobs-out", default=None, help="per-job CSV (needs cluster-sim)")
+    p.add_argument("--json", default=None, help="summary JSON at the end (as simulate)")
+    p.add_argument("--jobs-out", default=None, help="per-job CSV at the end (as simulate)")
     p.add_argument("--port", type=int, default=None, help="broker port (default: 9092 if free)")
     p.add_argument("--topic-prefix", default=None, help="topic name prefix")
+    p.add_argument("--logs", type=Path, default=None, help="folder for the services' logs")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    _check_args(args)
+    if args.speedup <= 0:
+        raise UserError("--speedup must be positive")
+    from services.placement.registry import make_placer
+    from services.scoring.policies import make_policy
+
+    make_policy(args.policy)
+    make_placer(args.placer)
+    cluster = load_cluster(args.cluster)
     stats = SkipStats()
-    schedule = list(
-        paced(open_trace(args.trace, args.format, None, stats), args.speedup, args.limit)
-    )
-    if not schedule:
-        raise UserError(f"{args.trace}: no jobs to replay ({stats.total} rows skipped)")
+    jobs = load_jobs(args.trace, args.format, cluster, stats, args.limit)
+    schedule = list(paced(jobs, args.speedup))
     port = args.port if args.port is not None else _default_port()
-    console = Console()
-    with EmbeddedBroker(port) as broker:
+    logs = args.logs or Path(tempfile.mkdtemp(prefix="rltune-up-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    console = Console(stderr=True)
+    with EmbeddedBroker(port, log_path=logs / "broker.log") as broker:
         settings = BusSettings.resolve(broker.bootstrap, args.topic_prefix)
         run_async(ensure_topics(settings))
         console.print(
-            f"broker on {broker.bootstrap}; replaying {len(schedule)} jobs from {args.trace} "
-            f"at {args.speedup:g}x ({stats.total} rows skipped); Ctrl-C stops",
+            f"broker on {broker.bootstrap}; {len(schedule)} jobs from {args.trace.name} "
+            f"({stats.total} rows skipped) on {cluster.name} ({cluster.total_gpus} GPUs), "
+            f"policy {args.policy}, placer {args.placer}, "
+            + ("lockstep" if args.lockstep else f"{args.speedup:g}x real time")
+            + f"; logs in {logs}; Ctrl-C stops",
             highlight=False,
         )
-        final = run_async(_up(settings, schedule, args.until_done, console))
-    if args.json is not None:
+        procs = Services(settings, args, logs)
+        try:
+            procs.start()
+            final = run_async(_up(settings, schedule, args, console, procs))
+        finally:
+            procs.stop()
+    if args.json is not None and not args.until_done:
         write_json(final, args.json, sort_keys=True)
+    if final.get("failed"):
+        raise UserError(f"{final['failed']}; see {logs}")
     return 0
-
-
-def _check_args(args: argparse.Namespace) -> None:
-    if args.speedup <= 0:
-        raise UserError("--speedup must be positive")
-    if "cluster-sim" not in available():
-        given = [f"--{k.replace('_', '-')}" for k in _NEEDS_CLUSTER_SIM if getattr(args, k)]
-        if given:
-            raise UserError(
-                f"{', '.join(given)} need(s) the simulated cluster (service cluster-sim), "
-                "which this version does not have yet"
-            )
 
 
 def _default_port() -> int:
@@ -103,65 +119,143 @@ def _default_port() -> int:
         return 9092 if s.connect_ex(("127.0.0.1", 9092)) != 0 else free_port()
 
 
+class Services:
+    """Every service as a child process (`rltune service NAME ...`)."""
+
+    def __init__(self, settings: BusSettings, args: argparse.Namespace, logs: Path) -> None:
+        self.logs = logs
+        bus = ["--bootstrap", settings.bootstrap, "--topic-prefix", settings.topic_prefix]
+        common = ["--cluster", str(args.cluster)]
+        sim = ["--trace", str(args.trace), "--format", args.format, "--policy", args.policy]
+        sim += ["--placer", args.placer, "--window", str(args.window), "--seed", str(args.seed)]
+        sim += ["--speedup", str(args.speedup)] + (["--lockstep"] if args.lockstep else [])
+        sim += ["--limit", str(args.limit)] if args.limit else []
+        if args.until_done:
+            sim += ["--exit-when-done"]
+            sim += ["--json", args.json] if args.json else []
+            sim += ["--jobs-out", args.jobs_out] if args.jobs_out else []
+        self.argv = {
+            "arrival": bus,
+            "telemetry": bus,
+            "scoring": bus + common + ["--policy", args.policy, "--rounds", "driven"]
+            + ["--window", str(args.window), "--seed", str(args.seed)],
+            "placement": bus + common + ["--placer", args.placer]
+            + (["--reproducible"] if args.lockstep else []),
+            "profiler": bus,
+            "cluster-sim": bus + common + sim,
+        }  # fmt: skip
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[IO[bytes]] = []
+
+    def start(self) -> None:
+        for name, argv in self.argv.items():
+            log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
+            self._logs.append(log)
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "shared.cli", "service", name, *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
+
+    def failed(self) -> str | None:
+        """Why the run cannot go on: a service that stopped by itself."""
+        for name, p in self.procs.items():
+            rc = p.poll()
+            if rc is not None and not (name == "cluster-sim" and rc == 0):
+                return f"service {name} stopped (exit {rc})"
+        return None
+
+    def sim_done(self) -> bool:
+        p = self.procs.get("cluster-sim")
+        return p is not None and p.poll() == 0
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for p in self.procs.values():
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for log in self._logs:
+            log.close()
+
+
 @dataclass
 class _Progress:
     total: int
     submitted: int = 0
     started: float = field(default_factory=time.monotonic)
     latest: dict[str, MetricsSnapshot] = field(default_factory=dict)
+    rounds: list[tuple[float, float]] = field(default_factory=list)  # (wall, rounds)
     done_replay: bool = False
 
-    def answered(self) -> int:
-        arrival = self.latest.get("arrival")
-        if arrival is None:
-            return 0
-        return int(arrival.counters.get("accepted", 0) + arrival.counters.get("rejected_total", 0))
+    def seen(self, snap: MetricsSnapshot) -> None:
+        key = snap.source or snap.window
+        self.latest[key] = snap
+        if key == "telemetry":
+            self.rounds.append((time.monotonic(), snap.counters.get("rounds", 0.0)))
+            self.rounds = self.rounds[-10:]
+
+    def rounds_per_s(self) -> float:
+        if len(self.rounds) < 2 or self.rounds[-1][0] <= self.rounds[0][0]:
+            return 0.0
+        (w0, r0), (w1, r1) = self.rounds[0], self.rounds[-1]
+        return (r1 - r0) / (w1 - w0)
 
 
 async def _up(
-    settings: BusSettings, schedule: list[Paced], until_done: bool, console: Console
+    settings: BusSettings,
+    schedule: list[Paced],
+    args: argparse.Namespace,
+    console: Console,
+    procs: Services,
 ) -> dict[str, Any]:
     stop = asyncio.Event()
     progress = _Progress(total=len(schedule))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    services = [
-        asyncio.create_task(_serve(name, settings, stop), name=name)
-        for name in UP_SERVICES
-        if name in available()
-    ]
+    pace = 0.0 if args.lockstep else 1.0
     watchers = [
-        asyncio.create_task(_replay(settings, schedule, progress, stop)),
+        asyncio.create_task(_replay(settings, schedule, progress, stop, pace)),
         asyncio.create_task(_follow_metrics(settings, progress, stop)),
     ]
-    await _display(progress, stop, until_done, console, services)
+    why = await _display(progress, stop, args.until_done, console, procs)
     stop.set()
     await asyncio.gather(*watchers, return_exceptions=True)
-    await asyncio.gather(*services, return_exceptions=True)
-    return _final(progress)
-
-
-async def _serve(name: str, settings: BusSettings, stop: asyncio.Event) -> None:
-    module = importlib.import_module(SERVICES[name])
-    serve: Callable[..., Awaitable[object]] = module.serve
-    await serve(settings, stop=stop)
+    final = _final(progress)
+    if why:
+        final["failed"] = why
+    return final
 
 
 async def _replay(
-    settings: BusSettings, schedule: list[Paced], progress: _Progress, stop: asyncio.Event
+    settings: BusSettings,
+    schedule: list[Paced],
+    progress: _Progress,
+    stop: asyncio.Event,
+    pace: float,
 ) -> None:
+    """Each job on `jobs.submit` at its time (all at once when `pace` is 0), carrying
+    its trace submit time (the simulated cluster's clock)."""
     topic = settings.topics.jobs_submit
     async with Producer(settings, client_id="rltune-replay") as producer:
         t0 = time.monotonic()
         for item in schedule:
-            delay = t0 + item.at_s - time.monotonic()
+            delay = t0 + item.at_s * pace - time.monotonic()
             if delay > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=delay)
             if stop.is_set():
                 break
             spec = job_spec_of(item.job)
+            spec.submit_time = item.job.submit_s
             await producer.send(topic, spec.job_id, encode(spec))
             progress.submitted += 1
         await producer.flush()
@@ -180,26 +274,74 @@ async def _follow_metrics(settings: BusSettings, progress: _Progress, stop: asyn
             for msgs in (await c.getmany(timeout_ms=300)).values():
                 for m in msgs:
                     with contextlib.suppress(msgspec.MsgspecError):
-                        snap = dec.decode(m.value or b"")
-                        progress.latest[snap.source or snap.window] = snap
+                        progress.seen(dec.decode(m.value or b""))
     finally:
         await c.stop()
 
 
-def _view(progress: _Progress) -> Group:
-    elapsed = time.monotonic() - progress.started
-    head = Table.grid(padding=(0, 2))
-    head.add_row(
-        f"replay {progress.submitted}/{progress.total} submitted",
-        f"{progress.answered()} answered",
-        f"{elapsed:.0f} s",
+def view(latest: dict[str, MetricsSnapshot], rounds_per_s: float, head: str = "") -> Group:
+    """The operator's view of the latest snapshots (also `rltune metrics`)."""
+    tel = latest.get("telemetry")
+    c = tel.counters if tel else {}
+    win = next((s for k, s in latest.items() if k.startswith("telemetry:")), None)
+    t = Table(title=head or None, expand=True, show_header=False)
+    t.add_column("what", no_wrap=True)
+    t.add_column("value")
+    t.add_row(
+        "jobs",
+        f"waiting {c.get('waiting', 0):.0f}  running {c.get('running', 0):.0f}  "
+        f"done {c.get('done', 0):.0f} (failed {c.get('failed', 0):.0f})",
     )
-    t = Table(title="metrics (latest per source)", expand=True)
-    t.add_column("source", no_wrap=True)
-    t.add_column("figures")
-    for source, snap in sorted(progress.latest.items()):
-        t.add_row(source, describe(snap).split(" ", 1)[-1])
-    return Group(head, t)
+    if tel:
+        t.add_row(
+            "JCT / queueing (all)",
+            f"avg JCT {tel.avg_jct_s:,.0f} s  p99 {tel.p99_jct_s:,.0f} s  "
+            f"avg queue {tel.avg_queue_s:,.0f} s  p99 {tel.p99_queue_s:,.0f} s  "
+            f"bsld {tel.avg_bsld:.2f}",
+        )
+    if win:
+        t.add_row(
+            f"JCT / queueing ({win.window})",
+            f"{win.jobs} jobs  avg JCT {win.avg_jct_s:,.0f} s  avg queue {win.avg_queue_s:,.0f} s",
+        )
+    util = "  ".join(f"{k[5:]} {v:.0%}" for k, v in sorted(c.items()) if k.startswith("util_"))
+    t.add_row("utilisation now", util or "-")
+    sim = latest.get("cluster-sim")
+    rt = ""
+    if sim is not None and "round_p50_ms" in sim.counters:
+        rt = f"  round trip p50 {sim.counters['round_p50_ms']:.0f} ms"
+    t.add_row(
+        "rounds / placement",
+        f"{c.get('rounds', 0):.0f} rounds  {rounds_per_s:.1f}/s  solve p50 "
+        f"{c.get('placement_solve_p50_ms', 0):.1f} ms  p99 "
+        f"{c.get('placement_solve_p99_ms', 0):.1f} ms" + rt,
+    )
+    rej = {k.split(".", 1)[-1]: v for k, v in (tel.rejected if tel else {}).items()}
+    t.add_row(
+        "rejections",
+        f"{c.get('rejected_total', 0):.0f} "
+        + " ".join(f"{k}={v}" for k, v in sorted(rej.items()))
+        + f"  placement conflicts {c.get('rejected_placement', 0):.0f}",
+    )
+    if "offload_hit_rate" in c:
+        t.add_row(
+            "offload",
+            f"hit rate {c['offload_hit_rate']:.1%}  migration p99 "
+            f"{c.get('offload_migration_ms_p99', 0):.1f} ms over {c['offload_jobs']:.0f} jobs",
+        )
+    else:
+        t.add_row("offload", "no offload.stats yet")
+    services = Table.grid(padding=(0, 2))
+    for name, snap in sorted(latest.items()):
+        if name.startswith("telemetry"):
+            continue
+        n = snap.counters
+        services.add_row(
+            name,
+            f"in {n.get('consumed', 0):.0f}  out {n.get('published', 0):.0f}  "
+            f"rejected {n.get('rejected_total', 0):.0f}",
+        )
+    return Group(t, services)
 
 
 async def _display(
@@ -207,38 +349,46 @@ async def _display(
     stop: asyncio.Event,
     until_done: bool,
     console: Console,
-    services: list[asyncio.Task[None]],
-) -> None:
+    procs: Services,
+) -> str | None:
     def finished() -> bool:
-        if stop.is_set() or any(s.done() for s in services):
+        if stop.is_set() or procs.failed():
             return True
-        return until_done and progress.done_replay and progress.answered() >= progress.submitted
+        return until_done and procs.sim_done()
+
+    def head() -> str:
+        return (
+            f"replay {progress.submitted}/{progress.total} submitted, "
+            f"{time.monotonic() - progress.started:.0f} s"
+        )
 
     if console.is_terminal:
-        with Live(_view(progress), console=console, refresh_per_second=4) as live:
+        with Live(
+            view(progress.latest, 0.0, head()), console=console, refresh_per_second=4
+        ) as live:
             while not finished():
                 await asyncio.sleep(0.25)
-                live.update(_view(progress))
+                live.update(view(progress.latest, progress.rounds_per_s(), head()))
     else:  # a log, not a screen: one line every few seconds
         last = 0.0
         while not finished():
             await asyncio.sleep(0.25)
             if time.monotonic() - last >= 5:
                 last = time.monotonic()
+                c = progress.latest.get("telemetry")
+                n = c.counters if c else {}
                 console.print(
-                    f"submitted {progress.submitted}/{progress.total}, "
-                    f"answered {progress.answered()}",
+                    f"{head()}; waiting {n.get('waiting', 0):.0f} running "
+                    f"{n.get('running', 0):.0f} done {n.get('done', 0):.0f}; "
+                    f"{progress.rounds_per_s():.1f} rounds/s",
                     highlight=False,
                 )
-        console.print(_view(progress))
-    for s in services:
-        if s.done() and s.exception() is not None:
-            raise UserError(f"service {s.get_name()} stopped: {s.exception()}")
+        console.print(view(progress.latest, progress.rounds_per_s(), head()))
+    return procs.failed()
 
 
 def _final(progress: _Progress) -> dict[str, Any]:
     return {
         "submitted": progress.submitted,
-        "answered": progress.answered(),
         "sources": {k: msgspec.to_builtins(v) for k, v in sorted(progress.latest.items())},
     }

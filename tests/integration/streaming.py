@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from services.arrival import service as arrival
 from services.cluster_sim import service as cluster_sim
 from services.placement import service as placement
 from services.scoring import service as scoring
-from services.arrival import service as arrival
 from shared.bus import Producer
 from shared.cluster import load_cluster
 from shared.config import BusSettings

@@ -1,0 +1,166 @@
+"""Telemetry service: every stream of a run → `metrics` (`MetricsSnapshot`) and
+`rl.rewards` (`Reward`), every `interval_s`.
+
+Consumes `jobs.accepted`, `jobs.events`, `cluster.nodes`, `sched.placements`,
+`offload.stats`, `jobs.rejected` and the dead-letter topics; owns the dead
+letters of `jobs.events`, `cluster.nodes` and `offload.stats` (a message there
+that does not decode goes to `<topic>.dlq`, counted). The figures are
+`services.telemetry.windows`. After a restart it reads its inputs back from the
+beginning (every update is keyed, so nothing counts twice).
+
+Why no faust-streaming table: a faust windowed table aggregates per key on the
+record's timestamp, with its own worker, changelog topics and commit policy.
+These figures are percentiles over all jobs of a window of the *message* clock
+(virtual time in simulation), joined from two topics (accepted × events), and
+every service here shares one consume → publish → commit loop with dead-letter
+handling (`shared.bus`); a second streaming framework beside it would duplicate
+that loop for a state that fits in one dict per job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from services.telemetry.windows import Telemetry
+from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
+from shared.config import BusSettings
+from shared.errors import UserError
+from shared.messages import Job, JobEvent, NodeStatus, OffloadStats, PlacementBatch, encode
+from shared.prom import QUEUE_WAIT
+from shared.reject import Reject
+
+__all__ = ["TelemetrySettings", "add_args", "from_args", "serve"]
+
+NAME = "telemetry"
+
+
+@dataclass(frozen=True)
+class TelemetrySettings:
+    interval_s: float = 1.0  # wall seconds between snapshots
+    window_s: float = 3600.0  # the sliding window, in the messages' clock
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between snapshots")
+    p.add_argument("--window", type=float, default=3600.0, help="sliding window (message clock)")
+
+
+def from_args(args: argparse.Namespace) -> TelemetrySettings:
+    if args.interval <= 0 or args.window <= 0:
+        raise UserError("--interval and --window must be positive")
+    return TelemetrySettings(args.interval, args.window)
+
+
+class TelemetryHandler:
+    def __init__(self, settings: BusSettings, stats: ServiceStats, conf: TelemetrySettings) -> None:
+        t = settings.topics
+        self.t = t
+        self.stats = stats
+        self.state = Telemetry(conf.window_s)
+        self._job = msgspec.json.Decoder(Job)
+        self._dec: dict[str, msgspec.json.Decoder[Any]] = {
+            t.jobs_events: msgspec.json.Decoder(JobEvent),
+            t.cluster_nodes: msgspec.json.Decoder(NodeStatus),
+            t.offload_stats: msgspec.json.Decoder(OffloadStats),
+        }
+        self._placements = msgspec.json.Decoder(PlacementBatch)
+        self.rejection_topics = {t.jobs_rejected, *(n for n in t.all() if n.endswith(".dlq"))}
+
+    def __call__(self, rec: Record) -> Sequence[Outgoing]:
+        self.apply(rec, strict=True)
+        return ()
+
+    def apply(self, rec: Record, strict: bool) -> None:
+        t, s = self.t, self.state
+        if rec.topic in self.rejection_topics:
+            s.rejection(rec.topic, rec.source)
+        elif rec.topic == t.jobs_accepted:
+            with contextlib.suppress(msgspec.MsgspecError):
+                s.accepted(self._job.decode(rec.value or b""))
+        elif rec.topic == t.sched_placements:
+            try:
+                s.placement(self._placements.decode(rec.value or b""))
+            except msgspec.MsgspecError:
+                self.stats.extra["ignored_bad_placement"] += 1  # cluster_sim dead-letters it
+        else:
+            try:
+                msg = self._dec[rec.topic].decode(rec.value or b"")
+            except msgspec.MsgspecError as exc:
+                if strict:
+                    raise Reject(f"invalid message on {rec.topic}: {exc}", kind="invalid") from None
+                return
+            if isinstance(msg, JobEvent):
+                first = msg.kind == "started" and msg.job_id in s.jobs
+                if first and s.jobs[msg.job_id].open_start is None:
+                    job = s.jobs[msg.job_id].job
+                    QUEUE_WAIT.labels(job.vc or "default").observe(
+                        max(msg.time - job.submit_time, 0)
+                    )
+                s.event(msg)
+            elif isinstance(msg, NodeStatus):
+                s.node(msg)
+            else:
+                s.offload_stats(msg)
+
+
+async def _publisher(
+    settings: BusSettings,
+    handler: TelemetryHandler,
+    conf: TelemetrySettings,
+    stop: asyncio.Event,
+    stats: ServiceStats,
+) -> None:
+    t = settings.topics
+    window = f"last:{conf.window_s:g}s"
+    async with Producer(settings, client_id=f"{NAME}-snapshots") as producer:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), conf.interval_s)
+            s = handler.state
+            now = time.time()
+            snaps = [s.snapshot(now), s.snapshot(now, window)]
+            reward = s.reward()
+            outs = [Outgoing(t.metrics, snap.source, encode(snap)) for snap in snaps]
+            outs.append(Outgoing(t.rl_rewards, reward.window, encode(reward)))
+            await producer.publish([(o, []) for o in outs])
+            stats.published += len(outs)
+
+
+async def serve(
+    settings: BusSettings,
+    stop: asyncio.Event | None = None,
+    ready: asyncio.Event | None = None,
+    group_id: str | None = None,
+    conf: TelemetrySettings | None = None,
+) -> ServiceStats:
+    conf = conf or TelemetrySettings()
+    stop = stop or asyncio.Event()
+    stats = ServiceStats()
+    handler = TelemetryHandler(settings, stats, conf)
+    t = settings.topics
+    inputs = [
+        t.jobs_accepted, t.jobs_events, t.cluster_nodes, t.sched_placements, t.offload_stats,
+        *sorted(handler.rejection_topics),
+    ]  # fmt: skip
+    spec = ServiceSpec(
+        name=NAME,
+        topics=inputs,
+        handle=handler,
+        group_id=group_id or "",
+        replay_topics=inputs,
+        replay=lambda rec: handler.apply(rec, strict=False),
+    )
+    publisher = asyncio.create_task(_publisher(settings, handler, conf, stop, stats))
+    try:
+        return await run_service(settings, spec, stop, stats, ready)
+    finally:
+        stop.set()
+        await publisher

@@ -1,0 +1,219 @@
+"""What telemetry knows of a run, and the figures it reports (pure: no bus).
+
+Jobs come from `jobs.accepted`, their run segments from `jobs.events`, the
+cluster's size and free GPUs from `cluster.nodes`, solves from
+`sched.placements`, offload figures from `offload.stats`, rejections from
+`jobs.rejected` and the dead-letter topics. Everything is keyed (job id, round
+id, the position of a rejection), so a message read twice counts once.
+
+Figures (`snapshot`): the DESIGN.md metric keys computed by `shared.metrics.summarize`
+(the function `rltune simulate` uses) over two windows of the message clock
+(virtual time in simulation, epoch seconds live): `all` (every finished job)
+and `last:<N>s` (jobs that finished in the last N seconds), plus counters:
+jobs waiting / running / done, utilisation now per GPU type, rounds and
+throughput, placement latency, rejections, offload hit rate and migration
+latency. `reward` turns the last window into a `Reward` (see `Reward.parts`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from shared.messages import (
+    Job,
+    JobEvent,
+    MetricsSnapshot,
+    NodeStatus,
+    OffloadStats,
+    PlacementBatch,
+    Reward,
+)
+from shared.metrics import JobRecord, Segment, percentile, summarize
+from shared.placement_api import FULL_GPU
+
+__all__ = ["RewardWeights", "Telemetry"]
+
+
+@dataclass(frozen=True)
+class RewardWeights:
+    """value = -bsld + hit_rate_weight × hit rate − migration_weight × migration p99 (s)
+    over the window's finished jobs and the offload figures of its running jobs."""
+
+    hit_rate: float = 1.0
+    migration_s: float = 1.0
+
+
+@dataclass
+class _JobState:
+    job: Job
+    segments: list[Segment] = field(default_factory=list)
+    open_start: float | None = None
+    open_types: str = ""
+    open_nodes: str = ""
+    done: bool = False
+    failed: bool = False
+
+
+class Telemetry:
+    def __init__(self, window_s: float = 3600.0, weights: RewardWeights | None = None) -> None:
+        self.window_s = window_s
+        self.weights = weights or RewardWeights()
+        self.jobs: dict[str, _JobState] = {}
+        self.nodes: dict[str, NodeStatus] = {}
+        self.solves: dict[int, float] = {}  # round_id -> solver ms
+        self.offload: dict[str, OffloadStats] = {}  # latest per job
+        self.rejected: Counter[str] = Counter()  # by topic
+        self._rejections: set[str] = set()
+        self.finished_at: list[tuple[float, str]] = []
+        self.now = 0.0  # the cluster's clock: the latest event or node status time
+        self.counts: Counter[str] = Counter()
+
+    # ---- inputs -------------------------------------------------------------------------
+    def accepted(self, job: Job) -> None:
+        if job.job_id not in self.jobs:
+            self.jobs[job.job_id] = _JobState(job)
+
+    def event(self, ev: JobEvent) -> None:
+        js = self.jobs.get(ev.job_id)
+        self.now = max(self.now, ev.time)
+        if js is None or js.done:
+            return
+        if ev.kind == "started" and js.open_start is None:
+            js.open_start = ev.time
+            js.open_nodes = ev.detail
+            js.open_types = "+".join(
+                sorted({self.nodes[n].gpu_type for n in ev.node_ids if n in self.nodes})
+            )
+        elif ev.kind in ("finished", "failed", "preempted") and js.open_start is not None:
+            js.segments.append(Segment(js.open_start, ev.time, js.open_types, js.open_nodes))
+            js.open_start = None
+            if ev.kind != "preempted":
+                js.done = True
+                js.failed = ev.kind == "failed"
+                self.finished_at.append((ev.time, ev.job_id))
+        elif ev.kind == "rejected_placement":
+            self.counts["rejected_placement"] += 1
+
+    def node(self, status: NodeStatus) -> None:
+        self.nodes[status.node_id] = status
+        self.now = max(self.now, status.time)
+
+    def placement(self, batch: PlacementBatch) -> None:
+        self.solves[batch.round_id] = batch.solver_ms
+
+    def offload_stats(self, stats: OffloadStats) -> None:
+        self.offload[stats.job_id] = stats
+
+    def rejection(self, topic: str, position: str) -> None:
+        if position not in self._rejections:
+            self._rejections.add(position)
+            self.rejected[topic] += 1
+
+    # ---- figures ------------------------------------------------------------------------
+    def records(self, since: float | None = None) -> list[JobRecord]:
+        out = []
+        for js in self.jobs.values():
+            if not js.done or (since is not None and js.segments[-1].finish_s < since):
+                continue
+            j = js.job
+            milli = j.gpu_milli if j.num_gpus == 1 else FULL_GPU
+            out.append(
+                JobRecord(j.job_id, j.vc, j.submit_time, j.num_gpus, milli, tuple(js.segments))
+            )
+        return out
+
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes.values())
+
+    def util_by_type(self) -> dict[str, float]:
+        total: dict[str, float] = {}
+        used: dict[str, float] = {}
+        for n in self.nodes.values():
+            free = sum(n.free_milli) / FULL_GPU if n.free_milli is not None else len(n.free_gpus)
+            total[n.gpu_type] = total.get(n.gpu_type, 0.0) + n.gpus
+            used[n.gpu_type] = used.get(n.gpu_type, 0.0) + n.gpus - free
+        return {t: used[t] / total[t] for t in sorted(total) if total[t]}
+
+    def offload_figures(self) -> dict[str, float]:
+        live = [
+            s
+            for jid, s in self.offload.items()
+            if (js := self.jobs.get(jid)) is None or not js.done
+        ] or list(self.offload.values())
+        if not live:
+            return {}
+        return {
+            "offload_jobs": float(len(live)),
+            "offload_hit_rate": sum(s.hit_rate for s in live) / len(live),
+            "offload_migration_ms_p50": percentile([s.migration_ms_p50 for s in live], 50),
+            "offload_migration_ms_p99": max(s.migration_ms_p99 for s in live),
+        }
+
+    def counters(self) -> dict[str, float]:
+        waiting = running = done = failed = 0
+        for js in self.jobs.values():
+            if js.done:
+                done += 1
+                failed += js.failed
+            elif js.open_start is not None:
+                running += 1
+            else:
+                waiting += 1
+        solves = list(self.solves.values())
+        out: dict[str, float] = {
+            "waiting": waiting,
+            "running": running,
+            "done": done,
+            "failed": failed,
+            "rounds": len(solves),
+            "rejected_placement": self.counts["rejected_placement"],
+            "rejected_total": float(sum(self.rejected.values())),
+            "placement_solve_p50_ms": percentile(solves, 50) if solves else 0.0,
+            "placement_solve_p99_ms": percentile(solves, 99) if solves else 0.0,
+            "clock_s": self.now,
+            "window_s": self.window_s,
+        }
+        out.update({f"util_{t}": u for t, u in self.util_by_type().items()})
+        out.update(self.offload_figures())
+        recent = sum(1 for t, _ in self.finished_at if t >= self.now - self.window_s)
+        out["throughput_per_h"] = recent * 3600.0 / self.window_s
+        return out
+
+    def snapshot(self, wall: float, window: str = "all") -> MetricsSnapshot:
+        since = None if window == "all" else self.now - self.window_s
+        s = summarize(self.records(since), self.total_gpus(), list(self.solves.values()))
+        return MetricsSnapshot(
+            window=window,
+            time=wall,
+            jobs=int(s["jobs"]),  # type: ignore[call-overload]
+            avg_jct_s=_num(s["avg_jct_s"]),
+            p50_jct_s=_num(s["p50_jct_s"]),
+            p99_jct_s=_num(s["p99_jct_s"]),
+            avg_queue_s=_num(s["avg_queue_s"]),
+            p99_queue_s=_num(s["p99_queue_s"]),
+            avg_bsld=_num(s["avg_bsld"]),
+            gpu_util=_num(s["gpu_util"]),
+            makespan_s=_num(s["makespan_s"]),
+            placement_p50_ms=_num(s["placement_p50_ms"]),
+            placement_p99_ms=_num(s["placement_p99_ms"]),
+            rejected={k: int(v) for k, v in self.rejected.items()},
+            counters=self.counters(),
+            source="telemetry" if window == "all" else f"telemetry:{window}",
+        )
+
+    def reward(self) -> Reward:
+        window = f"last:{self.window_s:g}s"
+        recs = self.records(self.now - self.window_s)
+        bsld = summarize(recs, self.total_gpus())["avg_bsld"] if recs else 1.0
+        parts = {"avg_bsld": _num(bsld), "jobs": float(len(recs))}
+        parts.update(self.offload_figures())
+        hit = parts.get("offload_hit_rate", 0.0)
+        mig_s = parts.get("offload_migration_ms_p99", 0.0) / 1e3
+        value = -parts["avg_bsld"] + self.weights.hit_rate * hit - self.weights.migration_s * mig_s
+        return Reward(window=f"{window}@{self.now:g}", value=value, parts=parts)
+
+
+def _num(v: object) -> float:
+    f = float(v)  # type: ignore[arg-type]
+    return f if f == f else 0.0  # NaN (no job yet) reads as 0
