@@ -7,8 +7,11 @@ Relays between the training processes on this host (a Unix socket, see
 * `offload.plans` → the process running that job (plans for jobs on other
   hosts are skipped; plans that do not decode go to `offload.plans.dlq`);
 * a process's `OffloadStats` → `offload.stats` (node id filled in);
-* where the host has GPUs (pynvml), a `NodeStatus` on `cluster.nodes` at
-  start and every `status_interval_s`;
+* a `NodeStatus` on `cluster.nodes` at start, every `status_interval_s` and
+  whenever a job starts or ends here: from pynvml where the host has GPUs
+  (`source` "pynvml"), else from the configured inventory
+  (`RLTUNE_NODE_GPU_TYPE`, `RLTUNE_NODE_GPUS`; `source` "inventory"), with the
+  GPUs its running jobs hold taken off the free ones;
 * `sched.placements` for this node → the job's command (from `jobs.accepted`)
   started on its GPUs, `JobEvent`s on `jobs.events` (see `offload_agent.jobs`);
   each job swaps under `RLTUNE_SWAP_DIR`/<job>, removed when it exits.
@@ -40,7 +43,8 @@ from offload_agent.metrics import observe
 from offload_agent.nvme import swap_dir
 from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
 from shared.config import BusSettings
-from shared.messages import Job, JobEvent, PlacementBatch, PrefetchPlan, encode
+from shared.errors import UserError
+from shared.messages import Job, JobEvent, NodeStatus, PlacementBatch, PrefetchPlan, encode
 from shared.reject import Reject
 
 __all__ = ["AgentConfig", "HostAgent", "serve"]
@@ -55,11 +59,18 @@ class AgentConfig:
     node_id: str
     status_interval_s: float = 10.0
     swap_root: Path | None = None  # jobs started here swap under it (RLTUNE_SWAP_DIR)
+    inventory: tuple[str, int] | None = None  # (GPU type, GPUs) for a host without pynvml
 
     @classmethod
     def from_env(cls) -> AgentConfig:
         node = os.environ.get("RLTUNE_NODE_ID") or socket.gethostname()
-        return cls(ipc.socket_path(), node, swap_root=swap_dir())
+        inventory = None
+        count = os.environ.get("RLTUNE_NODE_GPUS")
+        if count:
+            if not count.isdigit() or not 0 < int(count) <= 1024:
+                raise UserError(f"RLTUNE_NODE_GPUS={count!r} must be a number of GPUs (1-1024)")
+            inventory = (os.environ.get("RLTUNE_NODE_GPU_TYPE") or "GPU", int(count))
+        return cls(ipc.socket_path(), node, swap_root=swap_dir(), inventory=inventory)
 
 
 @dataclass
@@ -82,6 +93,8 @@ class HostAgent:
         self.jobs: dict[str, _Conn] = {}
         env = {**os.environ, "RLTUNE_OFFLOAD_SOCKET": str(config.socket_path)}
         self.runner = JobRunner(config.node_id, launch, env, swap_root=config.swap_root)
+        if config.inventory is not None:
+            self.runner.gpus = config.inventory[1]
         self.watchers: set[asyncio.Task[None]] = set()
         self._plan = msgspec.json.Decoder(PrefetchPlan)
         self._job = msgspec.json.Decoder(Job)
@@ -128,13 +141,23 @@ class HostAgent:
             self.watchers.add(task)
             task.add_done_callback(self.watchers.discard)
         self.stats.extra["jobs_started"] += len(procs)
-        return [Outgoing(self.topics.jobs_events, e.job_id, encode(e)) for e in events]
+        self.stats.extra["placements_refused"] += sum(
+            1 for e in events if e.kind == "rejected_placement"
+        )
+        out = [Outgoing(self.topics.jobs_events, e.job_id, encode(e)) for e in events]
+        status = self.status() if events else None
+        if status is not None:
+            out.append(Outgoing(self.topics.cluster_nodes, status.node_id, encode(status)))
+        return out
 
     async def _watch(self, started: Started) -> None:
         code = await asyncio.to_thread(started.process.wait)
         await asyncio.to_thread(self.runner.remove_swap, started.job_id)
         event = self.runner.exited(started.job_id, code, time.time())
         await self._publish(self.topics.jobs_events, event.job_id, encode(event))
+        status = self.status()
+        if status is not None:
+            await self._publish(self.topics.cluster_nodes, status.node_id, encode(status))
 
     async def handle_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -195,10 +218,33 @@ class HostAgent:
         self.stats.extra["plans_forwarded"] += 1
         return ()
 
+    def status(self) -> NodeStatus | None:
+        """This host now: pynvml where there is a GPU, else the configured inventory
+        (None when it has neither); GPUs held by jobs started here are not free."""
+        busy = self.runner.busy
+        status = node_status(self.config.node_id)
+        if status is not None:
+            self.runner.gpus = status.gpus
+            return msgspec.structs.replace(
+                status, free_gpus=[g for g in status.free_gpus if g not in busy], source="pynvml"
+            )
+        if self.config.inventory is None:
+            return None
+        gpu_type, gpus = self.config.inventory
+        return NodeStatus(
+            node_id=self.config.node_id,
+            gpu_type=gpu_type,
+            gpus=gpus,
+            free_gpus=[g for g in range(gpus) if g not in busy],
+            gpu_util=len([g for g in busy if g < gpus]) / gpus,
+            time=time.time(),
+            source="inventory",
+        )
+
     async def publish_status(self, stop: asyncio.Event) -> None:
-        """NodeStatus from pynvml every interval; nothing on a host without GPUs."""
+        """NodeStatus every interval (see `status`)."""
         while not stop.is_set():
-            status = node_status(self.config.node_id)
+            status = self.status()
             if status is not None:
                 await self._publish(self.topics.cluster_nodes, status.node_id, encode(status))
             with contextlib.suppress(asyncio.TimeoutError):

@@ -10,6 +10,11 @@ answers with a `started` event, or `failed` when the command cannot start; `fini
 job's accepted record (they are different topics): it waits, and the job
 starts when its command is learned. A job already started here is not started
 again (redelivered placements).
+
+The runner knows which of the node's GPUs its running jobs hold (`busy`): an
+assignment naming a GPU that is held, or that the node does not have, is
+answered with `rejected_placement` (the job goes back to the queue) and starts
+nothing, so no GPU is ever given twice, whatever view placement had.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class JobRunner:
     commands: dict[str, list[str]] = field(default_factory=dict)
     started: set[str] = field(default_factory=set)
     waiting: dict[str, list[int]] = field(default_factory=dict)  # placed, command unknown
+    gpus: int | None = None  # GPUs this node has (None: not known, any index is accepted)
+    busy: dict[int, str] = field(default_factory=dict)  # GPU index -> the job holding it
 
     def learn(self, job: Job, now: float) -> tuple[list[JobEvent], list[Started]]:
         """Remember a job's command; start it if it was already placed here."""
@@ -58,14 +65,39 @@ class JobRunner:
     def place(self, batch: PlacementBatch, now: float) -> tuple[list[JobEvent], list[Started]]:
         """Start this node's share of every assignment; the events to publish now."""
         todo = []
+        refused: list[JobEvent] = []
         for a in batch.assignments:
             if a.node_id != self.node_id or a.job_id in self.started:
                 continue
+            why = self.conflict(a.job_id, a.gpu_indices)
+            if why is not None:
+                refused.append(JobEvent(a.job_id, "rejected_placement", now, [self.node_id], why))
+                continue
+            for g in a.gpu_indices:
+                self.busy[g] = a.job_id
             if a.job_id not in self.commands:
                 self.waiting[a.job_id] = list(a.gpu_indices)
                 continue
             todo.append((a.job_id, list(a.gpu_indices)))
-        return self._start_all(todo, now)
+        events, procs = self._start_all(todo, now)
+        return refused + events, procs
+
+    def conflict(self, job_id: str, gpus: Sequence[int]) -> str | None:
+        """Why `job_id` cannot have `gpus` of this node, or None if it can."""
+        if len(set(gpus)) != len(gpus):
+            return f"GPU indices {list(gpus)} repeat"
+        for g in gpus:
+            if g < 0 or (self.gpus is not None and g >= self.gpus):
+                return f"node {self.node_id} has no GPU {g} (it has {self.gpus})"
+            holder = self.busy.get(g)
+            if holder is not None and holder != job_id:
+                return f"GPU {g} of {self.node_id} is held by {holder}"
+        return None
+
+    def free(self, job_id: str) -> None:
+        """`job_id` ended or could not start: its GPUs are free again."""
+        for g in [g for g, j in self.busy.items() if j == job_id]:
+            del self.busy[g]
 
     def _start_all(
         self, todo: list[tuple[str, list[int]]], now: float
@@ -90,6 +122,7 @@ class JobRunner:
         try:
             proc = self.launch(command, gpus, env=env)
         except OSError as exc:
+            self.free(job_id)
             return JobEvent(job_id, "failed", now, [self.node_id], f"cannot start: {exc}"), None
         gpu_list = ",".join(map(str, gpus))
         return JobEvent(
@@ -105,6 +138,7 @@ class JobRunner:
             shutil.rmtree(job_swap_dir(self.swap_root, job_id), ignore_errors=True)
 
     def exited(self, job_id: str, returncode: int, now: float) -> JobEvent:
+        self.free(job_id)
         detail = f"exit code {returncode}"
         if returncode == 0:
             return JobEvent(job_id, "finished", now, [self.node_id], detail)

@@ -199,7 +199,7 @@ class Telemetry:
             placement_p99_ms=_num(s["placement_p99_ms"]),
             rejected={k: int(v) for k, v in self.rejected.items()},
             counters=self.counters(),
-            source="telemetry" if window == "all" else f"telemetry:{window}",
+            source=f"telemetry.{window}",  # the service's own counters are "telemetry"
         )
 
     def reward(self) -> Reward:

@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "examples" / "philly-2000.jsonl"
 CLUSTER = ROOT / "clusters" / "philly.yaml"
 STOP_GRACE_S = 10.0
+FIGURES = "telemetry.all"  # the source of telemetry's figures over every finished job
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -198,7 +199,7 @@ class _Progress:
     def seen(self, snap: MetricsSnapshot) -> None:
         key = snap.source or snap.window
         self.latest[key] = snap
-        if key == "telemetry":
+        if key == FIGURES:
             self.rounds.append((time.monotonic(), snap.counters.get("rounds", 0.0)))
             self.rounds = self.rounds[-10:]
 
@@ -281,9 +282,9 @@ async def _follow_metrics(settings: BusSettings, progress: _Progress, stop: asyn
 
 def view(latest: dict[str, MetricsSnapshot], rounds_per_s: float, head: str = "") -> Group:
     """The operator's view of the latest snapshots (also `rltune metrics`)."""
-    tel = latest.get("telemetry")
+    tel = latest.get(FIGURES)
     c = tel.counters if tel else {}
-    win = next((s for k, s in latest.items() if k.startswith("telemetry:")), None)
+    win = next((s for k, s in latest.items() if k.startswith("telemetry.last")), None)
     t = Table(title=head or None, expand=True, show_header=False)
     t.add_column("what", no_wrap=True)
     t.add_column("value")
@@ -333,7 +334,7 @@ def view(latest: dict[str, MetricsSnapshot], rounds_per_s: float, head: str = ""
         t.add_row("offload", "no offload.stats yet")
     services = Table.grid(padding=(0, 2))
     for name, snap in sorted(latest.items()):
-        if name.startswith("telemetry"):
+        if name.startswith("telemetry."):
             continue
         n = snap.counters
         services.add_row(
@@ -375,7 +376,7 @@ async def _display(
             await asyncio.sleep(0.25)
             if time.monotonic() - last >= 5:
                 last = time.monotonic()
-                c = progress.latest.get("telemetry")
+                c = progress.latest.get(FIGURES)
                 n = c.counters if c else {}
                 console.print(
                     f"{head()}; waiting {n.get('waiting', 0):.0f} running "
