@@ -61,6 +61,7 @@ class Telemetry:
         self.weights = weights or RewardWeights()
         self.jobs: dict[str, _JobState] = {}
         self.nodes: dict[str, NodeStatus] = {}
+        self.early: dict[str, list[JobEvent]] = {}  # events of jobs not accepted yet
         self.solves: dict[int, float] = {}  # round_id -> solver ms
         self.offload: dict[str, OffloadStats] = {}  # latest per job
         self.rejected: Counter[str] = Counter()  # by topic
@@ -73,11 +74,16 @@ class Telemetry:
     def accepted(self, job: Job) -> None:
         if job.job_id not in self.jobs:
             self.jobs[job.job_id] = _JobState(job)
+            for ev in self.early.pop(job.job_id, []):
+                self.event(ev)
 
     def event(self, ev: JobEvent) -> None:
         js = self.jobs.get(ev.job_id)
         self.now = max(self.now, ev.time)
-        if js is None or js.done:
+        if js is None:  # read before the job's accepted record (another topic)
+            self.early.setdefault(ev.job_id, []).append(ev)
+            return
+        if js.done:
             return
         if ev.kind == "started" and js.open_start is None:
             js.open_start = ev.time

@@ -1,0 +1,63 @@
+"""Telemetry on the real broker: the offload terms of running jobs reach `Reward.parts`,
+and the snapshot's figures are `shared.metrics.summarize` of the same jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import msgspec
+
+from services.telemetry import service as telemetry
+from shared.bus import Producer, Record, read_back
+from shared.config import BusSettings
+from shared.messages import Job, JobEvent, MetricsSnapshot, NodeStatus, OffloadStats, Reward, encode
+from tests.integration.streaming import services
+
+STATS = {  # job -> (hit rate, migration p50, migration p99)
+    "run-a": (0.9, 1.5, 4.0),
+    "run-b": (0.6, 2.5, 9.0),
+}
+
+
+async def test_offload_stats_of_running_jobs_reach_the_reward(bus: BusSettings) -> None:
+    t = bus.topics
+    msgs: list[tuple[str, str, bytes]] = [
+        (t.cluster_nodes, "n0", encode(NodeStatus("n0", "V100", 4, [2, 3], time=100.0))),
+        (t.jobs_accepted, "done", encode(Job("done", 1, 0.0))),
+        (t.jobs_events, "done", encode(JobEvent("done", "started", 10.0, ["n0"], "n0:0"))),
+        (t.jobs_events, "done", encode(JobEvent("done", "finished", 40.0, ["n0"]))),
+    ]
+    for i, (jid, (hit, p50, p99)) in enumerate(STATS.items()):
+        msgs.append((t.jobs_accepted, jid, encode(Job(jid, 1, 50.0))))
+        msgs.append((t.jobs_events, jid, encode(JobEvent(jid, "started", 60.0, ["n0"], f"n0:{i}"))))
+        st = OffloadStats(jid, "n0", hit, migration_ms_p50=p50, migration_ms_p99=p99, time=70.0)
+        msgs.append((t.offload_stats, jid, encode(st)))
+    async with Producer(bus) as p:
+        for topic, key, value in msgs:
+            await (await p.send(topic, key, value))
+    conf = telemetry.TelemetrySettings(interval_s=0.3, window_s=1000.0)
+    async with services(bus, {"telemetry": lambda stop: telemetry.serve(bus, stop, conf=conf)}):
+        rewards: list[Record] = []
+        for _ in range(100):
+            await asyncio.sleep(0.3)
+            rewards.clear()
+            await read_back(bus, [t.rl_rewards], rewards.append)
+            if rewards and b"offload_hit_rate" in (rewards[-1].value or b""):
+                break
+    reward = msgspec.json.decode(rewards[-1].value or b"", type=Reward)
+    hits = [h for h, _, _ in STATS.values()]
+    assert reward.parts["offload_hit_rate"] == statistics.mean(hits)
+    assert reward.parts["offload_migration_ms_p99"] == 9.0
+    assert reward.parts["offload_jobs"] == 2
+    assert reward.parts["avg_bsld"] == 40 / 30  # (finish - submit) / max(run, 10 s)
+    assert reward.value == -40 / 30 + statistics.mean(hits) - 9.0 / 1e3
+    snaps: list[Record] = []
+    await read_back(bus, [t.metrics], snaps.append)
+    last = [
+        s
+        for s in (msgspec.json.decode(r.value or b"", type=MetricsSnapshot) for r in snaps)
+        if s.source == "telemetry.all"
+    ][-1]
+    assert last.jobs == 1 and last.avg_jct_s == 40.0 and last.avg_queue_s == 10.0
+    assert last.counters["running"] == 2 and last.counters["util_V100"] == 0.5
