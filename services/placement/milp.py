@@ -193,9 +193,8 @@ def relevant_nodes(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> lis
 
     Nodes of one type and free shape are interchangeable, and a window touches
     at most as many of them as it has jobs that fit them (a multi-node job
-    counts its GPUs); keep that many of each shape. Any sequential placer that
-    takes the first of equal nodes (greedy.py, baselines.py) places exactly as
-    on all nodes.
+    counts its GPUs); keep that many of each shape, first by node name. greedy.py,
+    which breaks ties between equal nodes by name, places exactly as on all nodes.
     """
     demand = Counter((j.num_gpus, j.gpu_milli, j.gpu_types) for j in jobs)
     shapes: dict[tuple[str, tuple[int, ...]], list[int]] = {}
@@ -212,7 +211,7 @@ def relevant_nodes(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> lis
                 cap += count if max(free) >= milli else 0
             elif whole:
                 cap += count * (1 if k <= whole else k)
-        keep += members[:cap]
+        keep += sorted(members, key=lambda i: nodes[i].node_id)[:cap]
     return [nodes[i] for i in sorted(keep)]
 
 

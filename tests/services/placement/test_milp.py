@@ -27,10 +27,9 @@ TRACES = ALIBABA_2023
 
 
 def test_hand_solved_instance() -> None:
-    # First-fit puts the 2-GPU job on the 4-GPU node b and then cannot start the
-    # 4-GPU job (type A only); and puts the 300 share on the 700 GPU, leaving no room
-    # for the 700 share. The optimum starts all four: 2 on a, 4 on b, 300 on c:1,
-    # 700 on c:0.
+    # Greedy (no speeds: types by name) puts the 2-GPU job on the 4-GPU node b of
+    # type A and then cannot start the 4-GPU job (type A only). The optimum starts all
+    # four: 2 on a, 4 on b, 300 on c:1, 700 on c:0.
     cluster = [
         NodeFree("b", "A", (1000,) * 4),
         NodeFree("a", "B", (1000, 1000)),
@@ -44,7 +43,7 @@ def test_hand_solved_instance() -> None:
         JobRequest("s700", 1, 700, only_c),
     ]
     greedy = {a.job_id for a in greedy_allocations(window, cluster)}
-    assert greedy == {"two", "s300"}
+    assert greedy == {"two", "s300", "s700"}
     res = MilpPlacer(MilpConfig(time_limit_s=2.0)).place(window, cluster, {})
     got = {a.job_id: a.gpus for a in res.allocations}
     assert res.status == "OPTIMAL"

@@ -16,7 +16,7 @@ from shared.cluster import load_cluster
 from shared.metrics import summarize
 from shared.sim import read_jobs_csv
 from tests.paths import PHILLY, TOOLS
-from tests.shared.sim.jobs_check import violations
+from tests.shared.sim.jobs_check import recompute, violations
 
 ROOT = Path(__file__).resolve().parents[3]
 TRACE = PHILLY
@@ -58,6 +58,12 @@ def test_whole_philly_passes_both_checkers(
         assert again[key] == s[key], key
     for key in ("avg_bsld", "gpu_util", "makespan_s"):
         assert again[key] == pytest.approx(s[key], rel=1e-12), key
+    # and by this repo's own reading of the file, from the definitions alone
+    mine = recompute(jobs, load_cluster(CLUSTER).total_gpus)
+    for key in ("gpu_util", "gpu_util_makespan", "max_queue_s"):
+        assert s[key] == pytest.approx(mine[key], rel=1e-9), key
+    assert s["queue_by_size"] == pytest.approx(mine["queue_by_size"], rel=1e-9)
+    assert s["priority_inversions"] == 0 and s["discipline"] == "easy"
 
 
 def test_milp_placer_on_a_philly_slice_passes_the_checker(tmp_path: Path) -> None:
