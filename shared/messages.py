@@ -16,6 +16,7 @@ from msgspec import Meta, Struct
 __all__ = [
     "JOB_ID_PATTERN",
     "Assignment",
+    "ExpectedRelease",
     "Job",
     "JobEvent",
     "JobEventKind",
@@ -147,6 +148,18 @@ class RoundRequest(Struct, omit_defaults=True):
     finished: list[str] = []
     nodes: list[str] = []
     jobs: list[tuple[str, float]] = []
+    estimates: list[float] = []  # place: run-time estimates of `jobs` from history (EASY)
+    releases: list[ExpectedRelease] = []  # place: running jobs' GPUs and when due back
+
+
+class ExpectedRelease(Struct, omit_defaults=True):
+    """A running job's GPUs, expected back at `time_s` (its start + its estimate from
+    history, never its true run time): what EASY backfill reserves against."""
+
+    time_s: float
+    job_id: str
+    gpus: list[tuple[str, list[int]]]  # (node_id, GPU indices)
+    gpu_milli: int = 1000
 
 
 class Assignment(Struct):
@@ -163,6 +176,9 @@ class PlacementBatch(Struct):
     assignments: list[Assignment]
     solver_ms: float = 0.0
     solver_status: str = ""
+    # appended (issue 10): the placer's other figures, e.g. "head" (the window index of
+    # the first job that could not start, -1 if none) and "reservation_s" (EASY)
+    extra: dict[str, float] = {}
 
 
 JobEventKind = Literal["started", "finished", "failed", "rejected_placement", "preempted"]

@@ -8,9 +8,11 @@ of deciding themselves:
   changed since the last round (`NodeStatus` stamped with r), the job events
   since then, and a `RoundRequest(score)` naming the jobs that arrived, started
   and finished, go out; the answer is scoring's `PriorityBatch` of round r.
-* `RemotePlacer.place(window, nodes, speed)` sends `RoundRequest(place)` with
-  the window the simulator hands its placer (the simulator's own choice of
-  candidates, queue limits and all) and returns placement's `PlacementBatch`.
+* `RemotePlacer.place(window, nodes, speed, ctx)` sends `RoundRequest(place)`
+  with the window the simulator hands its placer (the simulator's own choice of
+  candidates, queue limits and all, with the history estimates and, under EASY,
+  the running jobs' expected releases) and returns placement's `PlacementBatch`
+  (placement applies the order rule and the discipline around its placer).
 
 Everything else (arrivals from the trace, run times, finishes, conflicts, the
 per-job records and the summary) is the simulator's, unchanged, so that the
@@ -26,8 +28,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from shared.cluster import ClusterSpec
-from shared.messages import JobEvent, NodeStatus, PlacementBatch, PriorityBatch, RoundRequest
-from shared.placement_api import Allocation, JobRequest, NodeFree, PlacementResult
+from shared.messages import (
+    ExpectedRelease,
+    JobEvent,
+    NodeStatus,
+    PlacementBatch,
+    PriorityBatch,
+    RoundRequest,
+)
+from shared.placement_api import Allocation, JobRequest, NodeFree, PlacementResult, RoundContext
 from shared.policy_api import Observation, PolicyContext, QueuedJob
 from shared.sim.engine import SimConfig, Simulator, _Run
 from shared.sim.state import Claim
@@ -66,6 +75,7 @@ class Rounds:
         self.sent: dict[int, tuple[int, ...]] = {}  # node index -> free row last published
         self.by_id: dict[str, QueuedJob] = {}  # waiting jobs, as the simulator holds them
         self.unknown = 0  # job ids in an answer that are not waiting here
+        self.fallbacks = 0  # answers whose placer broke the order (placement replaced them)
 
     def score(self, k: int, now: float) -> list[QueuedJob]:
         self.round_id += 1
@@ -92,15 +102,24 @@ class Rounds:
                 out.append(job)
         return out
 
-    def place(self, jobs: Sequence[JobRequest]) -> PlacementResult:
+    def place(self, jobs: Sequence[JobRequest], ctx: RoundContext | None) -> PlacementResult:
+        releases = [
+            ExpectedRelease(
+                r.time_s, r.alloc.job_id, [(n, list(g)) for n, g in r.alloc.gpus], r.alloc.gpu_milli
+            )
+            for r in (ctx.releases if ctx is not None else ())
+        ]
         req = RoundRequest(
             round_id=self.round_id,
             time=self.now,
             phase="place",
             window=len(jobs),
             jobs=[(j.job_id, j.score) for j in jobs],
+            estimates=[j.est_run_s for j in jobs] if ctx is not None else [],
+            releases=releases,
         )
         batch = self.channel.place(req)
+        self.fallbacks += batch.solver_status.startswith("ORDER_")
         milli = {j.job_id: j.gpu_milli for j in jobs}
         gpus: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
         for a in batch.assignments:
@@ -108,7 +127,7 @@ class Rounds:
             if self.sim is not None:  # republish it next round whatever the claim gives
                 self.sent.pop(self.sim.state.index.get(a.node_id, -1), None)
         allocs = tuple(Allocation(jid, tuple(g), milli.get(jid, 1000)) for jid, g in gpus.items())
-        return PlacementResult(allocs, batch.solver_ms, batch.solver_status)
+        return PlacementResult(allocs, batch.solver_ms, batch.solver_status, extra=batch.extra)
 
     def flush(self) -> tuple[list[JobEvent], list[NodeStatus]]:
         """The events and node changes not yet sent (at the end of the run)."""
@@ -183,10 +202,18 @@ class RemotePlacer:
         self.name = name  # the placer the service runs: the simulator reads it
         self.rounds = rounds
 
+    @property
+    def fallbacks(self) -> int:
+        return self.rounds.fallbacks
+
     def place(
-        self, jobs: Sequence[JobRequest], nodes: Sequence[NodeFree], speed: Mapping[str, float]
+        self,
+        jobs: Sequence[JobRequest],
+        nodes: Sequence[NodeFree],
+        speed: Mapping[str, float],
+        ctx: RoundContext | None = None,
     ) -> PlacementResult:
-        return self.rounds.place(jobs)
+        return self.rounds.place(jobs, ctx)
 
 
 class BusSimulator(Simulator):
@@ -196,11 +223,14 @@ class BusSimulator(Simulator):
         self, cluster: ClusterSpec, policy: RemotePolicy, placer: RemotePlacer, config: SimConfig
     ) -> None:
         super().__init__(cluster, policy, placer, config)
+        # the placement service wraps its placer in the order rule and the discipline
+        # (services.placement.ordered): the simulator asks it, not a wrapper of its own
+        self.placer = placer  # type: ignore[assignment]
         self.rounds = policy.rounds
         self.rounds.sim = self
 
-    def _start(self, run: _Run, claim: Claim, now: float) -> None:
-        super()._start(run, claim, now)
+    def _start(self, run: _Run, claim: Claim, now: float, alloc: Allocation) -> None:
+        super()._start(run, claim, now, alloc)
         nodes = [self.state.node_ids[i] for i, _ in claim]
         self.rounds.pending.events.append(
             JobEvent(run.job.job_id, "started", now, nodes, run.nodes)

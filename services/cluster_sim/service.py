@@ -43,6 +43,7 @@ from shared.messages import (
     RoundRequest,
     encode,
 )
+from shared.placement_api import DISCIPLINES
 from shared.reject import Reject
 from shared.sim import SimConfig, load_jobs, write_jobs_csv
 from shared.traces import SkipStats
@@ -63,6 +64,7 @@ class SimSettings:
     limit: int | None = None
     window: int = 128
     seed: int = 0
+    discipline: str = "easy"  # the one placement runs (the simulator picks its window by it)
     lockstep: bool = False
     speedup: float = 1000.0
     resend_s: float = 5.0
@@ -80,6 +82,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N jobs by submit time")
     p.add_argument("--window", type=int, default=128, help="jobs per round (K)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--discipline", default="easy", choices=DISCIPLINES, help="as placement's")
     p.add_argument("--lockstep", action="store_true", help="virtual time, round by round")
     p.add_argument("--speedup", type=float, default=1000.0, help="virtual s per wall s")
     p.add_argument("--json", dest="json_out", default=None, help="summary JSON at the end")
@@ -95,6 +98,7 @@ def from_args(args: argparse.Namespace) -> SimSettings:
     return SimSettings(
         trace=args.trace, format=args.format, cluster=args.cluster, policy=args.policy,
         placer=args.placer, limit=args.limit, window=args.window, seed=args.seed,
+        discipline=args.discipline,
         lockstep=args.lockstep, speedup=args.speedup, json_out=args.json_out,
         jobs_out=args.jobs_out, exit_when_done=args.exit_when_done,
     )  # fmt: skip
@@ -280,7 +284,7 @@ async def serve(
             cluster,
             RemotePolicy(conf.policy, time_invariant(conf.policy), rounds),
             RemotePlacer(conf.placer, rounds),
-            SimConfig(window=conf.window, seed=conf.seed),
+            SimConfig(window=conf.window, seed=conf.seed, discipline=conf.discipline),
         )
         if ready is not None:
             ready.set()

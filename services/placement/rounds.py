@@ -2,7 +2,9 @@
 
 Placement keeps its own view of the free GPUs (`FreeView`, from `cluster.nodes`)
 and the accepted jobs, and solves with the placer `rltune simulate` uses
-(`services.placement.registry.make_placer`):
+(`services.placement.registry.make_placer`) inside the order rule and the
+queueing discipline (`services.placement.ordered.OrderedPlacer`), as the
+simulator does:
 
 * free rounds: a `PriorityBatch` from scoring is solved over the batch's jobs
   that are not already placed and waiting to start; what it gives away is taken
@@ -17,25 +19,47 @@ and the accepted jobs, and solves with the placer `rltune simulate` uses
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 
+from services.placement.ordered import OrderedPlacer
 from services.placement.view import FreeView
 from shared.cluster import ClusterSpec
 from shared.messages import Assignment, Job, JobEvent, NodeStatus, PlacementBatch, RoundRequest
-from shared.placement_api import FULL_GPU, JobRequest, PlacementResult, Placer
+from shared.placement_api import (
+    FULL_GPU,
+    Allocation,
+    JobRequest,
+    PlacementResult,
+    Release,
+    RoundContext,
+)
 from shared.speeds import speed_of
 
 __all__ = ["PlacementState", "job_request"]
 
 
-def job_request(job: Job, score: float) -> JobRequest:
+def job_request(job: Job, score: float, est_run_s: float = 0.0) -> JobRequest:
     milli = job.gpu_milli if job.num_gpus == 1 else FULL_GPU
-    return JobRequest(job.job_id, job.num_gpus, milli, frozenset(job.gpu_types), job.weight, score)
+    return JobRequest(
+        job.job_id, job.num_gpus, milli, frozenset(job.gpu_types), job.weight, score, est_run_s
+    )
+
+
+def round_context(req: RoundRequest, node_type: dict[str, str]) -> RoundContext:
+    """What EASY reserves against, as the executor's request states it."""
+    releases = [
+        Release(
+            r.time_s, Allocation(r.job_id, tuple((n, tuple(g)) for n, g in r.gpus), r.gpu_milli)
+        )
+        for r in req.releases
+    ]
+    return RoundContext(req.time, releases, node_type)
 
 
 class PlacementState:
-    def __init__(self, placer: Placer, cluster: ClusterSpec | None) -> None:
+    def __init__(self, placer: OrderedPlacer, cluster: ClusterSpec | None) -> None:
         self.placer = placer
         self.view = FreeView(cluster)
         self.jobs: dict[str, Job] = {}
@@ -97,8 +121,12 @@ class PlacementState:
             if self.waiting_for(req):
                 break
             del self.pending[rid]
-            reqs = [job_request(self.jobs[jid], s) for jid, s in req.jobs]
-            batch = self._solve(rid, req.time, reqs)
+            est = req.estimates or [0.0] * len(req.jobs)
+            reqs = [
+                job_request(self.jobs[jid], s, e) for (jid, s), e in zip(req.jobs, est, strict=True)
+            ]
+            ctx = round_context(req, self._node_type()) if req.estimates else None
+            batch = self._solve(rid, req.time, reqs, ctx)
             self.answered = {rid: batch}
             self.round_nodes = {r: n for r, n in self.round_nodes.items() if r > rid}
             out.append(batch)
@@ -112,12 +140,19 @@ class PlacementState:
         return miss + [f"node {n}" for n in nodes if self.view.round_of.get(n, -1) < req.round_id]
 
     # ---- the solve ----------------------------------------------------------------------
-    def _solve(self, round_id: int, now: float, reqs: list[JobRequest]) -> PlacementBatch:
+    def _node_type(self) -> dict[str, str]:
+        return {n.node_id: n.gpu_type for n in self.view.cluster.nodes}
+
+    def _solve(
+        self, round_id: int, now: float, reqs: list[JobRequest], ctx: RoundContext | None = None
+    ) -> PlacementBatch:
         cluster = self.view.cluster
         speed = {t: speed_of(t, cluster.speed) for t in cluster.gpu_types}
         t0 = time.perf_counter()
         result: PlacementResult = (
-            self.placer.place(reqs, self.view.free_nodes(), speed) if reqs else PlacementResult(())
+            self.placer.place(reqs, self.view.free_nodes(), speed, ctx)
+            if reqs
+            else PlacementResult(())
         )
         wall_ms = (time.perf_counter() - t0) * 1e3
         self.solve_ms.append(wall_ms)
@@ -133,4 +168,5 @@ class PlacementState:
             ],
             solver_ms=result.solver_ms or wall_ms,
             solver_status=result.status if reqs else "EMPTY",
+            extra={k: float(v) for k, v in result.extra.items() if math.isfinite(v)},
         )

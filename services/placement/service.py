@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from services.placement.ordered import OrderedPlacer
 from services.placement.registry import make_placer
 from services.placement.rounds import PlacementState
 from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, run_service
@@ -33,6 +34,7 @@ from shared.messages import (
     RoundRequest,
     encode,
 )
+from shared.placement_api import DISCIPLINES
 from shared.prom import SOLVE_SECONDS
 from shared.reject import Reject
 
@@ -46,11 +48,18 @@ class PlacementSettings:
     placer: str = "milp"
     cluster: str | None = None
     reproducible: bool = False
+    discipline: str = "easy"
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--placer", default="milp", help="milp (default), greedy, first-fit, ...")
     p.add_argument("--cluster", default=None, help="cluster spec (default: nodes as they report)")
+    p.add_argument(
+        "--discipline",
+        default="easy",
+        choices=DISCIPLINES,
+        help="what a job that cannot start does to those behind it (default easy)",
+    )
     p.add_argument(
         "--reproducible",
         action="store_true",
@@ -60,7 +69,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> PlacementSettings:
     make_placer(args.placer)  # a bad name is one line and exit 2, before connecting
-    return PlacementSettings(args.placer, args.cluster, args.reproducible)
+    return PlacementSettings(args.placer, args.cluster, args.reproducible, args.discipline)
 
 
 class PlacementHandler:
@@ -68,7 +77,8 @@ class PlacementHandler:
         self.t = settings.topics
         self.stats = stats
         cluster = load_cluster(conf.cluster) if conf.cluster else None
-        self.state = PlacementState(make_placer(conf.placer, conf.reproducible), cluster)
+        placer = OrderedPlacer(make_placer(conf.placer, conf.reproducible), conf.discipline)
+        self.state = PlacementState(placer, cluster)
         self._job = msgspec.json.Decoder(Job)
         self._event = msgspec.json.Decoder(JobEvent)
         self._node = msgspec.json.Decoder(NodeStatus)
