@@ -357,7 +357,7 @@ class _Loop:
                 await self.producer.start()
                 break
             except (KafkaError, OSError) as exc:
-                BROKER.down(exc)
+                BROKER.down(f"start: {exc}")
                 with contextlib.suppress(Exception):
                     await self.producer.stop()
                 self.producer = Producer(self.settings, client_id=self.spec.name)
@@ -367,7 +367,7 @@ class _Loop:
                 await self.consumer.start()
                 break
             except (KafkaError, OSError) as exc:
-                BROKER.down(exc)
+                BROKER.down(f"start: {exc}")
                 with contextlib.suppress(Exception):
                     await self.consumer.stop()
                 self.consumer = self._consumer()
@@ -416,10 +416,9 @@ class _Loop:
             try:
                 await read_back(self.settings, topics, _learner(redelivered, spec, replay))
             except (KafkaError, OSError) as exc:
-                BROKER.down(exc)
+                BROKER.down(f"read back: {exc}")
                 await _pause(self.stop, backoff.next())
                 continue
-            BROKER.ok()
             self._set_handler(spec)
             self.redelivered = redelivered
             self.built = True
@@ -445,7 +444,7 @@ class _Loop:
             except _Stopped:
                 break
             except (KafkaError, OSError) as exc:
-                BROKER.down(exc)
+                BROKER.down(f"consume: {exc}")
                 await _pause(stop, backoff.next())
             if time.monotonic() >= next_metrics:
                 await self._publish_metrics()
@@ -467,7 +466,7 @@ class _Loop:
         if err is None:
             BROKER.ok()
         else:
-            BROKER.down(err)
+            BROKER.down(f"metrics publish: {err}")
 
     async def _process(self, batch: dict[TopicPartition, list[ConsumerRecord]], gen: int) -> None:
         async with self.lock:
@@ -531,7 +530,7 @@ class _Loop:
                 if len(retry) < len(answers):
                     BROKER.ok()
             else:
-                BROKER.down(transient)
+                BROKER.down(f"publish: {transient}")
                 self.stats.publish_retries += 1
                 PUBLISH_RETRIES.labels(self.spec.name).inc()
                 if self.stop.is_set():
@@ -569,7 +568,7 @@ class _Loop:
                 self.held = frozenset()
                 return
             except (KafkaError, OSError, TimeoutError) as exc:
-                BROKER.down(exc)
+                BROKER.down(f"commit: {exc}")
                 if self.stop.is_set():
                     raise _Stopped from None
                 self.health.turn()

@@ -48,11 +48,18 @@ _CONNECTION = re.compile(
 
 
 class BrokerState:
-    """One line when the broker is lost, one when it is back; counts outages."""
+    """One line when the broker is lost, one when it is back; counts outages.
 
-    def __init__(self) -> None:
+    An outage ends once requests have succeeded for `settle_s` with no new trouble:
+    a broker coming back brings a burst of after-effects (the group coordinator
+    moved, topics not yet recreated) that belong to the same outage."""
+
+    def __init__(self, settle_s: float = 5.0) -> None:
         self._lock = threading.Lock()
+        self.settle_s = settle_s
         self.down_since: float | None = None
+        self.last_trouble = 0.0
+        self.ok_since = 0.0  # first success since the last trouble
         self.outages = 0
         self.last_ok = 0.0  # monotonic time of the last acknowledged request
         self.dropped_client_logs = 0
@@ -64,22 +71,27 @@ class BrokerState:
     def down(self, reason: object) -> None:
         """Something failed for want of the broker; logs once per outage."""
         with self._lock:
+            self.last_trouble = time.monotonic()
             if self.down_since is not None:
                 return
-            self.down_since = time.monotonic()
+            self.down_since = self.last_trouble
             self.outages += 1
         OUTAGES.inc()
         log.warning("Kafka broker unreachable (%s); retrying with backoff", _short(reason))
 
     def ok(self) -> None:
-        """A request was acknowledged: the broker is there."""
-        self.last_ok = time.monotonic()
+        """A request was acknowledged: the broker is there (for good once requests
+        have kept succeeding for `settle_s`)."""
+        now = self.last_ok = time.monotonic()
         if self.down_since is None:
             return
         with self._lock:
+            if self.ok_since < self.last_trouble:
+                self.ok_since = now
+            if self.down_since is None or now - self.ok_since < self.settle_s:
+                return
             since, self.down_since = self.down_since, None
-        if since is not None:
-            log.warning("Kafka broker reachable again after %.1f s", time.monotonic() - since)
+        log.warning("Kafka broker reachable again after %.1f s", now - since)
 
 
 BROKER = BrokerState()

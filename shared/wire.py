@@ -280,19 +280,20 @@ class Producer:
         for i in idx:
             out, headers = outs[i]
             key = _key(out)
+            size = _record_size(key, out.value, headers)
+            if size > MAX_REQUEST_BYTES:  # a batch takes a first record of any size
+                errors[i] = MessageSizeTooLargeError(
+                    f"a record of about {size} bytes exceeds {MAX_REQUEST_BYTES} bytes"
+                )
+                continue
             if batch.append(key=key, value=out.value, timestamp=None, headers=headers) is not None:
                 in_batch.append(i)
                 continue
             if in_batch:
                 waits.append((await self._p.send_batch(batch, topic, partition=part), in_batch))
                 batch, in_batch = self._p.create_batch(), []
-            if batch.append(key=key, value=out.value, timestamp=None, headers=headers) is None:
-                try:  # larger than a whole batch: on its own, which checks its size
-                    waits.append((await self.send(topic, key, out.value, headers), [i]))
-                except (MessageSizeTooLargeError, RecordTooLargeError) as exc:
-                    errors[i] = exc
-            else:
-                in_batch.append(i)
+            batch.append(key=key, value=out.value, timestamp=None, headers=headers)
+            in_batch.append(i)  # an empty batch takes any record
         if in_batch:
             waits.append((await self._p.send_batch(batch, topic, partition=part), in_batch))
         return waits
@@ -311,6 +312,12 @@ class Producer:
 
     async def flush(self) -> None:
         await self._p.flush()
+
+
+def _record_size(key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> int:
+    """A record's size in a batch, within a few bytes, plus the batch header (61)."""
+    head = sum(len(k) + len(v) + 10 for k, v in headers)
+    return 61 + 20 + len(key or b"") + len(value) + head
 
 
 def _key(out: Outgoing) -> bytes | None:

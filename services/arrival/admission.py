@@ -9,16 +9,18 @@ known, refuses jobs that no set of nodes could ever hold.
 
 from __future__ import annotations
 
+import re
 import time
 
 import msgspec
 
-from shared.messages import Job, JobSpec, NodeStatus
+from shared.messages import JOB_ID_PATTERN, Job, JobSpec, NodeStatus
 from shared.reject import Reject
 
 __all__ = ["Admission", "Inventory", "accepted_bytes", "decode_spec", "normalise"]
 
 _DECODER = msgspec.json.Decoder(JobSpec)
+_JOB_ID = re.compile(JOB_ID_PATTERN)
 _LOOSE = msgspec.json.Decoder()
 
 
@@ -78,7 +80,7 @@ def _guess_job_id(value: bytes) -> str:
     except (msgspec.DecodeError, RecursionError):
         return ""
     jid = obj.get("job_id") if isinstance(obj, dict) else None
-    return jid if isinstance(jid, str) and 0 < len(jid) <= 128 else ""
+    return jid if isinstance(jid, str) and _JOB_ID.match(jid) else ""
 
 
 class Inventory:
