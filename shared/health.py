@@ -106,7 +106,10 @@ def _short(reason: object) -> str:
 
 
 class _ClientLogFilter(logging.Filter):
-    """Turns aiokafka's connection-error flood into `BROKER.down`'s one line."""
+    """Turns aiokafka's connection-error flood into `BROKER.down`'s one line (or into
+    nothing, for a one-shot command that reports the failure itself)."""
+
+    announce = False
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
@@ -118,7 +121,8 @@ class _ClientLogFilter(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if _CONNECTION.search(text) or isinstance(exc, OSError | ConnectionError):
             BROKER.dropped_client_logs += 1
-            BROKER.down(text)
+            if self.announce:
+                BROKER.down(text)
             return False
         return True
 
@@ -138,9 +142,11 @@ _CLIENT_LOGGERS = (
 )
 
 
-def quiet_aiokafka() -> None:
+def quiet_aiokafka(announce: bool = True) -> None:
     """Install the filter on aiokafka's loggers (idempotent). A filter on a logger
-    does not apply to its children's records, so each logger gets it."""
+    does not apply to its children's records, so each logger gets it. With
+    `announce`, the first dropped record of an outage logs BROKER's one line."""
+    _FILTER.announce = _FILTER.announce or announce
     for name in _CLIENT_LOGGERS:
         lg = logging.getLogger(name)
         if _FILTER not in lg.filters:

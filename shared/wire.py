@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -212,7 +213,12 @@ class Producer:
         await self._p.stop()
 
     async def __aenter__(self) -> Producer:
-        await self._p.start()
+        try:
+            await self._p.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._p.stop()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

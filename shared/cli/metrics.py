@@ -20,7 +20,7 @@ from rich.table import Table
 from shared.bus import partitions_of, read_to_end
 from shared.cli.common import add_bus_args, bus_settings, run_async, unreachable
 from shared.config import BusSettings
-from shared.health import BROKER
+from shared.health import BROKER, quiet_aiokafka
 from shared.messages import MetricsSnapshot
 
 _DEC = msgspec.json.Decoder(MetricsSnapshot)
@@ -93,6 +93,7 @@ async def _read(settings: BusSettings, follow: bool, as_json: bool) -> None:
             if not as_json:
                 console.print(table(latest))
             return
+        quiet_aiokafka(announce=True)
         while True:  # through outages: aiokafka reconnects; one line says so (shared.health)
             batch = await c.getmany(timeout_ms=500)
             if batch:
