@@ -195,9 +195,8 @@ class ScoringHandler:
 
     # ---- free rounds ----------------------------------------------------------------------
     def free_round(self) -> PriorityBatch | None:
-        self._rebuild()
-        if not self.free or not self.state.dirty:
-            return None
+        if not self._rebuilt or not self.free or not self.state.dirty:
+            return None  # (the state is rebuilt once the read-back is over: first record)
         batch = self.state.free_round(self.free_round_id, time.time())
         if batch is not None:
             self.free_round_id += 1
@@ -216,10 +215,16 @@ async def _ticker(
     path = conf.policy[3:] if conf.policy.startswith("rl:") else None
     mtime = _mtime(path)
     next_reload = time.monotonic() + conf.reload_s
+    next_report = time.monotonic() + 5.0
     async with Producer(settings, client_id=f"{NAME}-rounds") as producer:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), conf.tick_s)
+            if time.monotonic() >= next_report:  # a round stuck on a missing input: say so
+                next_report = time.monotonic() + 5.0
+                for req in list(handler.state.rounds.pending.values())[:1]:
+                    miss = handler.state.waiting_for(req)
+                    log.warning("round %d waits for %s", req.round_id, ", ".join(miss[:5]))
             batch = handler.free_round()
             if batch is not None:
                 out = Outgoing(settings.topics.sched_priorities, str(batch.round_id), encode(batch))

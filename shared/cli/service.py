@@ -6,14 +6,16 @@ import argparse
 import asyncio
 import importlib
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from types import ModuleType
 
+from shared.broker import wait_for_broker
 from shared.bus import stop_on_signals
-from shared.cli.common import add_bus_args, bus_settings, run_async
+from shared.cli.common import add_bus_args, bus_settings, port_or_off, positive_float, run_async
 from shared.config import BusSettings
 from shared.errors import UserError
-from shared.prom import UP, serve_prometheus
+from shared.prom import serve_http, track
 
 # service name -> module with `async def serve(settings, stop=None, ready=None)`
 SERVICES = {
@@ -42,9 +44,7 @@ def available() -> list[str]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "service",
-        help="run one service",
-        description="Run one service; NAME --help lists its flags.",
+        "service", help="run one service", description="One service; NAME --help: its flags."
     )
     p.add_argument("name", metavar="NAME", choices=list(SERVICES), help=", ".join(SERVICES))
     p.add_argument("flags", nargs=argparse.REMAINDER, help="the service's flags")
@@ -56,22 +56,36 @@ def service_parser(name: str, module: ModuleType) -> argparse.ArgumentParser:
     only for the service asked for, so no command imports every service."""
     from shared.cli import _Parser
 
-    q = _Parser(prog=f"rltune service {name}", description=(module.__doc__ or "").split("\n")[0])
-    q.add_argument(
+    p = _Parser(prog=f"rltune service {name}", description=(module.__doc__ or "").split("\n")[0])
+    p.add_argument(
         "--prometheus-port",
-        type=int,
+        type=port_or_off,
         default=0,
-        help="serve Prometheus /metrics on this port (default: off)",
+        help="serve /metrics, /healthz (liveness) and /readyz (readiness) on this port "
+        "(default: off)",
     )
-    q.add_argument(
+    p.add_argument(
+        "--prometheus-address",
+        default=None,
+        help="address to serve them on (default: $RLTUNE_PROMETHEUS_ADDRESS or 127.0.0.1; "
+        "0.0.0.0 for every interface, as in a container)",
+    )
+    p.add_argument(
         "--group-id",
         default=None,
         help="consumer group (default: <topic prefix><service name>)",
     )
-    add_bus_args(q)
+    p.add_argument(
+        "--connect-timeout",
+        type=positive_float,
+        default=60.0,
+        help="seconds to wait for the broker at start-up before giving up (default 60); "
+        "once running, a service outlives any broker outage",
+    )
+    add_bus_args(p)
     if hasattr(module, "add_args"):
-        module.add_args(q)
-    return q
+        module.add_args(p)
+    return p
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,15 +98,20 @@ def run(args: argparse.Namespace) -> int:
     kwargs: dict[str, object] = {"group_id": opts.group_id} if opts.group_id else {}
     if hasattr(module, "from_args"):
         kwargs["conf"] = module.from_args(opts)
-    serve_prometheus(opts.prometheus_port)
-    UP.labels(args.name).set(1)
-    run_async(_serve(module.serve, settings, kwargs))
+    address = opts.prometheus_address or os.environ.get("RLTUNE_PROMETHEUS_ADDRESS") or "127.0.0.1"
+    serve_http(opts.prometheus_port, address)
+    track(args.name)
+    run_async(_serve(module.serve, settings, kwargs, opts.connect_timeout))
     return 0
 
 
 async def _serve(
-    serve: Callable[..., Awaitable[object]], settings: BusSettings, kwargs: dict[str, object]
+    serve: Callable[..., Awaitable[object]],
+    settings: BusSettings,
+    kwargs: dict[str, object],
+    connect_timeout_s: float,
 ) -> None:
+    await wait_for_broker(settings.bootstrap, connect_timeout_s)  # else one line, exit 2
     stop = asyncio.Event()
     stop_on_signals(stop)  # SIGTERM (compose, k8s) and Ctrl-C stop it cleanly
     await serve(settings, stop=stop, **kwargs)

@@ -36,7 +36,7 @@ from rich.table import Table
 
 from shared.broker import EmbeddedBroker, _die_with_parent, ensure_topics, free_port
 from shared.bus import Producer, partitions_of
-from shared.cli.common import run_async, write_json
+from shared.cli.common import port_number, positive_int, run_async, write_json
 from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="embedded broker + every service + trace replay, live view")
     p.add_argument("--trace", type=Path, default=SAMPLE, help=f"trace file (default {SAMPLE.name})")
     p.add_argument("--format", default="jsonl", help="trace format (default jsonl)")
-    p.add_argument("--limit", type=int, default=None, help="replay only the first N jobs")
+    p.add_argument("--limit", type=positive_int, default=None, help="replay only the first N jobs")
     p.add_argument("--cluster", default=str(CLUSTER), help="cluster spec (default philly.yaml)")
     p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
     p.add_argument("--placer", default="milp", help="placement (default milp)")
@@ -67,7 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--until-done", action="store_true", help="exit when the trace is done")
     p.add_argument("--json", default=None, help="summary JSON at the end (as simulate)")
     p.add_argument("--jobs-out", default=None, help="per-job CSV at the end (as simulate)")
-    p.add_argument("--port", type=int, default=None, help="broker port (default: 9092 if free)")
+    p.add_argument(
+        "--port", type=port_number, default=None, help="broker port (default: 9092 if free)"
+    )
     p.add_argument("--topic-prefix", default=None, help="topic name prefix")
     p.add_argument("--logs", type=Path, default=None, help="folder for the services' logs")
     p.set_defaults(func=run)
