@@ -9,7 +9,9 @@ thread over the trace it was given (it alone knows the true run times).
 Two clocks: `--lockstep` runs virtual time as fast as the rounds come back;
 otherwise the simulator's clock follows the wall clock at `--speedup` N (each
 round waits until wall time has reached its virtual time; the round's own
-latency is not charged to virtual time). A round not answered in `resend_s`
+latency is not charged to virtual time). With `--replay` it also submits each
+job of the trace on `jobs.submit` when the simulator's clock reaches it (a
+deployment with no other replay). A round not answered in `resend_s`
 is asked again (same round_id), so a restarted scoring or placement service
 picks it up. At the end it writes `--json` and `--jobs-out` exactly as
 `rltune simulate` does, and stops if `exit_when_done`.
@@ -45,8 +47,9 @@ from shared.messages import (
 )
 from shared.placement_api import DISCIPLINES
 from shared.reject import Reject
+from shared.replay import job_spec_of
 from shared.sim import SimConfig, load_jobs, write_jobs_csv
-from shared.traces import SkipStats
+from shared.traces import SkipStats, TraceJob
 
 __all__ = ["SimSettings", "add_args", "from_args", "serve"]
 
@@ -71,6 +74,7 @@ class SimSettings:
     json_out: str | None = None
     jobs_out: str | None = None
     exit_when_done: bool = False
+    replay: bool = False  # submit the trace's jobs to jobs.submit as they arrive
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -88,6 +92,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_out", default=None, help="summary JSON at the end")
     p.add_argument("--jobs-out", default=None, help="per-job CSV at the end")
     p.add_argument("--exit-when-done", action="store_true", help="stop when the trace is done")
+    p.add_argument(
+        "--replay",
+        action="store_true",
+        help="submit the trace's jobs on jobs.submit as they arrive (no separate replay)",
+    )
 
 
 def from_args(args: argparse.Namespace) -> SimSettings:
@@ -100,7 +109,7 @@ def from_args(args: argparse.Namespace) -> SimSettings:
         placer=args.placer, limit=args.limit, window=args.window, seed=args.seed,
         discipline=args.discipline,
         lockstep=args.lockstep, speedup=args.speedup, json_out=args.json_out,
-        jobs_out=args.jobs_out, exit_when_done=args.exit_when_done,
+        jobs_out=args.jobs_out, exit_when_done=args.exit_when_done, replay=args.replay,
     )  # fmt: skip
 
 
@@ -143,6 +152,7 @@ class BusChannel:
         self.stats = stats
         self.waits = _Waits()
         self.t0: tuple[float, float] | None = None  # (virtual, wall) at the first round
+        self.replay: dict[str, TraceJob] | None = None  # jobs still to submit (--replay)
         self.round_ms: list[float] = []
 
     # called from the simulator thread
@@ -151,6 +161,13 @@ class BusChannel:
     ) -> PriorityBatch:
         outs = [Outgoing(self.t.jobs_events, e.job_id, encode(e)) for e in events]
         outs += [Outgoing(self.t.cluster_nodes, n.node_id, encode(n)) for n in nodes]
+        if self.replay is not None:  # this round's arrivals, submitted as a user would
+            for jid in req.arrived:
+                tj = self.replay.pop(jid, None)
+                if tj is not None:
+                    spec = job_spec_of(tj)
+                    spec.submit_time = tj.submit_s
+                    outs.append(Outgoing(self.t.jobs_submit, jid, encode(spec)))
         return self._call(self._ask(req, outs, self.waits.score))
 
     def place(self, req: RoundRequest) -> PlacementBatch:
@@ -279,6 +296,8 @@ async def serve(
     loop = asyncio.get_running_loop()
     async with Producer(settings, client_id=NAME) as producer:
         channel = handler.channel = BusChannel(settings, producer, loop, conf, stop, stats)
+        if conf.replay:
+            channel.replay = {j.job_id: j for j in jobs}
         rounds = Rounds(channel, conf.window)
         sim = BusSimulator(
             cluster,

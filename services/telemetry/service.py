@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from services.telemetry.prom import GPU_UTIL, JCT, JOBS, OFFLOAD_HIT, OFFLOAD_MIGRATION
 from services.telemetry.windows import Telemetry
 from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
 from shared.config import BusSettings
@@ -98,17 +99,37 @@ class TelemetryHandler:
                     raise Reject(f"invalid message on {rec.topic}: {exc}", kind="invalid") from None
                 return
             if isinstance(msg, JobEvent):
-                first = msg.kind == "started" and msg.job_id in s.jobs
-                if first and s.jobs[msg.job_id].open_start is None:
-                    job = s.jobs[msg.job_id].job
-                    QUEUE_WAIT.labels(job.vc or "default").observe(
-                        max(msg.time - job.submit_time, 0)
-                    )
+                js = s.jobs.get(msg.job_id)
+                before = (js.open_start, js.done) if js is not None else None
                 s.event(msg)
+                if strict and js is not None and before is not None:  # not on read-back
+                    _observe(js.job, msg, before, js.done)
             elif isinstance(msg, NodeStatus):
                 s.node(msg)
             else:
                 s.offload_stats(msg)
+
+
+def _observe(job: Job, ev: JobEvent, before: tuple[float | None, bool], done: bool) -> None:
+    """Queueing delay at a job's first start, JCT at its end (Prometheus histograms)."""
+    queue = job.vc or "default"
+    if ev.kind == "started" and before[0] is None and not before[1]:
+        QUEUE_WAIT.labels(queue).observe(max(ev.time - job.submit_time, 0.0))
+    elif done and not before[1]:
+        JCT.labels(queue).observe(max(ev.time - job.submit_time, 0.0))
+
+
+def export(s: Telemetry) -> None:
+    """The run's figures as Prometheus gauges (scraped from this service)."""
+    c = s.counters()
+    for state in ("waiting", "running", "done", "failed"):
+        JOBS.labels(state).set(c[state])
+    for t, u in s.util_by_type().items():
+        GPU_UTIL.labels(t).set(u)
+    if "offload_hit_rate" in c:
+        OFFLOAD_HIT.set(c["offload_hit_rate"])
+        OFFLOAD_MIGRATION.labels("0.5").set(c["offload_migration_ms_p50"] / 1e3)
+        OFFLOAD_MIGRATION.labels("0.99").set(c["offload_migration_ms_p99"] / 1e3)
 
 
 async def _publisher(
@@ -126,6 +147,7 @@ async def _publisher(
                 await asyncio.wait_for(stop.wait(), conf.interval_s)
             s = handler.state
             now = time.time()
+            export(s)
             snaps = [s.snapshot(now), s.snapshot(now, window)]
             reward = s.reward()
             outs = [Outgoing(t.metrics, snap.source, encode(snap)) for snap in snaps]
