@@ -17,9 +17,10 @@ JCT = Histogram(
 )
 GPU_UTIL = Gauge("rltune_gpu_utilization_ratio", "GPUs held / GPUs, now", ["gpu_type"])
 ROUNDS = Counter("rltune_rounds_total", "Placement rounds solved", ["mode"])
-OFFLOAD_HIT = Gauge("rltune_offload_hit_ratio", "Mean 10Cache hit rate of the running jobs")
+# (the host agents export the same figures per job: rltune_offload_*{job,node})
+OFFLOAD_HIT = Gauge("rltune_cluster_offload_hit_ratio", "Mean 10Cache hit rate of the running jobs")
 OFFLOAD_MIGRATION = Gauge(
-    "rltune_offload_migration_seconds",
+    "rltune_cluster_offload_migration_seconds",
     "10Cache migration latency of the running jobs (p50: mean of theirs; p99: max)",
     ["quantile"],
 )
