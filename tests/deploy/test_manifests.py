@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 import yaml
 
+from services.telemetry import prom as telemetry_prom
 from shared import prom
 from shared.cli.service import SERVICES, available
 from shared.topics import Topics
@@ -228,7 +229,8 @@ def test_k8s_bus_points_at_the_strimzi_plain_listener() -> None:
 
 def _metric_names() -> set[str]:
     names: set[str] = set()
-    for collector in (prom.MESSAGES, prom.REJECTED, prom.QUEUE_WAIT, prom.SOLVE_SECONDS, prom.UP):
+    bus = (prom.MESSAGES, prom.REJECTED, prom.QUEUE_WAIT, prom.SOLVE_SECONDS, prom.UP)
+    for collector in (*bus, *telemetry_prom.COLLECTORS):
         for family in collector.describe():
             names |= {family.name + s for s in ("", "_total", "_bucket", "_count", "_sum")}
     return names
