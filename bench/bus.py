@@ -13,6 +13,12 @@ arrival, ... and the median of each is reported with its ratio to raw. The
 relay is the same two-hop path with nothing done in the middle: arrival /
 relay is what validation, dead-lettering and the exactly-once bookkeeping
 cost; arrival / raw also pays for the second hop through the broker.
+
+Then (`--latency-rates`) submit → placement latency through arrival, scoring
+and placement (each its own process, free rounds as on live hosts, the MILP
+placer) at sustained arrival rates, with the time spent in each stage
+(bench/_latency.py); a rate is held when every job is placed and the last
+within a second of the last submission.
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer
 from rich.console import Console
 from rich.table import Table
 
+from bench._latency import STAGES, measure_rates
 from shared.broker import EmbeddedBroker, ensure_topics
 from shared.bus import Producer, partitions_of
 from shared.cli.common import write_json
@@ -168,15 +176,44 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded one")
     ap.add_argument("--json", default=None, help="write the figures as JSON ('-' = stdout)")
+    ap.add_argument(
+        "--latency-rates",
+        default="100,500,2000",
+        help="jobs/s for the submit → placement latency runs ('' = none)",
+    )
+    ap.add_argument("--latency-seconds", type=float, default=10.0, help="length of each run")
     args = ap.parse_args(argv)
+    rates = [float(r) for r in args.latency_rates.split(",") if r.strip()]
     console = Console(stderr=True)
     if args.bootstrap:
         result = _measure(args.bootstrap, args.messages, args.rounds, console)
+        result["latency"] = _latency(args.bootstrap, rates, args.latency_seconds, console)
     else:
         with EmbeddedBroker() as broker:
             result = _measure(broker.bootstrap, args.messages, args.rounds, console)
+            result["latency"] = _latency(broker.bootstrap, rates, args.latency_seconds, console)
     _report(result, args.json)
     return 0
+
+
+@contextmanager
+def _scheduler(settings: BusSettings) -> Iterator[None]:
+    """Arrival, scoring (free rounds) and placement, each its own process."""
+    with (
+        _process(["shared.cli", "service", "arrival"], settings),
+        _process(["shared.cli", "service", "scoring", "--rounds", "free"], settings),
+        _process(["shared.cli", "service", "placement", "--placer", "milp"], settings),
+    ):
+        yield
+
+
+def _latency(
+    bootstrap: str, rates: list[float], seconds: float, console: Console
+) -> list[dict[str, object]]:
+    def log(line: str) -> None:
+        console.print(line, highlight=False)
+
+    return measure_rates(bootstrap, rates, seconds, _scheduler, log)
 
 
 def _report(result: dict[str, object], json_out: str | None) -> None:
@@ -192,6 +229,20 @@ def _report(result: dict[str, object], json_out: str | None) -> None:
     for label, key in rows:
         v = float(result[key])  # type: ignore[arg-type]
         t.add_row(label, f"{v:,.0f}", f"{v / raw:.3f}")
-    Console(stderr=json_out == "-").print(t)
+    out = Console(stderr=json_out == "-")
+    out.print(t)
+    rows = cast(list[dict[str, Any]], result.get("latency") or [])
+    if rows:
+        lat = Table(title="submit → placement latency (ms), sustained arrival rate")
+        for col in ("jobs/s", "placed", "held", *(f"{s} p50/p99" for s in STAGES)):
+            lat.add_column(col)
+        for row in rows:
+            lat.add_row(
+                f"{row['rate']:g}",
+                f"{row['placed']}/{row['jobs']}",
+                "yes" if row["held"] else "no",
+                *(f"{row[f'{s} p50 ms']} / {row[f'{s} p99 ms']}" for s in STAGES),
+            )
+        out.print(lat)
     if json_out:
         write_json(result, json_out)

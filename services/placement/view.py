@@ -35,24 +35,37 @@ class FreeView:
     """Free milli-GPUs per node, as the latest `NodeStatus` of each node says."""
 
     def __init__(self, cluster: ClusterSpec | None = None) -> None:
-        self.cluster = cluster or ClusterSpec(name="live", nodes=())
-        self.state = ClusterState(self.cluster)
+        self._cluster = cluster or ClusterSpec(name="live", nodes=())
+        self._state = ClusterState(self._cluster)
         self.round_of: dict[str, int] = {}  # node -> round_id of its latest status
         self.version = 0  # bumps on every change
         self.fixed = cluster is not None
+        self._new: dict[str, NodeStatus] = {}  # nodes not in the state yet (added at once)
+
+    @property
+    def state(self) -> ClusterState:
+        if self._new:
+            self._add_nodes()
+        return self._state
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        if self._new:
+            self._add_nodes()
+        return self._cluster
 
     def update(self, status: NodeStatus) -> None:
         """Take `status` as the truth about its node."""
-        i = self.state.index.get(status.node_id)
-        if i is None or self.state.size[i] != status.gpus:
+        i = self._state.index.get(status.node_id)
+        if i is None or self._state.size[i] != status.gpus:
             if self.fixed:
                 raise ValueError(
                     f"node {status.node_id!r} with {status.gpus} GPUs is not in cluster "
-                    f"{self.cluster.name!r}"
+                    f"{self._cluster.name!r}"
                 )
-            self._add_node(status)
-            i = self.state.index[status.node_id]
-        self._set_row(i, free_row(status))
+            self._new[status.node_id] = status  # thousands reporting at start: one rebuild
+        else:
+            self._set_row(i, free_row(status))
         if status.round_id is not None:
             self.round_of[status.node_id] = status.round_id
         self.version += 1
@@ -78,21 +91,23 @@ class FreeView:
         return len(self.state.node_ids)
 
     def _set_row(self, i: int, row: list[int]) -> None:
-        st = self.state
+        st = self._state
         for g, want in enumerate(row):
             delta = want - st.free[i][g]
             if delta:
                 st.release(((i, (g,)),), delta)  # adds `delta` milli to GPU g of node i
 
-    def _add_node(self, status: NodeStatus) -> None:
-        """Rebuild the state with one more (or a resized) node, keeping the others' rows."""
-        old = self.state
-        rows = {nid: list(old.free[i]) for i, nid in enumerate(old.node_ids)}
-        nodes = [n for n in self.cluster.nodes if n.node_id != status.node_id]
-        nodes.append(NodeSpec(status.node_id, status.gpu_type, status.gpus))
-        self.cluster = ClusterSpec(name=self.cluster.name, nodes=tuple(nodes))
-        self.state = ClusterState(self.cluster)
+    def _add_nodes(self) -> None:
+        """Rebuild the state with the new (or resized) nodes, keeping the others' rows."""
+        new, self._new = self._new, {}
+        old = self._state
+        rows = {nid: list(old.free[i]) for i, nid in enumerate(old.node_ids) if nid not in new}
+        rows.update({nid: free_row(s) for nid, s in new.items()})
+        nodes = [n for n in self._cluster.nodes if n.node_id not in new]
+        nodes += [NodeSpec(s.node_id, s.gpu_type, s.gpus) for s in new.values()]
+        self._cluster = ClusterSpec(name=self._cluster.name, nodes=tuple(nodes))
+        self._state = ClusterState(self._cluster)
         for nid, row in rows.items():
-            j = self.state.index.get(nid)
-            if j is not None and len(row) == self.state.size[j]:
+            j = self._state.index.get(nid)
+            if j is not None and len(row) == self._state.size[j]:
                 self._set_row(j, row)

@@ -112,6 +112,15 @@ class ScoringState:
             self.ended.add(jid)
             if free:
                 self._stop(jid, requeue=False)
+        elif ev.kind == "rejected_placement" and free and jid not in self.started_at:
+            self._stop(jid, requeue=True)  # the executor refused it: it waits again
+        self.dirty = True
+
+    def placed(self, job_ids: list[str]) -> None:
+        """Free rounds: jobs placement gave GPUs leave the window (they hold them now)
+        until they start, or come back if the executor refuses the placement."""
+        for jid in job_ids:
+            self._start(jid)
         self.dirty = True
 
     # ---- driven rounds ------------------------------------------------------------------

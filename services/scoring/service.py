@@ -37,6 +37,7 @@ from shared.messages import (
     Job,
     JobEvent,
     NodeStatus,
+    PlacementBatch,
     PriorityBatch,
     Rejection,
     Reward,
@@ -50,6 +51,7 @@ __all__ = ["ScoringSettings", "add_args", "from_args", "serve"]
 NAME = "scoring"
 log = logging.getLogger("rltune.scoring")
 ROUND_MODES = ("auto", "driven", "free")
+RETRY_S = 1.0  # free rounds: ask again this often while jobs wait
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class ScoringHandler:
         self._replayed: list[RoundRequest] = []
         self._answered = -1
         self._rebuilt = False
+        self._last_free = 0.0
         self._routes = {
             self.t.jobs_accepted: self._accepted,
             self.t.jobs_rejected: self._rejected,
@@ -103,7 +106,9 @@ class ScoringHandler:
             self.t.cluster_nodes: self._nodes,
             self.t.sched_rounds: self._rounds,
             self.t.rl_rewards: self._rewards,
+            self.t.sched_placements: self._placements,
         }
+        self._placement = msgspec.json.Decoder(PlacementBatch)
 
     @property
     def free(self) -> bool:
@@ -154,6 +159,16 @@ class ScoringHandler:
             self.driven = True
             self.state.request(req)
 
+    def _placements(self, rec: Record) -> None:
+        if not self.free:
+            return  # driven: the executor's round request says what started
+        try:
+            batch = self._placement.decode(rec.value or b"")
+        except msgspec.MsgspecError:
+            self.stats.extra["ignored_bad_placement"] += 1  # its executor dead-letters it
+            return
+        self.state.placed([a.job_id for a in batch.assignments])
+
     def _rewards(self, rec: Record) -> None:
         try:
             self._reward.decode(rec.value or b"")
@@ -195,8 +210,15 @@ class ScoringHandler:
 
     # ---- free rounds ----------------------------------------------------------------------
     def free_round(self) -> PriorityBatch | None:
-        if not self._rebuilt or not self.free or not self.state.dirty:
+        """A round after a change, and again every `retry_s` while jobs wait (a round
+        placement could not use, e.g. read before the jobs' accepted records, is
+        asked again; placement never places a job twice)."""
+        if not self._rebuilt or not self.free:
             return None  # (the state is rebuilt once the read-back is over: first record)
+        now = time.monotonic()
+        if not self.state.dirty and (not self.state.queued or now < self._last_free + RETRY_S):
+            return None
+        self._last_free = now
         batch = self.state.free_round(self.free_round_id, time.time())
         if batch is not None:
             self.free_round_id += 1
@@ -267,7 +289,7 @@ async def serve(
         name=NAME,
         topics=[
             t.jobs_accepted, t.jobs_rejected, t.jobs_events, t.cluster_nodes, t.sched_rounds,
-            t.rl_rewards,
+            t.rl_rewards, t.sched_placements,
         ],
         handle=handler,
         group_id=group_id or "",

@@ -12,7 +12,7 @@ def test_bench_bus_reports_three_paths_and_their_ratios(tmp_path: Path) -> None:
     out = tmp_path / "bus.json"
     r = subprocess.run(
         [sys.executable, "-m", "shared.cli", "bench", "bus", "--messages", "2000",
-         "--rounds", "1", "--json", str(out)],
+         "--rounds", "1", "--json", str(out), "--latency-rates", ""],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
@@ -23,3 +23,4 @@ def test_bench_bus_reports_three_paths_and_their_ratios(tmp_path: Path) -> None:
     assert res["ratio"] == round(res["arrival_jobs_per_s"] / res["raw_msgs_per_s"], 3)
     assert res["ratio_vs_relay"] == round(res["arrival_jobs_per_s"] / res["relay_msgs_per_s"], 3)
     assert "arrival: submit→arrival→accepted" in r.stdout
+    assert res["latency"] == []  # (the latency runs: tests/integration/test_latency.py)
