@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 
 from services.placement import milp_model
 from services.placement.checker import violations
@@ -98,6 +98,16 @@ def _options(job: JobRequest, row: list[int]) -> Iterator[tuple[int, ...]]:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes(max_nodes=3, max_gpus=4), jobs(max_jobs=5, max_gpus=4))
+@example(  # j2 (any type) and j4 (B only) fit only B: one job class charged j2's type penalty
+    cluster=[NodeFree("n0", "B", (0, 0, 1000, 1000)), NodeFree("n1", "A", (60,))],
+    window=[
+        JobRequest("j0", 1, 250),
+        JobRequest("j1", 1, 250),
+        JobRequest("j2", 1, FULL_GPU),
+        JobRequest("j3", 1, 250),
+        JobRequest("j4", 1, FULL_GPU, frozenset({"B"})),
+    ],
+)
 def test_objective_equals_brute_force(cluster: list[NodeFree], window: list[JobRequest]) -> None:
     _, multi = _split(window, cluster)
     assume(not multi)  # multi-node jobs are spread after the solve, not optimised
