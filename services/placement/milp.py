@@ -102,6 +102,9 @@ class MilpConfig:
     # after this much of its own deterministic time, so the same window gets the same
     # answer on any machine under any load. None: the wall-clock budget (services).
     deterministic_time: float | None = None
+    # A window of one single-node job is solved by scoring each distinct place it could
+    # take (exact; most simulation rounds start one job). False: always build the model.
+    enumerate_single: bool = True
 
 
 class MilpPlacer:
@@ -152,6 +155,17 @@ class MilpPlacer:
         scorer = self.scorer(jobs, nodes, speed)
         nodes = scorer.nodes
         single, multi = _split(jobs, nodes)
+        if (
+            cfg.enumerate_single and len(jobs) == 1 and single
+        ):  # one job: every placement scored, no model needed
+            allocs = _best_single(jobs[0], nodes, scorer)
+            return PlacementResult(
+                allocations=tuple(allocs),
+                solver_ms=(time.perf_counter() - t0) * 1e3,
+                status="OPTIMAL",
+                objective=float(scorer.evaluate(allocs)),
+                extra={"enumerated": 1.0},
+            )
         classes = index_classes(nodes)
         model = WindowModel(jobs, single, nodes, classes, scorer, cfg.max_patterns, multi)
         if cfg.warm_start == "first-fit":
@@ -213,6 +227,34 @@ def relevant_nodes(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> lis
                 cap += count * (1 if k <= whole else k)
         keep += sorted(members, key=lambda i: nodes[i].node_id)[:cap]
     return [nodes[i] for i in sorted(keep)]
+
+
+def _best_single(job: JobRequest, nodes: Sequence[NodeFree], scorer: Scorer) -> list[Allocation]:
+    """The optimum for a window of one single-node job, by scoring every distinct place
+    it could take: each (type, free shape) of node, and for a share each distinct free
+    value of a GPU there. The objective sees nothing else (no other job, no spread), so
+    this is exactly the model's optimum; ties go to the first in node order."""
+    best: tuple[int, Allocation] | None = None
+    seen: set[tuple[str, tuple[int, ...], int]] = set()
+    for n in nodes:
+        if not job.allows(n.gpu_type):
+            continue
+        options: list[tuple[int, tuple[int, ...]]] = []  # (free of the GPU taken, GPUs)
+        if job.gpu_milli < FULL_GPU:
+            options = [(f, (g,)) for g, f in enumerate(n.free_milli) if f >= job.gpu_milli]
+        else:
+            idx = tuple(g for g, f in enumerate(n.free_milli) if f >= FULL_GPU)[: job.num_gpus]
+            if len(idx) == job.num_gpus:
+                options = [(0, idx)]
+        for key, idx in options:
+            if (n.gpu_type, n.free_milli, key) in seen:
+                continue
+            seen.add((n.gpu_type, n.free_milli, key))
+            alloc = Allocation(job.job_id, ((n.node_id, idx),), job.gpu_milli)
+            value = scorer.evaluate([alloc])
+            if best is None or value > best[0]:
+                best = (value, alloc)
+    return [] if best is None else [best[1]]
 
 
 def _split(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> tuple[list[int], list[int]]:

@@ -179,3 +179,18 @@ def test_real_cluster_window_beats_greedy() -> None:
     scorer = Scorer(window, cluster, {}, ref.weights, ref.workload, ref.pressure)
     assert res.objective is not None
     assert res.objective >= scorer.evaluate(greedy_allocations(window, cluster))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes(max_nodes=6), jobs(max_jobs=1))
+def test_one_job_scored_by_enumeration_equals_the_model(
+    cluster: list[NodeFree], window: list[JobRequest]
+) -> None:
+    _, multi = _split(window, cluster)
+    assume(not multi)
+    fast = MilpPlacer(MilpConfig(deterministic_time=1.0)).place(window, cluster, SPEED)
+    model = MilpPlacer(MilpConfig(deterministic_time=1.0, enumerate_single=False))
+    slow = model.place(window, cluster, SPEED)
+    assert fast.extra.get("enumerated") == 1.0 and slow.status == "OPTIMAL"
+    assert fast.objective == slow.objective
+    assert violations(window, cluster, fast.allocations) == []
