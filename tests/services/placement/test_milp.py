@@ -194,3 +194,5 @@ def test_one_job_scored_by_enumeration_equals_the_model(
     assert fast.extra.get("enumerated") == 1.0 and slow.status == "OPTIMAL"
     assert fast.objective == slow.objective
     assert violations(window, cluster, fast.allocations) == []
+    scorer = MilpPlacer().scorer(window, cluster, SPEED, reduce=False)
+    assert fast.objective == scorer.evaluate(fast.allocations)
