@@ -117,6 +117,9 @@ class MilpPlacer:
         self.config = config or MilpConfig()
         self.workload = workload
         self.cycles = 0  # models built so far (each leaves garbage cycles)
+        # node penalties P_n by (workload, GPU type, free shape): they depend on nothing
+        # else, and one-job windows of a few shapes recur all through a simulation
+        self._pens: dict[object, dict[tuple[str, tuple[int, ...]], int]] = {}
 
     def scorer(
         self,
@@ -161,7 +164,8 @@ class MilpPlacer:
         if cfg.enumerate_single and len(jobs) == 1 and not _split(jobs, nodes)[1]:
             # one single-node job: its distinct places scored, no model needed
             scorer = self.scorer(jobs, nodes, speed, reduce=False)
-            got = _best_single(jobs[0], nodes, scorer)
+            pens = self._pens.setdefault(scorer.workload.shapes, {})
+            got = _best_single(jobs[0], nodes, scorer, pens)
             return PlacementResult(
                 allocations=tuple(a for _, a in got),
                 solver_ms=(time.perf_counter() - t0) * 1e3,
@@ -237,7 +241,10 @@ def relevant_nodes(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> lis
 
 
 def _best_single(
-    job: JobRequest, nodes: Sequence[NodeFree], scorer: Scorer
+    job: JobRequest,
+    nodes: Sequence[NodeFree],
+    scorer: Scorer,
+    pens: dict[tuple[str, tuple[int, ...]], int],
 ) -> list[tuple[int, Allocation]]:
     """The optimum for a window of one single-node job, and its objective, by scoring
     every distinct place it could take: each (type, free shape) of node, and for a share
@@ -264,11 +271,20 @@ def _best_single(
             row = list(n.free_milli)
             for g in idx:
                 row[g] -= job.gpu_milli
-            after = NodeFree(n.node_id, n.gpu_type, tuple(row))
-            value = gain[n.gpu_type] - scorer.node_penalty(after) + scorer.node_penalty(n)
+            value = gain[n.gpu_type] - _pen(n.gpu_type, tuple(row), scorer, pens)
+            value += _pen(n.gpu_type, n.free_milli, scorer, pens)
             if best is None or value > best[0]:
                 best = (value, Allocation(job.job_id, ((n.node_id, idx),), job.gpu_milli))
     return [] if best is None else [best]
+
+
+def _pen(
+    t: str, free: tuple[int, ...], scorer: Scorer, pens: dict[tuple[str, tuple[int, ...]], int]
+) -> int:
+    v = pens.get((t, free))
+    if v is None:
+        v = pens[(t, free)] = scorer.node_penalty(NodeFree("", t, free))
+    return v
 
 
 def _split(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> tuple[list[int], list[int]]:
