@@ -57,21 +57,20 @@ class OverBudget(Exception):
 
 def _work(conn: Connection) -> None:  # pragma: no cover - runs in the worker process
     """The worker: plan each (profile, fast, host, version) it is sent, answer with
-    ("ok", plan JSON) or ("refused", reason)."""
+    ("ok", plan JSON) or ("refused", reason). It ends quietly when its service closes
+    the pipe (a service that stops, or drops this worker, says nothing more to it)."""
     dec = msgspec.json.Decoder(TensorProfile)
-    conn.send("ready")
-    while True:
-        try:
+    with contextlib.suppress(EOFError, OSError):
+        conn.send("ready")
+        while True:
             raw, fast, host, version = conn.recv()
-        except EOFError:
-            return
-        try:
-            plan = build_plan(dec.decode(raw), Budgets(fast, host), version=version)
-            conn.send(("ok", encode(plan)))
-        except PlanError as exc:
-            conn.send(("refused", str(exc)))
-        except Exception as exc:  # a planner bug: the service dead-letters it with this
-            conn.send(("bug", f"{type(exc).__name__}: {exc}"))
+            try:
+                plan = build_plan(dec.decode(raw), Budgets(fast, host), version=version)
+                conn.send(("ok", encode(plan)))
+            except PlanError as exc:
+                conn.send(("refused", str(exc)))
+            except Exception as exc:  # a planner bug: the service dead-letters it with this
+                conn.send(("bug", f"{type(exc).__name__}: {exc}"))
 
 
 _START_TIMEOUT_S = 120.0

@@ -166,8 +166,18 @@ def _fingerprint(ts: int, key: bytes | None, value: bytes) -> str:
 
 
 class Soak:
-    def __init__(self, messages: int, restarts: int, seed: int, log_dir: Path) -> None:
+    def __init__(
+        self,
+        messages: int,
+        restarts: int,
+        seed: int,
+        log_dir: Path,
+        kills: list[list[str]] | None = None,
+    ) -> None:
+        """`kills`: the services to SIGKILL in each epoch (default: one per epoch, in
+        the order of SERVICES, until each was killed once)."""
         self.messages, self.restarts, self.seed = messages, restarts, seed
+        self.kills = kills or [[name] for name in SERVICES]
         self.log_dir = log_dir
         self.broker = EmbeddedBroker(free_port(), log_path=log_dir / "broker.log")
         self.settings = BusSettings(self.broker.bootstrap, "soak.")
@@ -281,7 +291,7 @@ class Soak:
         missing = len(want - set(by_input))
         raise AssertionError(f"{missing} of {len(want)} inputs unanswered after {timeout_s} s")
 
-    async def epoch(self, index: int, n: int, kill: str | None) -> Epoch:
+    async def epoch(self, index: int, n: int, kill: list[str]) -> Epoch:
         t0 = time.monotonic()
         tag = f"e{index}"
         load = epoch_load(n, tag, self.seed + index)
@@ -290,7 +300,8 @@ class Soak:
         at_kill = 0
         if kill:  # mid-stream: once a tenth of what was sent is answered
             at_kill = await self.wait_some(len(fps) // 10, timeout_s=120)
-            self.kill_and_restart(kill)
+            for name in kill:
+                self.kill_and_restart(name)
         fps += await self.publish(load[half:])
         await self.wait_answered(fps, timeout_s=120 + n / 100)
         by_input, accepted, per_topic = await self.answers()
@@ -306,7 +317,7 @@ class Soak:
             rejected=per_topic[t.jobs_rejected],
             plans=per_topic[t.offload_plans],
             dead_letters=per_topic[t.dead_letter(t.offload_profiles)],
-            killed=kill or "",
+            killed=",".join(kill),
             answered_at_kill=at_kill,
             seconds=round(time.monotonic() - t0, 1),
         )
@@ -330,7 +341,7 @@ class Soak:
             for name in SERVICES:
                 self.start_service(name)
             epochs = self.restarts + 1
-            kills = list(SERVICES) + [None] * epochs
+            kills = self.kills + [[]] * epochs
             for i in range(epochs):
                 n = self.messages // epochs + (self.messages % epochs if i == 0 else 0)
                 e = await self.epoch(i, n, kills[i])
