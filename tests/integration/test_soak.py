@@ -18,6 +18,11 @@ async def test_soak_small(tmp_path: Path) -> None:
         assert e.unanswered == e.answered_twice == e.accepted_twice == 0
         assert e.accepted > 0 and e.rejected > 0 and e.plans > 0 and e.dead_letters > 0
     assert 0 < report.epochs[0].answered_at_kill < 300  # the kills came mid-stream
-    assert report.services_running_at_end == {"arrival": True, "profiler": True}
+    both = {"arrival": True, "profiler": True}
+    assert report.unready_while_broker_down == [both]  # /readyz 503 while it was down
+    assert report.ready_after_restart == [both]  # and 200 again after
+    assert report.outage_lines == {"arrival": 1, "profiler": 1}  # one line per outage
+    assert report.tracebacks == {"arrival": 0, "profiler": 0}
+    assert report.services_running_at_end == both
     assert report.clean_exit == {"arrival": 0, "profiler": 0}
     assert report.ok
