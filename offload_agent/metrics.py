@@ -22,8 +22,10 @@ _LABELS = ["job", "node"]
 HIT_RATIO = Gauge(
     "rltune_offload_hit_ratio", "Fast-tier hit rate of a job's tensor accesses", _LABELS
 )
-MIGRATION = Gauge(
-    "rltune_offload_migration_seconds", "Copy latency per migration", [*_LABELS, "quantile"]
+MIGRATION = Gauge(  # "quantile" is a summary's label; a gauge's is named otherwise
+    "rltune_offload_migration_seconds",
+    "Copy latency per migration, by percentile",
+    [*_LABELS, "percentile"],
 )
 MOVED = Counter(
     "rltune_offload_moved_bytes",  # exported as rltune_offload_moved_bytes_total
@@ -40,8 +42,8 @@ _lock = threading.Lock()
 def observe(st: OffloadStats) -> None:
     labels = (st.job_id, st.node_id)
     HIT_RATIO.labels(*labels).set(st.hit_rate)
-    MIGRATION.labels(*labels, "0.5").set(st.migration_ms_p50 / 1e3)
-    MIGRATION.labels(*labels, "0.99").set(st.migration_ms_p99 / 1e3)
+    MIGRATION.labels(*labels, "50").set(st.migration_ms_p50 / 1e3)
+    MIGRATION.labels(*labels, "99").set(st.migration_ms_p99 / 1e3)
     STEP.labels(*labels).set(st.step_ms / 1e3)
     UTIL.labels(*labels, "gpu").set(st.gpu_mem_util)
     UTIL.labels(*labels, "host").set(st.host_mem_util)
@@ -63,7 +65,7 @@ def forget(job_id: str, node_id: str) -> None:
         _last.pop(labels, None)
     for gauge, extra in (
         (HIT_RATIO, [()]),
-        (MIGRATION, [("0.5",), ("0.99",)]),
+        (MIGRATION, [("50",), ("99",)]),
         (STEP, [()]),
         (UTIL, [("gpu",), ("host",)]),
     ):

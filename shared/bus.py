@@ -237,6 +237,8 @@ async def run_service(
             await loop.run(stop)
     finally:
         health.stopped = True
+        if HEALTH.get(spec.name) is health:  # the probes answer for running services
+            del HEALTH[spec.name]
         await loop.close()
     return stats
 

@@ -57,20 +57,40 @@ class OverBudget(Exception):
 
 def _work(conn: Connection) -> None:  # pragma: no cover - runs in the worker process
     """The worker: plan each (profile, fast, host, version) it is sent, answer with
-    ("ok", plan JSON) or ("refused", reason)."""
+    ("ok", plan JSON) or ("refused", reason). It ends quietly when its service closes
+    the pipe (a service that stops, or drops this worker, says nothing more to it)."""
     dec = msgspec.json.Decoder(TensorProfile)
-    while True:
-        try:
+    with contextlib.suppress(EOFError, OSError):
+        conn.send("ready")
+        while True:
             raw, fast, host, version = conn.recv()
-        except EOFError:
-            return
-        try:
-            plan = build_plan(dec.decode(raw), Budgets(fast, host), version=version)
-            conn.send(("ok", encode(plan)))
-        except PlanError as exc:
-            conn.send(("refused", str(exc)))
-        except Exception as exc:  # a planner bug: the service dead-letters it with this
-            conn.send(("bug", f"{type(exc).__name__}: {exc}"))
+            try:
+                plan = build_plan(dec.decode(raw), Budgets(fast, host), version=version)
+                conn.send(("ok", encode(plan)))
+            except PlanError as exc:
+                conn.send(("refused", str(exc)))
+            except Exception as exc:  # a planner bug: the service dead-letters it with this
+                conn.send(("bug", f"{type(exc).__name__}: {exc}"))
+
+
+_START_TIMEOUT_S = 120.0
+
+
+async def _readable(conn: Connection, timeout_s: float) -> None:
+    """Until `conn` has something to read; TimeoutError after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    answered = loop.create_future()
+
+    def readable() -> None:
+        if not answered.done():
+            answered.set_result(None)
+
+    loop.add_reader(conn.fileno(), readable)
+    try:
+        await asyncio.wait_for(answered, timeout_s)
+    finally:
+        with contextlib.suppress(Exception):
+            loop.remove_reader(conn.fileno())
 
 
 class PlanWorker:
@@ -81,7 +101,9 @@ class PlanWorker:
         self._conn: Connection | None = None
         weakref.finalize(self, PlanWorker._kill, self.__dict__)
 
-    def _start(self) -> Connection:
+    async def _start(self) -> Connection:
+        """The worker's end of the pipe, once it has started (its imports take a while,
+        which must not count against a plan's budget)."""
         if self._proc is None or not self._proc.is_alive() or self._conn is None:
             self.close()
             ctx = multiprocessing.get_context("spawn")
@@ -90,29 +112,24 @@ class PlanWorker:
             proc.start()
             theirs.close()
             self._proc, self._conn = proc, mine
+            try:
+                await _readable(mine, _START_TIMEOUT_S)
+                mine.recv()  # "ready"
+            except (TimeoutError, EOFError, OSError) as exc:
+                self.close()
+                raise RuntimeError(f"the planner process did not start: {exc!r}") from None
         return self._conn
 
     async def plan(self, raw: bytes, budgets: Budgets, version: int, budget_s: float) -> bytes:
         """The plan's JSON; PlanError if the planner refuses; OverBudget after `budget_s`."""
-        conn = self._start()
+        conn = await self._start()
         conn.send((raw, budgets.fast, budgets.host, version))
-        loop = asyncio.get_running_loop()
-        answered = loop.create_future()
-
-        def readable() -> None:
-            if not answered.done():
-                answered.set_result(None)
-
-        loop.add_reader(conn.fileno(), readable)
         try:
-            await asyncio.wait_for(answered, budget_s)
+            await _readable(conn, budget_s)
             kind, body = conn.recv()
         except (TimeoutError, EOFError, OSError) as exc:
             self.close()
             raise OverBudget(str(exc)) from None
-        finally:
-            with contextlib.suppress(Exception):
-                loop.remove_reader(conn.fileno())
         if kind == "ok":
             return bytes(body)
         if kind == "refused":

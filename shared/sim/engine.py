@@ -30,7 +30,7 @@ import heapq
 import time
 from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from services.placement.checker import inversions
@@ -59,7 +59,7 @@ __all__ = ["SimConfig", "SimResult", "Simulator", "simulate"]
 _FINISH, _TICK = 0, 1
 _REPORT_EVERY = 4096  # place in window order, skipping what does not fit
 
-# placer calls between two garbage collections while the cyclic GC is paused
+# solver models built between two garbage collections while the cyclic GC is paused
 _COLLECT_EVERY = 500
 
 
@@ -157,6 +157,7 @@ class Simulator:
         self.node_type = {n.node_id: n.gpu_type for n in cluster.nodes}
         # a full collection scans every live job: only for placers that leave garbage cycles
         self._collect = bool(getattr(placer, "leaves_cycles", False))
+        self._collected = 0  # the placer's `cycles` at the last collection
         self.state = ClusterState(cluster)
         self.speed = {t: speed_of(t, cluster.speed) for t in cluster.gpu_types}
         self.ref_speed = speed_of(cluster.reference, cluster.speed) if cluster.reference else 1.0
@@ -293,7 +294,8 @@ class Simulator:
             self.result.priority_inversions += inversions(
                 reqs, nodes, result.allocations, self.config.discipline, ctx
             )
-        if self._collect and len(self.result.placement_ms) % _COLLECT_EVERY == 0:
+        if self._collect and self.placer.cycles >= self._collected + _COLLECT_EVERY:
+            self._collected = self.placer.cycles
             gc.collect()  # the placer leaves cycles (a solver's model); the run pauses the GC
         self.result.rounds += 1
         started = 0
@@ -317,8 +319,7 @@ class Simulator:
         """Running jobs' expected releases, for EASY's reservation."""
         if not self.easy:
             return None
-        rel = self.releases
-        return RoundContext(now, [rel[seq] for _, seq in self.release_keys], self.node_type)
+        return RoundContext(now, _Releases(self.release_keys, self.releases), self.node_type)
 
     def _new_head(self) -> bool:
         """Under EASY, whether arrivals put a new job first in the policy's order (its
@@ -439,12 +440,41 @@ class Simulator:
         return JobRecord(j.job_id, j.vc, j.submit_s, j.num_gpus, j.gpu_milli, tuple(run.segments))
 
 
+class _Releases(Collection[Release]):
+    """The running jobs' releases in time order, read lazily (a reservation stops at
+    the first time the head fits; most rounds read a few of hundreds)."""
+
+    def __init__(self, keys: list[tuple[float, int]], releases: dict[int, Release]) -> None:
+        self._keys, self._releases = keys, releases
+
+    def __iter__(self) -> Iterator[Release]:
+        rel = self._releases
+        return (rel[seq] for _, seq in self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, item: object) -> bool:
+        return any(r == item for r in self)
+
+
 def window_requests(
     window: Sequence[QueuedJob], estimate: Callable[[QueuedJob], float] | None = None
 ) -> list[JobRequest]:
     """JobRequests in window order, scored by rank (first = highest score), with
     run-time estimates from `estimate` (history) when given."""
     n = len(window)
+    if estimate is not None:  # jobs of one user and size share an estimate: once per round
+        memo: dict[tuple[str, int], float] = {}
+        plain = estimate
+
+        def estimate(j: QueuedJob) -> float:
+            key = (j.who, j.num_gpus)
+            v = memo.get(key)
+            if v is None:
+                v = memo[key] = plain(j)
+            return v
+
     return [
         JobRequest(
             j.job_id,

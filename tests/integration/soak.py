@@ -35,6 +35,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -78,7 +80,11 @@ class Report:
     restarts: int
     seed: int
     epochs: list[Epoch] = field(default_factory=list)
+    unready_while_broker_down: list[dict[str, bool]] = field(default_factory=list)
+    ready_after_restart: list[dict[str, bool]] = field(default_factory=list)
     services_running_at_end: dict[str, bool] = field(default_factory=dict)
+    outage_lines: dict[str, int] = field(default_factory=dict)  # "unreachable" lines
+    tracebacks: dict[str, int] = field(default_factory=dict)
     clean_exit: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -90,6 +96,9 @@ class Report:
                 for e in self.epochs
             )
             and all(self.services_running_at_end.values())
+            and all(all(d.values()) for d in self.unready_while_broker_down)
+            and all(all(d.values()) for d in self.ready_after_restart)
+            and not any(self.tracebacks.values())
             and all(code == 0 for code in self.clean_exit.values())
         )
 
@@ -166,12 +175,23 @@ def _fingerprint(ts: int, key: bytes | None, value: bytes) -> str:
 
 
 class Soak:
-    def __init__(self, messages: int, restarts: int, seed: int, log_dir: Path) -> None:
+    def __init__(
+        self,
+        messages: int,
+        restarts: int,
+        seed: int,
+        log_dir: Path,
+        kills: list[list[str]] | None = None,
+    ) -> None:
+        """`kills`: the services to SIGKILL in each epoch (default: one per epoch, in
+        the order of SERVICES, until each was killed once)."""
         self.messages, self.restarts, self.seed = messages, restarts, seed
+        self.kills = kills or [[name] for name in SERVICES]
         self.log_dir = log_dir
         self.broker = EmbeddedBroker(free_port(), log_path=log_dir / "broker.log")
         self.settings = BusSettings(self.broker.bootstrap, "soak.")
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.ports = {name: free_port() for name in SERVICES}  # /metrics, /healthz, /readyz
         self.report = Report(messages, restarts, seed)
         self._ts = int(time.time() * 1000)
 
@@ -186,7 +206,15 @@ class Soak:
         )
         err = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", "service", name],
+            [
+                sys.executable,
+                "-m",
+                "shared.cli",
+                "service",
+                name,
+                "--prometheus-port",
+                str(self.ports[name]),
+            ],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -281,7 +309,7 @@ class Soak:
         missing = len(want - set(by_input))
         raise AssertionError(f"{missing} of {len(want)} inputs unanswered after {timeout_s} s")
 
-    async def epoch(self, index: int, n: int, kill: str | None) -> Epoch:
+    async def epoch(self, index: int, n: int, kill: list[str]) -> Epoch:
         t0 = time.monotonic()
         tag = f"e{index}"
         load = epoch_load(n, tag, self.seed + index)
@@ -290,7 +318,8 @@ class Soak:
         at_kill = 0
         if kill:  # mid-stream: once a tenth of what was sent is answered
             at_kill = await self.wait_some(len(fps) // 10, timeout_s=120)
-            self.kill_and_restart(kill)
+            for name in kill:
+                self.kill_and_restart(name)
         fps += await self.publish(load[half:])
         await self.wait_answered(fps, timeout_s=120 + n / 100)
         by_input, accepted, per_topic = await self.answers()
@@ -306,7 +335,7 @@ class Soak:
             rejected=per_topic[t.jobs_rejected],
             plans=per_topic[t.offload_plans],
             dead_letters=per_topic[t.dead_letter(t.offload_profiles)],
-            killed=kill or "",
+            killed=",".join(kill),
             answered_at_kill=at_kill,
             seconds=round(time.monotonic() - t0, 1),
         )
@@ -316,9 +345,20 @@ class Soak:
             raise AssertionError(f"epoch {index}: accepted ids differ from the oracle's: {some}")
         return e
 
+    async def readiness(self, want: int, timeout_s: float) -> dict[str, bool]:
+        """Whether each service's /readyz answered `want` within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        seen = dict.fromkeys(SERVICES, False)
+        while time.monotonic() < deadline and not all(seen.values()):
+            for name in SERVICES:
+                url = f"http://127.0.0.1:{self.ports[name]}/readyz"
+                seen[name] = seen[name] or await asyncio.to_thread(_status, url) == want
+            await asyncio.sleep(0.3)
+        return seen
+
     async def restart_broker(self) -> None:
         await asyncio.to_thread(self.broker.stop)
-        await asyncio.sleep(2.0)  # the services see the outage
+        self.report.unready_while_broker_down.append(await self.readiness(503, 30))
         await asyncio.to_thread(self.broker.start)
         await ensure_topics(self.settings)
 
@@ -330,13 +370,15 @@ class Soak:
             for name in SERVICES:
                 self.start_service(name)
             epochs = self.restarts + 1
-            kills = list(SERVICES) + [None] * epochs
+            kills = self.kills + [[]] * epochs
             for i in range(epochs):
                 n = self.messages // epochs + (self.messages % epochs if i == 0 else 0)
                 e = await self.epoch(i, n, kills[i])
                 self.report.epochs.append(e)
                 if progress:
                     print(f"epoch {i}: {json.dumps(asdict(e))}", file=sys.stderr)
+                if i > 0:  # answered all since the restart: connected again
+                    self.report.ready_after_restart.append(await self.readiness(200, 60))
                 if i < self.restarts:
                     await self.restart_broker()
             self.report.services_running_at_end = {
@@ -352,8 +394,22 @@ class Soak:
                     proc.kill()
                     self.report.clean_exit[name] = proc.wait(10)
             await asyncio.to_thread(self.broker.stop)
+        for name in SERVICES:
+            text = (self.log_dir / f"{name}.log").read_text(errors="replace")
+            self.report.outage_lines[name] = text.count("Kafka broker unreachable")
+            self.report.tracebacks[name] = text.count("Traceback")
         self.report.seconds = round(time.monotonic() - t0, 1)
         return self.report
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return 0
 
 
 def _key_of(value: bytes) -> bytes | None:
