@@ -59,7 +59,8 @@ def main(argv: list[str]) -> int:
     cluster = scaled_cluster(args.scale, out)
     common = ["--trace", args.trace, "--format", args.format, "--cluster", str(cluster)]
     common += ["--placer", args.placer, "--limit", str(args.limit)]
-    table = Table(title=f"{args.limit} jobs, {cluster.name} ({args.placer}, {args.discipline})")
+    name = yaml.safe_load(cluster.read_text())["name"]
+    table = Table(title=f"{args.limit} jobs, {name} ({args.placer}, {args.discipline})")
     for col in ("policy", "jobs", "same start", "same GPUs", "max |Δstart| s", "queued"):
         table.add_column(col)
     table.add_column("simulate s")
@@ -76,7 +77,7 @@ def main(argv: list[str]) -> int:
         t0 = time.perf_counter()
         cmd = [sys.executable, "-m", "shared.cli", "up", *common, "--policy", policy]
         cmd += ["--lockstep", "--until-done", "--jobs-out", str(up_csv), "--logs", str(out)]
-        cmd += ["--json", str(out / f"{policy}.up.json")]
+        cmd += ["--json", str(out / f"{policy}.up.json"), "--discipline", args.discipline]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         up_s = time.perf_counter() - t0
         a = {r.job_id: r for r in read_jobs_csv(sim_csv)}

@@ -41,6 +41,7 @@ from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import MetricsSnapshot, encode
+from shared.placement_api import DISCIPLINES
 from shared.replay import Paced, job_spec_of, paced
 from shared.sim import load_jobs
 from shared.traces import SkipStats
@@ -61,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
     p.add_argument("--placer", default="milp", help="placement (default milp)")
     p.add_argument("--window", type=int, default=128, help="jobs per round (K)")
+    p.add_argument(
+        "--discipline", default="easy", choices=DISCIPLINES, help="as simulate's (default easy)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speedup", type=float, default=1000.0, help="trace time / wall time")
     p.add_argument("--lockstep", action="store_true", help="virtual time, round by round")
@@ -131,6 +135,7 @@ class Services:
         common = ["--cluster", str(args.cluster)]
         sim = ["--trace", str(args.trace), "--format", args.format, "--policy", args.policy]
         sim += ["--placer", args.placer, "--window", str(args.window), "--seed", str(args.seed)]
+        sim += ["--discipline", args.discipline]
         sim += ["--speedup", str(args.speedup)] + (["--lockstep"] if args.lockstep else [])
         sim += ["--limit", str(args.limit)] if args.limit else []
         if args.until_done:
@@ -142,7 +147,7 @@ class Services:
             "telemetry": bus,
             "scoring": bus + common + ["--policy", args.policy, "--rounds", "driven"]
             + ["--window", str(args.window), "--seed", str(args.seed)],
-            "placement": bus + common + ["--placer", args.placer]
+            "placement": bus + common + ["--placer", args.placer, "--discipline", args.discipline]
             + (["--reproducible"] if args.lockstep else []),
             "profiler": bus,
             "cluster-sim": bus + common + sim,
