@@ -1,0 +1,81 @@
+"""The scoring service's queue: driven rounds wait for what they name and apply it in
+the simulator's order; free rounds follow the events."""
+
+from __future__ import annotations
+
+from services.scoring.policies import make_policy
+from services.scoring.queue import ScoringState
+from shared.cluster import ClusterSpec, NodeSpec
+from shared.messages import Job, JobEvent, NodeStatus, RoundRequest
+from shared.policy_api import History, QueuedJob
+
+CLUSTER = ClusterSpec("t", (NodeSpec("a", "V100", 4),))
+
+
+def _jobs(n: int) -> list[Job]:
+    return [Job(f"j{i}", 1 + i % 2, float(i), user=f"u{i % 2}") for i in range(n)]
+
+
+def test_a_round_waits_for_its_jobs_finishes_and_nodes() -> None:
+    s = ScoringState(make_policy("fifo"), CLUSTER)
+    jobs = _jobs(3)
+    s.request(RoundRequest(0, 5.0, arrived=["j0", "j1", "j2"], nodes=["a"]))
+    assert s.answer_rounds() == []
+    for j in jobs:
+        s.accepted(j, free=False)
+    assert s.answer_rounds() == []  # the node status of round 0 is still missing
+    assert s.waiting_for(s.rounds.pending[0]) == ["node a"]
+    s.node(NodeStatus("a", "V100", 4, [0, 1, 2, 3], round_id=0))
+    (batch,) = s.answer_rounds()
+    assert batch.round_id == 0 and batch.driven
+    assert [j for j, _ in batch.jobs] == ["j0", "j1", "j2"]
+    assert [score for _, score in batch.jobs] == [3.0, 2.0, 1.0]
+    # round 1: j0 started, then finished; its run time must come from the events
+    s.request(RoundRequest(1, 50.0, started=["j0"], finished=["j0"]))
+    assert s.answer_rounds() == []
+    s.event(JobEvent("j0", "started", 5.0), free=False)
+    s.event(JobEvent("j0", "finished", 45.5), free=False)
+    (batch,) = s.answer_rounds()
+    assert [j for j, _ in batch.jobs] == ["j1", "j2"]
+    assert s.history.mean_run("u0", 1) == 40.5
+    assert s.answer_rounds() == []  # answered once; an old round asked again is not re-applied
+    s.request(RoundRequest(1, 50.0, started=["j0"], finished=["j0"]))
+    assert [b.round_id for b in s.answer_rounds()] == [1]
+    assert s.queue_length == 2
+
+
+def test_history_sums_in_the_order_the_round_names() -> None:
+    """Finishes enter the running means in the simulator's order, not the events'."""
+    s = ScoringState(make_policy("sjf-est"), CLUSTER)
+    runs = [0.1, 0.2, 0.3]
+    ids = [f"j{i}" for i in range(3)]
+    for jid in ids:
+        s.accepted(Job(jid, 1, 0.0, user="u"), free=False)
+    s.request(RoundRequest(0, 0.0, arrived=ids))
+    s.answer_rounds()
+    for jid, r in reversed(list(zip(ids, runs, strict=True))):  # events in another order
+        s.event(JobEvent(jid, "started", 0.0), free=False)
+        s.event(JobEvent(jid, "finished", r), free=False)
+    s.request(RoundRequest(1, 1.0, started=ids, finished=ids))
+    s.answer_rounds()
+    ref = History()
+    for i, r in enumerate(runs):
+        ref.record(QueuedJob(i, ids[i], 0.0, 1, user="u"), r)
+    assert s.history.mean_run("u", 1) == ref.mean_run("u", 1)
+
+
+def test_free_rounds_follow_events_placements_and_refusals() -> None:
+    s = ScoringState(make_policy("fifo"), None)
+    s.node(NodeStatus("h", "V100", 2, [0, 1]))
+    for j in _jobs(3):
+        s.accepted(j, free=True)
+    batch = s.free_round(0, 0.0)
+    assert batch is not None and [j for j, _ in batch.jobs] == ["j0", "j1", "j2"]
+    s.placed(["j0"])  # given GPUs: out of the window
+    assert [j for j, _ in s.free_round(1, 0.0).jobs] == ["j1", "j2"]  # type: ignore[union-attr]
+    s.event(JobEvent("j0", "rejected_placement", 1.0), free=True)  # back to the queue
+    assert [j for j, _ in s.free_round(2, 0.0).jobs] == ["j0", "j1", "j2"]  # type: ignore[union-attr]
+    s.event(JobEvent("j1", "started", 2.0), free=True)
+    s.event(JobEvent("j1", "finished", 12.0), free=True)
+    assert [j for j, _ in s.free_round(3, 0.0).jobs] == ["j0", "j2"]  # type: ignore[union-attr]
+    assert s.history.mean_run("u1", 2) == 10.0
