@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from shared.broker import EmbeddedBroker, free_port
+from shared.cluster import load_cluster
 from shared.config import BusSettings
+from shared.metrics import summarize
+from shared.sim import read_jobs_csv
+
+CLUSTER = Path(__file__).resolve().parents[2] / "clusters" / "philly.yaml"
 
 
 def rltune(
@@ -27,16 +32,23 @@ def rltune(
 
 
 def test_up_replays_the_sample_until_done(tmp_path: Path) -> None:
-    out = tmp_path / "up.json"
+    """`up --until-done` (real time, each service its own process) schedules the
+    whole sample slice and writes simulate's files: every job ran once, and the
+    summary is the one recomputed from the per-job file."""
+    out, jobs = tmp_path / "up.json", tmp_path / "up.csv"
     r = rltune(
-        "up", "--limit", "200", "--speedup", "1e7", "--until-done",
-        "--json", str(out), "--port", str(free_port()),
+        "up", "--limit", "200", "--speedup", "1e7", "--until-done", "--placer", "greedy",
+        "--json", str(out), "--jobs-out", str(jobs), "--port", str(free_port()),
+        timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     final = json.loads(out.read_text())
-    assert final["submitted"] == 200
-    assert final["answered"] == 200
-    assert final["sources"]["arrival"]["counters"]["accepted"] == 200
+    assert final["jobs"] == 200 and final["rejected"] == {}
+    records = read_jobs_csv(jobs)
+    assert len(records) == 200 and all(len(rec.segments) == 1 for rec in records)
+    again = summarize(records, load_cluster(CLUSTER).total_gpus)
+    assert again["avg_jct_s"] == final["avg_jct_s"]
+    assert again["avg_queue_s"] == final["avg_queue_s"]
 
 
 async def test_submit_wait_and_metrics(
@@ -76,14 +88,14 @@ async def test_submit_wait_and_metrics(
     ("args", "needle"),
     [
         (["up", "--speedup", "0"], "--speedup must be positive"),
-        (["up", "--lockstep"], "cluster-sim"),
+        (["up", "--policy", "nope"], "unknown policy"),
         (["up", "--trace", "/nonexistent.csv", "--format", "philly"], "not found"),
         (["up", "--format", "nope"], "unknown trace format"),
         (["submit", "--file", "/nonexistent.jsonl"], "cannot read"),
         (["submit", "--job-id", "x"], "--num-gpus"),
         (["submit", "--job-id", "bad id", "--num-gpus", "1"], "$.job_id"),
         (["submit", "--job-id", "x", "--num-gpus", "1", "--bootstrap", "nohostport"], "HOST:PORT"),
-        (["service", "nope"], "no service 'nope'"),
+        (["service", "nope"], "invalid choice: 'nope'"),
         (["bench", "nope"], "no benchmark 'nope'"),
         (["nope"], "invalid choice"),
     ],
