@@ -22,6 +22,6 @@ OFFLOAD_HIT = Gauge("rltune_cluster_offload_hit_ratio", "Mean 10Cache hit rate o
 OFFLOAD_MIGRATION = Gauge(
     "rltune_cluster_offload_migration_seconds",
     "10Cache migration latency of the running jobs (p50: mean of theirs; p99: max)",
-    ["quantile"],
+    ["percentile"],  # not "quantile": that label is for summaries
 )
 COLLECTORS = (JOBS, JCT, GPU_UTIL, ROUNDS, OFFLOAD_HIT, OFFLOAD_MIGRATION)

@@ -128,8 +128,8 @@ def export(s: Telemetry) -> None:
         GPU_UTIL.labels(t).set(u)
     if "offload_hit_rate" in c:
         OFFLOAD_HIT.set(c["offload_hit_rate"])
-        OFFLOAD_MIGRATION.labels("0.5").set(c["offload_migration_ms_p50"] / 1e3)
-        OFFLOAD_MIGRATION.labels("0.99").set(c["offload_migration_ms_p99"] / 1e3)
+        OFFLOAD_MIGRATION.labels("50").set(c["offload_migration_ms_p50"] / 1e3)
+        OFFLOAD_MIGRATION.labels("99").set(c["offload_migration_ms_p99"] / 1e3)
 
 
 async def _publisher(
