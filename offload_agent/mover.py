@@ -79,6 +79,12 @@ class Mover:
         self._store().read(spec.tensor_id, staged, spec.nbytes)
         return spec.view(staged).clone()
 
+    def write_copy(self, spec: TensorSpec, data: torch.Tensor) -> None:
+        """Write a tensor's swap file from any CPU tensor (checkpoint loads only)."""
+        staged = self.device.alloc_host(spec.size_class)
+        spec.view(staged).copy_(data)
+        self._store().write(spec.tensor_id, staged, spec.nbytes)
+
     def transfer(
         self,
         spec: TensorSpec,

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import offload_agent.engine as engine_mod
+import offload_agent.optim as optim_mod
 from offload_agent.device import ALIGN, CpuDevice
 from offload_agent.engine import OffloadEngine
 from offload_agent.gpt import GPT, GPTConfig, batch
@@ -122,14 +123,14 @@ def test_no_tensor_used_while_its_copy_is_in_flight(
         if list(m.parameters(recurse=False)):
             m.register_forward_pre_hook(check_module)  # runs after the engine's own hook
 
-    real_step = engine_mod.adamw_step
+    real_step = optim_mod.adamw_step
 
     def checked_step(cfg, step, p, g, m, v):  # type: ignore[no-untyped-def]
         _assert_ready(engine, [p, m, v])
         checked["steps"] += 1
         real_step(cfg, step, p, g, m, v)
 
-    monkeypatch.setattr(engine_mod, "adamw_step", checked_step)
+    monkeypatch.setattr(optim_mod, "adamw_step", checked_step)
     assert train(engine, STEPS) == reference
     assert checked["modules"] > 0 and checked["steps"] > 0
     assert engine.stats.late > 0  # prefetched copies really were still in flight when used
