@@ -13,7 +13,7 @@ made to wait on the copy's event).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
 
 import torch
@@ -62,7 +62,7 @@ class TensorCache:
 
     def install(
         self,
-        items: Sequence[tuple[TensorSpec, torch.Tensor]],
+        items: Iterable[tuple[TensorSpec, torch.Tensor]],
         homes: Mapping[str, Tier],
         fast_class: Mapping[str, int],
     ) -> None:

@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -53,6 +53,7 @@ from offload_agent.optim import (
     state_id,
 )
 from offload_agent.profiler import Recorder
+from offload_agent.residency import TensorSpec
 from offload_agent.stats import CacheStats
 from offload_agent.strategies import STRATEGIES, Setup, from_plan, initial_setup, specs_of
 from services.profiler.planner import Budgets, PlanError, check_plan
@@ -113,6 +114,8 @@ class OffloadEngine:
         self.steps = 0
         self._profile: TensorProfile | None = None
         self._store_ok = False
+        self._store_error = ""
+        self._refused = False  # a plan for this profile was refused
         self._handles: list[object] = []
         self._binder = ParamBinder(self.params)
         self.loose: set[str] = set()  # parameters read outside their modules' forward
@@ -127,19 +130,28 @@ class OffloadEngine:
     def start(self) -> None:
         """Allocate buffers, write swap files, install hooks (safe default layout)."""
         self._store_ok = self._prepare_store()
-        values = {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
-        for s in self.specs:
-            if s.kind != "param":
-                values[s.tensor_id] = torch.zeros(s.shape, dtype=s.dtype)
         self._binder.make_placeholders(self.device.fast_device)
         setup = initial_setup(self.config, self.specs, self.budgets, store_ok=self._store_ok)
-        self._install(setup, values)
+        try:
+            self._install(setup, (self._initial(spec) for spec in self.specs))
+        except BaseException:
+            if self.store is not None:
+                self.store.remove_all()  # no partial swap files left behind
+            raise
         self._handles = install_hooks(self.model, self.names, self)
         self._handles.append(
             self.model.register_state_dict_post_hook(
                 functools.partial(OffloadEngine._real_values, self)
             )
         )
+
+    def _initial(self, spec: TensorSpec) -> tuple[TensorSpec, torch.Tensor]:
+        """A tensor's starting value: the parameter as the model holds it (read
+        before the parameter is pointed at its buffer, one at a time, so no
+        copy of the model is made), zeros for optimizer states."""
+        if spec.kind == "param":
+            return spec, self.params[spec.tensor_id].detach()
+        return spec, torch.zeros(spec.shape, dtype=spec.dtype)
 
     def _real_values(
         self, module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any
@@ -175,14 +187,15 @@ class OffloadEngine:
         if self.store is None:
             return False
         try:
-            self.store.prepare()
+            self.store.prepare(job_id=self.config.job_id)
             return True
         except SwapPathError as exc:
-            self.last_error = str(exc)
+            self.last_error = self._store_error = str(exc)
             log.error("%s; continuing without the NVMe tier (host memory over budget)", exc)
             return False
 
-    def _install(self, setup: Setup, values: dict[str, torch.Tensor]) -> None:
+    def _install(self, setup: Setup, values: Iterable[tuple[TensorSpec, torch.Tensor]]) -> None:
+        """Build `setup`'s buffers and put every tensor in them, in spec order."""
         if setup.uses_nvme and not self._store_ok:
             raise SwapPathError(
                 f"{setup.name} places tensors on NVMe but the NVMe tier is unusable"
@@ -196,7 +209,7 @@ class OffloadEngine:
             stats=self.stats,
             bind=self._binder,
         )
-        cache.install([(s, values[s.tensor_id]) for s in self.specs], setup.homes, setup.fast_class)
+        cache.install(values, setup.homes, setup.fast_class)
         self.cache, self.setup_name = cache, setup.name
 
     # ---- a training step ---------------------------------------------------
@@ -377,7 +390,7 @@ class OffloadEngine:
 
     @property
     def profile_ready(self) -> bool:
-        return self._profile is not None and self.setup_name != "tencache"
+        return self._profile is not None and self.setup_name != "tencache" and not self._refused
 
     def profile(self) -> TensorProfile:
         if self._profile is None:
@@ -392,13 +405,19 @@ class OffloadEngine:
             if setup.uses_nvme and not self._store_ok:
                 raise PlanError(
                     f"plan for {plan.job_id} puts tensors on NVMe but the NVMe tier is unusable "
-                    f"({self.last_error or 'no store configured'})"
+                    f"({self._store_error or 'no store configured'})"
                 )
         except (PlanError, RuntimeError) as exc:
             self.last_error = str(exc)
+            self._refused = True  # `profile_ready` turns False: no re-plan every step
             log.error("plan refused: %s; continuing on %s", exc, self.setup_name)
             return False
-        self._install(setup, self.snapshot())
+        old = self._cache()
+        old.drain()
+        if self.store is not None:
+            self.store.version = plan.version
+        # one tensor at a time from the old buffers into the new: no copy of the model
+        self._install(setup, ((s, old.materialize(s.tensor_id)) for s in self.specs))
         return True
 
     def snapshot(self) -> dict[str, torch.Tensor]:
