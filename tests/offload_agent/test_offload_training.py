@@ -45,7 +45,7 @@ def make(
     fast: float = 0.45,
 ) -> OffloadEngine:
     """An engine whose fast tier holds `fast` of the buffer bytes of parameters and
-    states, host memory a fifth, the rest on NVMe."""
+    states, host memory half, the rest (a few tensors: swap files are slow) on NVMe."""
     model = build(arch, checkpointing=checkpointing)
     freeze(model, loop.frozen)
     keep = loop.micro > 1 or loop.max_grad_norm is not None
@@ -58,7 +58,7 @@ def make(
             job_id=f"{arch}-{strategy}",
             strategy=strategy,
             fast_budget=int(total * fast),
-            host_budget=int(total * 0.2),
+            host_budget=int(total * 0.5),
             accumulation_steps=loop.micro,
             max_grad_norm=loop.max_grad_norm,
         ),
@@ -127,8 +127,11 @@ def check(
     return engine
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES[1:])
-@pytest.mark.parametrize("arch", ["gpt2", "llama", "bert", "t5", "albert"])
+@pytest.mark.parametrize(
+    ("arch", "strategy"),
+    [(a, s) for a in ("gpt2", "llama") for s in STRATEGIES[1:]]
+    + [(a, s) for a in ("bert", "t5", "albert") for s in ("lru", "tencache")],
+)
 def test_trains_exactly_as_torch_adamw(
     arch: str, strategy: str, tmp_path: Path, io: ThreadPoolExecutor
 ) -> None:
@@ -136,8 +139,11 @@ def test_trains_exactly_as_torch_adamw(
     engine.close()
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES[1:])
-@pytest.mark.parametrize("arch", ["llama", "shared"])
+@pytest.mark.parametrize(
+    ("arch", "strategy"),
+    [("llama", "lru"), ("llama", "tencache"), ("shared", "lru"), ("shared", "fixed"),
+     ("shared", "tencache")],
+)  # fmt: skip
 def test_non_reentrant_activation_checkpointing(
     arch: str, strategy: str, tmp_path: Path, io: ThreadPoolExecutor
 ) -> None:
@@ -147,7 +153,7 @@ def test_non_reentrant_activation_checkpointing(
     check(arch, strategy, Loop(), tmp_path, io, checkpointing="non-reentrant", fast=fast).close()
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES[1:])
+@pytest.mark.parametrize("strategy", ["fixed", "tencache"])
 def test_reentrant_activation_checkpointing(
     strategy: str, tmp_path: Path, io: ThreadPoolExecutor
 ) -> None:
@@ -167,7 +173,7 @@ def test_reused_block_under_reentrant_checkpointing_needs_summed_gradients(
     check("shared", "tencache", loop, tmp_path / "sum", io, checkpointing="reentrant")
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", ["none", "lru", "tencache"])
 def test_clipping_schedule_and_groups(
     strategy: str, tmp_path: Path, io: ThreadPoolExecutor
 ) -> None:
@@ -183,13 +189,13 @@ def test_clipping_schedule_and_groups(
     assert_same_training(engine, model, opt)
 
 
-@pytest.mark.parametrize("strategy", ["lru", "tencache"])
+@pytest.mark.parametrize("strategy", ["fixed", "tencache"])
 def test_clipping_with_accumulation(strategy: str, tmp_path: Path, io: ThreadPoolExecutor) -> None:
     loop = Loop(micro=2, max_grad_norm=0.5)
     check("gpt2", strategy, loop, tmp_path, io).close()
 
 
-@pytest.mark.parametrize("strategy", ["lru", "fixed", "tencache"])
+@pytest.mark.parametrize("strategy", ["fixed", "tencache"])
 def test_frozen_parameters(strategy: str, tmp_path: Path, io: ThreadPoolExecutor) -> None:
     """Frozen embeddings and a frozen norm: never stepped, still streamed."""
     loop = Loop(frozen=("model.embed_tokens.weight", "model.layers.0.input_layernorm.weight"))
