@@ -57,11 +57,12 @@ class QueuedJob:
 class History:
     """Run times of finished jobs, learned online (running means)."""
 
-    __slots__ = ("_group", "_who")
+    __slots__ = ("_all", "_group", "_who")
 
     def __init__(self) -> None:
         self._group: dict[tuple[str, int], list[float]] = {}  # (who, gpus) -> [sum, count]
         self._who: dict[str, list[float]] = {}
+        self._all = [0.0, 0.0]  # every finished job: [sum, count]
 
     def record(self, job: QueuedJob, run_s: float) -> None:
         """`job` finished after holding its GPUs for `run_s` seconds."""
@@ -71,6 +72,8 @@ class History:
         acc = self._who.setdefault(job.who, [0.0, 0.0])
         acc[0] += run_s
         acc[1] += 1.0
+        self._all[0] += run_s
+        self._all[1] += 1.0
 
     def mean_run(self, who: str, num_gpus: int) -> float | None:
         """Mean run time of `who`'s finished jobs of `num_gpus` GPUs; None if there are none."""
@@ -81,6 +84,10 @@ class History:
         """Mean run time of all of `who`'s finished jobs; None if there are none."""
         acc = self._who.get(who)
         return acc[0] / acc[1] if acc else None
+
+    def mean_run_all(self) -> float | None:
+        """Mean run time of every finished job; None if none has finished."""
+        return self._all[0] / self._all[1] if self._all[1] else None
 
     def finished(self, who: str) -> int:
         acc = self._who.get(who)
