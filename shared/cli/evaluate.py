@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from shared.cli.simulate import add_run_args, load_run_cluster
+from shared.cli.simulate import add_run_args, load_run_cluster, load_run_jobs
 from shared.errors import UserError
 from shared.traces import SkipStats
 
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from services.placement.registry import make_placer
     from services.scoring.policies import make_policy
     from shared.report import PolicyRun, markdown_table, write_csv, write_plots
-    from shared.sim import SimConfig, load_jobs, simulate, write_jobs_csv
+    from shared.sim import SimConfig, simulate, write_jobs_csv
 
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     if not names:
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     out = _out_dir(args.out)
     cluster = load_run_cluster(args)
     stats = SkipStats()
-    jobs = load_jobs(args.trace, args.format, cluster, stats, args.limit)
+    jobs = load_run_jobs(args, cluster, stats)
     config = SimConfig(window=args.window, seed=args.seed, preempt=args.preempt)
     console = Console(stderr=True)
     runs: list[PolicyRun] = []
