@@ -9,8 +9,13 @@ Definitions (over the jobs that finished, i.e. have at least one run segment):
 
 * `jobs`: how many finished; JCT = last finish - submit; queue = first start - submit;
 * `avg_bsld`: mean of max(1, JCT / max(run, 10 s)), run = total time holding GPUs;
-* `gpu_util`: sum over segments of (GPUs held x time) / (total GPUs x makespan),
-  a share of g milli-GPUs counting as g / 1000 of a GPU;
+* `gpu_util`: sum over segments of (GPUs held x time inside [first submit, last
+  submit]) / (total GPUs x (last submit - first submit)): how busy the cluster was
+  while the trace was still sending work; a share of g milli-GPUs counts as g / 1000
+  of a GPU (0 when the span is empty: a single submit instant);
+* `gpu_util_makespan`: the same over [first submit, last finish] (the makespan);
+* `max_queue_s`, `queue_by_size`: the longest queueing delay, and avg / max / count
+  per job-size bucket of GPUs requested (`1`, `2-7`, `8-15`, `16+`);
 * `makespan_s`: last finish - first submit (first submit over every job in the run);
 * percentiles are linear interpolation between closest ranks (numpy's default).
 """
@@ -27,7 +32,9 @@ __all__ = [
     "Segment",
     "jct_cdf",
     "percentile",
+    "queue_by_size",
     "queue_delay_series",
+    "size_bucket",
     "summarize",
     "utilisation_series",
 ]
@@ -41,6 +48,11 @@ SUMMARY_KEYS = (
     "p99_queue_s",
     "avg_bsld",
     "gpu_util",
+    "gpu_util_makespan",
+    "max_queue_s",
+    "queue_by_size",
+    "priority_inversions",
+    "discipline",
     "makespan_s",
     "placement_p50_ms",
     "placement_p99_ms",
@@ -108,8 +120,11 @@ def summarize(
     total_gpus: int,
     placement_ms: Sequence[float] = (),
     rejected: Mapping[str, int] | None = None,
+    discipline: str = "",
+    priority_inversions: int = 0,
 ) -> dict[str, object]:
-    """The summary JSON of DESIGN.md, keys in `SUMMARY_KEYS` order."""
+    """The summary JSON of DESIGN.md, keys in `SUMMARY_KEYS` order. `discipline` and
+    `priority_inversions` are the run's, passed through (a jobs file cannot show them)."""
     recs = list(records)
     done = [r for r in recs if r.finished]
     jct = [r.jct_s for r in done]
@@ -117,8 +132,15 @@ def summarize(
     n = len(done)
     first = min((r.submit_s for r in recs), default=0.0)
     last = max((r.segments[-1].finish_s for r in done), default=first)
+    last_submit = max((r.submit_s for r in recs), default=first)
     makespan = last - first
     held = sum(r.gpus * r.run_s for r in done)
+    span = last_submit - first
+    in_span = sum(
+        r.gpus * max(0.0, min(s.finish_s, last_submit) - max(s.start_s, first))
+        for r in done
+        for s in r.segments
+    )
     return {
         "jobs": n,
         "avg_jct_s": _mean(jct),
@@ -127,11 +149,39 @@ def summarize(
         "avg_queue_s": _mean(queue),
         "p99_queue_s": percentile(queue, 99),
         "avg_bsld": _mean([r.bsld for r in done]),
-        "gpu_util": held / (total_gpus * makespan) if total_gpus and makespan > 0 else 0.0,
+        "gpu_util": in_span / (total_gpus * span) if total_gpus and span > 0 else 0.0,
+        "gpu_util_makespan": held / (total_gpus * makespan) if total_gpus and makespan > 0 else 0.0,
+        "max_queue_s": max(queue, default=math.nan),
+        "queue_by_size": queue_by_size(done),
+        "priority_inversions": priority_inversions,
+        "discipline": discipline,
         "makespan_s": makespan,
         "placement_p50_ms": percentile(placement_ms, 50) if placement_ms else 0.0,
         "placement_p99_ms": percentile(placement_ms, 99) if placement_ms else 0.0,
         "rejected": dict(sorted((rejected or {}).items())),
+    }
+
+
+SIZE_BUCKETS = (("1", 1, 1), ("2-7", 2, 7), ("8-15", 8, 15), ("16+", 16, 1 << 30))
+
+
+def size_bucket(num_gpus: int) -> str:
+    """The `queue_by_size` bucket of a job of `num_gpus` GPUs (a share counts as 1)."""
+    for name, lo, hi in SIZE_BUCKETS:
+        if lo <= num_gpus <= hi:
+            return name
+    return SIZE_BUCKETS[0][0]
+
+
+def queue_by_size(done: Iterable[JobRecord]) -> dict[str, dict[str, float]]:
+    """Queueing delay per size bucket: {"1": {"avg_s", "max_s", "jobs"}, ...}, every
+    bucket present (avg/max NaN when it has no finished job)."""
+    delays: dict[str, list[float]] = {name: [] for name, _, _ in SIZE_BUCKETS}
+    for r in done:
+        delays[size_bucket(r.num_gpus)].append(r.queue_s)
+    return {
+        name: {"avg_s": _mean(xs), "max_s": max(xs, default=math.nan), "jobs": len(xs)}
+        for name, xs in delays.items()
     }
 
 

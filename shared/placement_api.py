@@ -9,11 +9,26 @@ never mutate their inputs and never read a clock other than for `solver_ms`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["FULL_GPU", "Allocation", "JobRequest", "NodeFree", "PlacementResult", "Placer"]
+__all__ = [
+    "DISCIPLINES",
+    "FULL_GPU",
+    "Allocation",
+    "JobRequest",
+    "NodeFree",
+    "PlacementResult",
+    "Placer",
+    "Release",
+    "RoundContext",
+]
+
+# What happens to a window job that cannot start (DESIGN.md, "Scheduling round"):
+# strict: nothing behind it starts; best-effort: later jobs that fit start;
+# easy: EASY backfill, later jobs start only where they do not delay its reservation.
+DISCIPLINES = ("strict", "best-effort", "easy")
 
 FULL_GPU = 1000  # milli-GPUs in one whole GPU
 
@@ -28,6 +43,7 @@ class JobRequest:
     gpu_types: frozenset[str] = frozenset()  # allowed GPU types; empty = any
     weight: float = 1.0
     score: float = 0.0  # the policy's priority score (higher = more urgent)
+    est_run_s: float = 0.0  # run-time estimate from history (EASY backfill); never the truth
 
     def allows(self, gpu_type: str) -> bool:
         return not self.gpu_types or gpu_type in self.gpu_types
@@ -66,6 +82,25 @@ class PlacementResult:
     status: str = "GREEDY"  # e.g. OPTIMAL, FEASIBLE, TIMEOUT_FEASIBLE, GREEDY, FALLBACK_GREEDY
     objective: float | None = None
     extra: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """A running job's GPUs, expected back at `time_s` (its start + its estimate)."""
+
+    time_s: float
+    alloc: Allocation
+
+
+@dataclass(frozen=True, slots=True)
+class RoundContext:
+    """What EASY backfill needs beyond the window and the free capacity: the time,
+    the running jobs' expected releases, and every node's GPU type (a full node is
+    not among the free nodes, but its GPUs come back)."""
+
+    now: float = 0.0
+    releases: Collection[Release] = ()  # in time order (ties in any fixed order)
+    node_type: Mapping[str, str] = field(default_factory=dict)
 
 
 class Placer(Protocol):

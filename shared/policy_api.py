@@ -59,6 +59,8 @@ class History:
 
     __slots__ = ("_all", "_group", "_who")
 
+    DEFAULT_RUN_S = 3600.0  # the estimate before anything has finished
+
     def __init__(self) -> None:
         self._group: dict[tuple[str, int], list[float]] = {}  # (who, gpus) -> [sum, count]
         self._who: dict[str, list[float]] = {}
@@ -88,6 +90,17 @@ class History:
     def mean_run_all(self) -> float | None:
         """Mean run time of every finished job; None if none has finished."""
         return self._all[0] / self._all[1] if self._all[1] else None
+
+    def estimate(self, job: QueuedJob) -> float:
+        """A run-time estimate for `job` from history alone: the mean of its user's (or
+        VC's) finished jobs of the same size, else of all their jobs, else of every
+        finished job, else `DEFAULT_RUN_S` (what EASY backfill reserves with)."""
+        acc = self._group.get((job.who, job.num_gpus)) or self._who.get(job.who)
+        if acc:
+            return acc[0] / acc[1]
+        if self._all[1]:
+            return self._all[0] / self._all[1]
+        return self.DEFAULT_RUN_S
 
     def finished(self, who: str) -> int:
         acc = self._who.get(who)

@@ -28,14 +28,20 @@ class PolicyRun:
 
 COLUMNS = (
     ("policy", "policy"),
+    ("discipline", "discipline"),
     ("jobs", "jobs"),
     ("avg_jct_s", "avg JCT (h)"),
     ("p50_jct_s", "p50 JCT (h)"),
     ("p99_jct_s", "p99 JCT (h)"),
     ("avg_queue_s", "avg queue (h)"),
     ("p99_queue_s", "p99 queue (h)"),
+    ("max_queue_s", "max queue (h)"),
+    ("queue_by_size.16+.avg_s", "16+ GPU avg queue (h)"),
+    ("queue_by_size.16+.max_s", "16+ GPU max queue (h)"),
     ("avg_bsld", "avg bsld"),
-    ("gpu_util", "GPU util"),
+    ("gpu_util", "GPU util (submit span)"),
+    ("gpu_util_makespan", "GPU util (makespan)"),
+    ("priority_inversions", "inversions"),
     ("makespan_s", "makespan (d)"),
     ("placement_p50_ms", "place p50 (ms)"),
     ("placement_p99_ms", "place p99 (ms)"),
@@ -51,13 +57,13 @@ def _cell(key: str, value: object) -> str:
         return str(value)
     if isinstance(value, float) and not math.isfinite(value):
         return "-"
-    if key.endswith("_jct_s") or key.endswith("_queue_s"):
+    if key.endswith("_jct_s") or key.endswith("_queue_s") or key.startswith("queue_by_size"):
         return f"{value / 3600:.2f}"
     if key == "makespan_s":
         return f"{value / DAY:.1f}"
     if key in ("avg_bsld", "wall_s"):
         return f"{value:.2f}"
-    if key == "gpu_util":
+    if key.startswith("gpu_util"):
         return f"{value:.3f}"
     if key.startswith("placement"):
         return f"{value:.3f}"
@@ -85,7 +91,10 @@ def _value(run: PolicyRun, key: str) -> object:
         return run.label
     if key == "wall_s":
         return run.wall_s
-    return run.summary.get(key)
+    value: object = run.summary
+    for part in key.split("."):  # queue_by_size.16+.avg_s
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def _raw(v: object) -> object:

@@ -5,15 +5,20 @@ every allocation names a job of the window once, only existing nodes and GPU
 indices, only allowed GPU types, all of the job's GPUs (gang), the job's own
 share, distinct GPUs within the job, a share only for single-GPU jobs, and no
 GPU given more than its free milli.
+
+`inversions` checks the order rule (DESIGN.md, "Scheduling round") from the
+allocations alone: walking the window, what is left after the jobs ahead that
+started, and whether a job that stayed waiting would have fitted there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
+from services.placement.reservation import Reservation
+from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, RoundContext
 
-__all__ = ["violations"]
+__all__ = ["inversions", "violations"]
 
 
 def violations(
@@ -55,3 +60,95 @@ def violations(
         if milli > free:
             out.append(f"GPU {node_id}:{g}: {milli} milli given, {free} free")
     return out
+
+
+def inversions(
+    jobs: Sequence[JobRequest],
+    nodes: Sequence[NodeFree],
+    allocs: Sequence[Allocation],
+    discipline: str,
+    ctx: RoundContext | None = None,
+) -> int:
+    """Jobs started while a job ahead of them in `jobs` stayed waiting although it
+    fitted on what the jobs ahead of it left free (under `easy`: and starting it
+    there would not have delayed the reservation of the first waiting job)."""
+    by_job = {a.job_id: a for a in allocs}
+    if not by_job:
+        return 0
+    left = _Left(nodes)
+    ctx = ctx or RoundContext()
+    res: Reservation | None = None
+    ahead: list[Allocation] = []
+    passed = False  # a waiting job that should have started is behind us
+    count = 0
+    for job in jobs:
+        a = by_job.get(job.job_id)
+        if a is not None:
+            count += passed
+            left.take(a)
+            if res is not None:
+                res.allows(a, ctx.now + job.est_run_s)
+            ahead.append(a)
+            continue
+        fits = left.fits(job)
+        if fits and res is not None:
+            end = ctx.now + job.est_run_s
+            quick = res.quick(job, end)
+            fits = res.would_allow(left.some_placement(job), end) if quick is None else quick
+        passed |= fits
+        if discipline == "easy" and res is None and not fits:
+            est = {j.job_id: j.est_run_s for j in jobs}
+            res = Reservation(job, left.free, left.node_type, ctx, ahead, est)
+            if res.at == float("inf"):
+                res = None
+    return count
+
+
+class _Left:
+    """What the jobs walked so far left free (rows copied only when touched)."""
+
+    def __init__(self, nodes: Sequence[NodeFree]) -> None:
+        self.free = {n.node_id: n.free_milli for n in nodes}
+        self.node_type = {n.node_id: n.gpu_type for n in nodes}
+        self.whole: dict[str, int] = {}
+        for n in nodes:
+            self.whole[n.gpu_type] = self.whole.get(n.gpu_type, 0) + n.free_milli.count(FULL_GPU)
+
+    def take(self, a: Allocation) -> None:
+        for node_id, idx in a.gpus:
+            row = list(self.free[node_id])
+            for g in idx:
+                if row[g] == FULL_GPU:
+                    self.whole[self.node_type[node_id]] -= 1
+                row[g] -= a.gpu_milli
+            self.free[node_id] = tuple(row)
+
+    def fits(self, job: JobRequest) -> bool:
+        if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
+            return any(
+                job.allows(self.node_type[n]) and max(row, default=0) >= job.gpu_milli
+                for n, row in self.free.items()
+            )
+        return sum(w for t, w in self.whole.items() if job.allows(t)) >= job.num_gpus
+
+    def some_placement(self, job: JobRequest) -> Allocation:
+        """Some placement of a job that fits (the reservation then judges whether it
+        could have started; which GPUs it takes does not change the head's count)."""
+        need = job.num_gpus
+        parts = []
+        for n in sorted(self.free):
+            if not job.allows(self.node_type[n]):
+                continue
+            row = self.free[n]
+            if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
+                g = next((g for g, f in enumerate(row) if f >= job.gpu_milli), None)
+                if g is not None:
+                    return Allocation(job.job_id, ((n, (g,)),), job.gpu_milli)
+                continue
+            idx = tuple(g for g, f in enumerate(row) if f == FULL_GPU)[:need]
+            if idx:
+                parts.append((n, idx))
+                need -= len(idx)
+                if need == 0:
+                    break
+        return Allocation(job.job_id, tuple(parts))

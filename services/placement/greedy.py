@@ -1,14 +1,24 @@
-"""Greedy placement in priority order: the fallback, the MILP's warm start, and
-the placer the simulator uses when no solver is asked for.
+"""Greedy placement in priority order: the fallback, the MILP's warm start, the
+sequential rule that decides which window jobs start (ordered.py), and the placer
+the simulator uses when no solver is asked for.
 
-For each job in window order (most urgent first):
-  * a sharing job (gpu_milli < 1000) goes on the first allowed GPU with enough
-    free share, preferring GPUs already shared (whole GPUs stay whole);
-  * a whole-GPU job goes on the first allowed node with enough whole free GPUs;
-  * a job bigger than any one node's free GPUs is spread over as few nodes as
-    possible: allowed nodes in descending order of whole free GPUs;
-  * a job that does not fit is skipped, and later (smaller) jobs may still start
-    (no reservation: backfilling is the policy's choice, by what it puts first).
+For each job in window order (most urgent first), GPU types are tried fastest
+first (ties by type name), and within a type:
+  * a sharing job (gpu_milli < 1000) goes on the already-shared GPU with the least
+    free share that holds it (best fit), else on a whole free GPU of the node with
+    the fewest whole free GPUs (whole GPUs on emptier nodes stay whole);
+  * a whole-GPU job goes on the node with the fewest whole free GPUs that holds it
+    (best fit);
+  * a job no single node of any allowed type can hold is spread over as few nodes
+    as possible of the fastest type that can hold it alone, and only when no one
+    type can, over nodes of several types (it then runs at the slowest one's speed);
+  * a job that does not fit is skipped (what happens next is the discipline's
+    business: ordered.py).
+
+Every tie is broken by node name, then GPU index, never by the order of the nodes
+in the input, so the same cluster listed in any order gets the same placement.
+A single job is placed whenever it fits at all (enough whole GPUs of its allowed
+types, or one GPU with its share free): the fit test is exact.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from collections.abc import Mapping, Sequence
 
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, PlacementResult
 
-__all__ = ["GreedyPlacer", "greedy_allocations"]
+__all__ = ["GreedyPlacer", "GreedyState", "greedy_allocations"]
 
 
 class GreedyPlacer:
@@ -31,7 +41,7 @@ class GreedyPlacer:
         speed: Mapping[str, float],
     ) -> PlacementResult:
         t0 = time.perf_counter()
-        allocs = greedy_allocations(jobs, nodes)
+        allocs = greedy_allocations(jobs, nodes, speed)
         return PlacementResult(
             allocations=tuple(allocs),
             solver_ms=(time.perf_counter() - t0) * 1e3,
@@ -39,86 +49,143 @@ class GreedyPlacer:
         )
 
 
-def greedy_allocations(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> list[Allocation]:
+def greedy_allocations(
+    jobs: Sequence[JobRequest],
+    nodes: Sequence[NodeFree],
+    speed: Mapping[str, float] | None = None,
+) -> list[Allocation]:
     """Allocations for the jobs of `jobs` that fit, in order; `nodes` is not modified."""
-    free = [list(n.free_milli) for n in nodes]
-    whole = [row.count(FULL_GPU) for row in free]  # = NodeFree.whole_free, at C speed
-    every = list(range(len(nodes)))
-    out: list[Allocation] = []
+    state = GreedyState(nodes, speed or {})
+    out = []
     for job in jobs:
-        if job.gpu_types:
-            allowed = [i for i, n in enumerate(nodes) if job.allows(n.gpu_type)]
-        else:
-            allowed = every  # read-only below
-        if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
-            a = _place_share(job, nodes, allowed, free, whole)
-        else:
-            a = _place_whole(job, nodes, allowed, free, whole)
+        a = state.place(job)
         if a is not None:
             out.append(a)
     return out
 
 
-def _place_share(
-    job: JobRequest,
-    nodes: Sequence[NodeFree],
-    allowed: list[int],
-    free: list[list[int]],
-    whole: list[int],
-) -> Allocation | None:
-    fallback: tuple[int, int] | None = None
-    for i in allowed:
-        for g, m in enumerate(free[i]):
-            if m < job.gpu_milli:
-                continue
-            if m < FULL_GPU:  # an already-shared GPU: take it
-                free[i][g] -= job.gpu_milli
-                return Allocation(job.job_id, ((nodes[i].node_id, (g,)),), job.gpu_milli)
-            if fallback is None:
-                fallback = (i, g)
-    if fallback is None:
+class GreedyState:
+    """Free capacity being handed out one job at a time (a private copy of `nodes`)."""
+
+    def __init__(self, nodes: Sequence[NodeFree], speed: Mapping[str, float]) -> None:
+        order = sorted(range(len(nodes)), key=lambda i: nodes[i].node_id)
+        self.ids = [nodes[i].node_id for i in order]
+        self.type = [nodes[i].gpu_type for i in order]
+        self.free = [list(nodes[i].free_milli) for i in order]
+        self.whole = [row.count(FULL_GPU) for row in self.free]
+        by_type: dict[str, list[int]] = {}
+        for i, t in enumerate(self.type):
+            by_type.setdefault(t, []).append(i)
+        self.by_type = by_type  # node positions (name order) per type
+        self.types = sorted(by_type, key=lambda t: (-speed.get(t, 1.0), t))  # fastest first
+        self.whole_by_type = {t: sum(self.whole[i] for i in ns) for t, ns in by_type.items()}
+        self._allowed: dict[frozenset[str], list[str]] = {}
+
+    # ---- queries ------------------------------------------------------------------------
+    def allowed(self, job: JobRequest) -> list[str]:
+        """The job's allowed types present here, fastest first."""
+        got = self._allowed.get(job.gpu_types)
+        if got is None:
+            got = self._allowed[job.gpu_types] = [t for t in self.types if job.allows(t)]
+        return got
+
+    def fits(self, job: JobRequest) -> bool:
+        """Whether `job` alone could start on what is free now (exact)."""
+        if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
+            return any(
+                max(self.free[i], default=0) >= job.gpu_milli
+                for t in self.allowed(job)
+                for i in self.by_type[t]
+            )
+        return sum(self.whole_by_type[t] for t in self.allowed(job)) >= job.num_gpus
+
+    # ---- changes ------------------------------------------------------------------------
+    def place(self, job: JobRequest) -> Allocation | None:
+        """Place `job` and take its GPUs; None (nothing taken) if it does not fit."""
+        if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
+            return self._share(job)
+        return self._whole(job)
+
+    def take(self, alloc: Allocation) -> None:
+        """Take an allocation made elsewhere (another placer's answer)."""
+        pos = {nid: i for i, nid in enumerate(self.ids)}
+        for node_id, idx in alloc.gpus:
+            self._give(pos[node_id], idx, alloc.gpu_milli)
+
+    def untake(self, alloc: Allocation) -> None:
+        """Give back an allocation this state made (a backfill refused after all)."""
+        pos = {nid: i for i, nid in enumerate(self.ids)}
+        for node_id, idx in alloc.gpus:
+            i = pos[node_id]
+            row = self.free[i]
+            for g in idx:
+                row[g] += alloc.gpu_milli
+                if row[g] == FULL_GPU:
+                    self.whole[i] += 1
+                    self.whole_by_type[self.type[i]] += 1
+
+    def _give(self, i: int, idx: Sequence[int], milli: int) -> None:
+        row = self.free[i]
+        for g in idx:
+            if row[g] == FULL_GPU:
+                self.whole[i] -= 1
+                self.whole_by_type[self.type[i]] -= 1
+            row[g] -= milli
+
+    def _share(self, job: JobRequest) -> Allocation | None:
+        m = job.gpu_milli
+        for t in self.allowed(job):
+            best: tuple[int, int, int] | None = None  # (free milli, node, gpu): tightest GPU
+            fresh: tuple[int, int, int] | None = None  # (whole free, node, gpu)
+            for i in self.by_type[t]:
+                for g, f in enumerate(self.free[i]):
+                    if f < m:
+                        continue
+                    if f < FULL_GPU:
+                        if best is None or f < best[0]:
+                            best = (f, i, g)
+                    elif fresh is None or self.whole[i] < fresh[0]:
+                        fresh = (self.whole[i], i, g)
+            pick = best or fresh
+            if pick is not None:
+                _, i, g = pick
+                self._give(i, (g,), m)
+                return Allocation(job.job_id, ((self.ids[i], (g,)),), m)
         return None
-    i, g = fallback
-    free[i][g] -= job.gpu_milli
-    whole[i] -= 1
-    return Allocation(job.job_id, ((nodes[i].node_id, (g,)),), job.gpu_milli)
 
+    def _whole(self, job: JobRequest) -> Allocation | None:
+        n = job.num_gpus
+        types = self.allowed(job)
+        if sum(self.whole_by_type[t] for t in types) < n:
+            return None
+        for t in types:  # one node, fastest type first, best fit
+            best = -1
+            for i in self.by_type[t]:
+                w = self.whole[i]
+                if w >= n and (best < 0 or w < self.whole[best]):
+                    best = i
+            if best >= 0:
+                return Allocation(job.job_id, ((self.ids[best], self._take(best, n)),))
+        for t in types:  # several nodes of one type, as few as possible
+            if self.whole_by_type[t] >= n:
+                return self._spread(job, self.by_type[t])
+        return self._spread(job, [i for t in types for i in self.by_type[t]])
 
-def _place_whole(
-    job: JobRequest,
-    nodes: Sequence[NodeFree],
-    allowed: list[int],
-    free: list[list[int]],
-    whole: list[int],
-) -> Allocation | None:
-    n = job.num_gpus
-    for i in allowed:
-        if whole[i] >= n:
-            whole[i] -= n
-            return Allocation(job.job_id, ((nodes[i].node_id, _take(free[i], n)),))
-    if sum(whole[i] for i in allowed) < n:
-        return None
-    parts: list[tuple[str, tuple[int, ...]]] = []
-    need = n
-    for i in sorted(allowed, key=lambda i: -whole[i]):
-        if need == 0:
-            break
-        k = min(whole[i], need)
-        if k == 0:
-            break
-        parts.append((nodes[i].node_id, _take(free[i], k)))
-        whole[i] -= k
-        need -= k
-    return Allocation(job.job_id, tuple(parts))
-
-
-def _take(free_row: list[int], k: int) -> tuple[int, ...]:
-    """Claim the first `k` whole free GPUs of one node's row."""
-    got: list[int] = []
-    for g, m in enumerate(free_row):
-        if m == FULL_GPU:
-            free_row[g] = 0
-            got.append(g)
-            if len(got) == k:
+    def _spread(self, job: JobRequest, among: list[int]) -> Allocation:
+        need = job.num_gpus
+        parts: list[tuple[str, tuple[int, ...]]] = []
+        for i in sorted(among, key=lambda i: (-self.whole[i], self.ids[i])):
+            k = min(self.whole[i], need)
+            if k == 0:
                 break
-    return tuple(got)
+            parts.append((self.ids[i], self._take(i, k)))
+            need -= k
+            if need == 0:
+                break
+        return Allocation(job.job_id, tuple(sorted(parts)))
+
+    def _take(self, i: int, k: int) -> tuple[int, ...]:
+        """The first `k` whole free GPUs of node `i`, taken."""
+        got = tuple(g for g, f in enumerate(self.free[i]) if f == FULL_GPU)[:k]
+        self._give(i, got, FULL_GPU)
+        return got

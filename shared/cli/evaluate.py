@@ -7,7 +7,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from shared.cli.simulate import add_run_args, load_run_cluster, load_run_jobs
+from shared.cli.simulate import (
+    add_run_args,
+    check_outcome,
+    load_run_cluster,
+    load_run_jobs,
+    sim_config,
+)
 from shared.errors import UserError
 from shared.traces import SkipStats
 
@@ -34,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from services.placement.registry import make_placer
     from services.scoring.policies import make_policy
     from shared.report import PolicyRun, markdown_table, write_csv, write_plots
-    from shared.sim import SimConfig, simulate, write_jobs_csv
+    from shared.sim import simulate, write_jobs_csv
 
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     if not names:
@@ -45,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_run_cluster(args)
     stats = SkipStats()
     jobs = load_run_jobs(args, cluster, stats)
-    config = SimConfig(window=args.window, seed=args.seed, preempt=args.preempt)
+    config = sim_config(args)
     console = Console(stderr=True)
     runs: list[PolicyRun] = []
     columns = (
@@ -76,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     plots = write_plots(runs, cluster.total_gpus, out)
     sys.stdout.write(table)
     console.print(f"wrote {out / 'summary.md'}, summary.csv, " + ", ".join(p.name for p in plots))
-    return 0
+    codes = [check_outcome(run.label, len(jobs), run.summary) for run in runs]
+    return max(codes, default=0)
 
 
 def _out_dir(path: str) -> Path:
@@ -93,6 +100,7 @@ def _preamble(args: argparse.Namespace, n: int, stats: SkipStats, gpus: int) -> 
     cmd = " ".join(["rltune", *sys.argv[1:]]) if sys.argv[1:2] == ["eval"] else "rltune eval ..."
     return (
         f"Trace `{args.trace}` ({args.format}, {n} jobs; rows skipped: {skipped}) on cluster "
-        f"`{args.cluster}` ({gpus} GPUs), placer `{args.placer}`, window {args.window}, "
+        f"`{args.cluster}` ({gpus} GPUs), placer `{args.placer}`, discipline "
+        f"`{args.discipline}`, window {args.window}, "
         f"seed {args.seed}{', preemption on' if args.preempt else ''}.\n\n`{cmd}`\n\n"
     )

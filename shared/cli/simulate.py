@@ -6,15 +6,32 @@ import argparse
 import dataclasses
 import math
 import sys
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from shared.cli import common
 from shared.cluster import ClusterSpec, load_cluster
 from shared.errors import UserError
+from shared.placement_api import DISCIPLINES
 from shared.speeds import DEFAULT_SPEEDS
 from shared.traces import SkipStats, TraceJob
 
-__all__ = ["add_run_args", "load_run_cluster", "load_run_jobs", "register", "run", "write_json"]
+if TYPE_CHECKING:
+    from shared.sim import SimConfig
+
+__all__ = [
+    "add_run_args",
+    "check_outcome",
+    "load_run_cluster",
+    "load_run_jobs",
+    "register",
+    "run",
+    "sim_config",
+    "write_json",
+]
+
+# a run longer than this shows a progress bar on stderr
+_PROGRESS_AFTER_S = 2.0
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -50,6 +67,14 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "--window", type=int, default=128, help="jobs the policy hands placement per round"
     )
     p.add_argument("--preempt", action="store_true", help="let a preemptive policy (las) preempt")
+    p.add_argument(
+        "--discipline",
+        default="easy",
+        choices=DISCIPLINES,
+        help="what a job that cannot start does to the jobs behind it: strict (nothing passes "
+        "it), best-effort (later jobs that fit start, no reservation), easy (EASY backfill "
+        "with a reservation from history estimates; the default)",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,17 +93,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from services.placement.registry import make_placer
     from services.scoring.policies import make_policy
-    from shared.sim import SimConfig, simulate, write_jobs_csv
+    from shared.sim import simulate, write_jobs_csv
 
-    if args.window <= 0:
-        raise UserError(f"--window must be positive, got {args.window}")
+    sim_config(args)  # flags checked before the trace is read
     cluster = load_run_cluster(args)
     policy = make_policy(args.policy)
     placer = make_placer(args.placer, reproducible=True)
     stats = SkipStats()
     jobs = load_run_jobs(args, cluster, stats)
-    config = SimConfig(window=args.window, seed=args.seed, preempt=args.preempt)
-    result = simulate(jobs, cluster, policy, placer, config)
+    with _LazyProgress(policy.label) as bar:
+        result = simulate(jobs, cluster, policy, placer, sim_config(args), bar.tick)
     summary = result.summary()
     if args.jobs_out:
         write_jobs_csv(result.records, args.jobs_out)
@@ -90,11 +114,72 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{policy.label}: {summary['jobs']} jobs finished, {rejected} rejected, "
         f"avg JCT {summary['avg_jct_s']:.0f} s, avg queue {summary['avg_queue_s']:.0f} s, "
-        f"GPU util {summary['gpu_util']:.3f}; {len(jobs)} jobs in {result.wall_s:.2f} s "
+        f"GPU util {summary['gpu_util']:.3f} (submission span), discipline "
+        f"{args.discipline}, priority inversions {summary['priority_inversions']}; "
+        f"{len(jobs)} jobs in {result.wall_s:.2f} s "
         f"({rate:.0f} jobs/s); trace rows skipped: {skipped}",
         file=sys.stderr,
     )
+    return check_outcome(policy.label, len(jobs), result.summary())
+
+
+def sim_config(args: argparse.Namespace) -> SimConfig:
+    from shared.sim import SimConfig
+
+    if args.window <= 0:
+        raise UserError(f"--window must be positive, got {args.window}")
+    return SimConfig(
+        window=args.window, seed=args.seed, preempt=args.preempt, discipline=args.discipline
+    )
+
+
+def check_outcome(label: str, total: int, summary: dict[str, Any]) -> int:
+    """Say on stderr when a run means little: nothing finished (exit status 1) or more
+    than half of the jobs rejected; the reasons are the summary's `rejected`."""
+    rejected = summary.get("rejected") or {}
+    n_rej = sum(rejected.values())
+    why = ", ".join(f"{n} {r}" for r, n in rejected.items()) or "no job was rejected"
+    if not summary.get("jobs"):
+        print(f"error: {label}: no job finished out of {total} ({why})", file=sys.stderr)
+        return 1
+    if n_rej * 2 > total:
+        print(f"warning: {label}: {n_rej} of {total} jobs rejected ({why})", file=sys.stderr)
     return 0
+
+
+class _LazyProgress:
+    """A rich progress bar on stderr that appears only once a run has taken a while."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.t0 = time.perf_counter()
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> _LazyProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def tick(self, done: int, total: int) -> None:
+        if self.bar is None:
+            if time.perf_counter() - self.t0 < _PROGRESS_AFTER_S:
+                return
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn(f"{self.label:<22}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total} jobs"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=total)
+        self.bar.update(self.task, completed=done)
 
 
 def load_run_cluster(args: argparse.Namespace) -> ClusterSpec:

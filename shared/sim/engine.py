@@ -3,7 +3,12 @@
 Virtual time jumps from event to event. At one instant, finishes are applied
 before arrivals (GPUs are released before they are asked for), then one round
 runs: the policy names the first `window` waiting jobs in its order, those that
-could fit the free capacity alone go to the placer, and its allocations start.
+could fit the free capacity alone go to the placer in that order, and the
+placer, wrapped in services.placement.ordered (the order and the discipline
+decide which jobs start, the placer where), answers; its allocations start.
+Under `strict` the window is cut at the first job that cannot start; under
+`easy` that job (the head) is passed too, for its reservation, which is built
+from the running jobs' starts + history estimates (`History.estimate`).
 A job's run time on type t is its trace duration x speed(reference) / speed(t);
 a job spread over types runs at the slowest one's speed.
 
@@ -23,13 +28,24 @@ from __future__ import annotations
 import gc
 import heapq
 import time
+from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from services.placement.checker import inversions
+from services.placement.ordered import OrderedPlacer
 from shared.cluster import ClusterSpec
 from shared.metrics import JobRecord, Segment, summarize
-from shared.placement_api import FULL_GPU, JobRequest, Placer
+from shared.placement_api import (
+    DISCIPLINES,
+    FULL_GPU,
+    Allocation,
+    JobRequest,
+    Placer,
+    Release,
+    RoundContext,
+)
 from shared.policy_api import History, Policy, PolicyContext, QueuedJob
 from shared.sim.admit import admit_reason
 from shared.sim.observe import SimObservation, WaitingIndex
@@ -41,10 +57,9 @@ from shared.traces import TraceJob
 __all__ = ["SimConfig", "SimResult", "Simulator", "simulate"]
 
 _FINISH, _TICK = 0, 1
-IN_ORDER_PLACERS = {"greedy"}
 _REPORT_EVERY = 4096  # place in window order, skipping what does not fit
 
-# placer calls between two garbage collections while the cyclic GC is paused
+# solver models built between two garbage collections while the cyclic GC is paused
 _COLLECT_EVERY = 500
 
 
@@ -54,6 +69,8 @@ class SimConfig:
     seed: int = 0
     preempt: bool = False  # let a preemptive policy (LAS) stop lower-priority running jobs
     exhaustive: bool = False  # a full round at every event, whole window to the placer (tests)
+    discipline: str = "easy"  # strict, best-effort or easy (DESIGN.md, "Scheduling round")
+    check_order: bool = True  # count priority_inversions with checker.py every round
 
 
 @dataclass
@@ -68,9 +85,15 @@ class SimResult:
     preemptions: int = 0
     max_waiting: int = 0  # longest the waiting queue got
     wall_s: float = 0.0
+    discipline: str = "easy"
+    priority_inversions: int = 0  # checker.inversions over every round
+    order_fallbacks: int = 0  # rounds where the placer's answer broke the order (replaced)
 
     def summary(self) -> dict[str, object]:
-        return summarize(self.records, self.total_gpus, self.placement_ms, self.rejected)
+        return summarize(
+            self.records, self.total_gpus, self.placement_ms, self.rejected,
+            self.discipline, self.priority_inversions,
+        )  # fmt: skip
 
 
 class _Run:
@@ -121,9 +144,20 @@ class Simulator:
     def __init__(
         self, cluster: ClusterSpec, policy: Policy, placer: Placer, config: SimConfig
     ) -> None:
-        self.cluster, self.policy, self.placer, self.config = cluster, policy, placer, config
+        if config.discipline not in DISCIPLINES:
+            raise ValueError(f"unknown discipline {config.discipline!r}; choose {DISCIPLINES}")
+        inner = placer.inner if isinstance(placer, OrderedPlacer) else placer
+        self.placer = OrderedPlacer(inner, config.discipline)
+        self.cluster, self.policy, self.config = cluster, policy, config
+        self.easy = config.discipline == "easy"
+        # running jobs' (start + estimate, seq) in order, and their releases (EASY)
+        self.release_keys: list[tuple[float, int]] = []
+        self.releases: dict[int, Release] = {}
+        self.head_id: str | None = None  # the head of the last round's window (EASY)
+        self.node_type = {n.node_id: n.gpu_type for n in cluster.nodes}
         # a full collection scans every live job: only for placers that leave garbage cycles
         self._collect = bool(getattr(placer, "leaves_cycles", False))
+        self._collected = 0  # the placer's `cycles` at the last collection
         self.state = ClusterState(cluster)
         self.speed = {t: speed_of(t, cluster.speed) for t in cluster.gpu_types}
         self.ref_speed = speed_of(cluster.reference, cluster.speed) if cluster.reference else 1.0
@@ -136,12 +170,13 @@ class Simulator:
         self.events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, epoch)
         self.settled = True
         self.progress: Callable[[int, int], None] | None = None
-        self.in_order = int(placer.name in IN_ORDER_PLACERS)
         self.has_limits = any(q.limit_gpus is not None for q in cluster.queues.values())
         self.preemptor = (
             Preemptor(self) if config.preempt and getattr(policy, "preemptive", False) else None
         )
-        self.result = SimResult(records=[], total_gpus=cluster.total_gpus)
+        self.result = SimResult(
+            records=[], total_gpus=cluster.total_gpus, discipline=config.discipline
+        )
         policy.reset(PolicyContext(cluster, self.history, config.seed, self._true_run_s))
 
     def _true_run_s(self, job: QueuedJob) -> float:
@@ -199,10 +234,12 @@ class Simulator:
                 or arrivals_fit
                 or not self.policy.time_invariant
                 or self.config.exhaustive
+                or (self.easy and i > first_new and self._new_head())
             ):
                 self._round(now)
         if self.progress is not None:
             self.progress(n, n)
+        self.result.order_fallbacks = self.placer.fallbacks
         self.result.records = [self._record(r) for r in self.runs]
         self.result.wall_s = time.perf_counter() - t0
         return self.result
@@ -237,17 +274,28 @@ class Simulator:
         if self.config.exhaustive:
             cands = list(self.policy.window(self.config.window, self.obs))
         elif not self.waiting.count or not self.waiting.any_fits(self.state):
+            self.head_id = None
             return
         else:
             cands = self._candidates()
         if not cands:
             return
-        reqs = window_requests(cands)
+        est = self.history.estimate if self.easy else None
+        reqs = window_requests(cands, est)
         by_id = {j.job_id: j for j in cands}
+        ctx = self._context(now)
+        nodes = self.state.free_nodes()
         t0 = time.perf_counter()
-        result = self.placer.place(reqs, self.state.free_nodes(), self.speed)
+        result = self.placer.place(reqs, nodes, self.speed, ctx)
         self.result.placement_ms.append((time.perf_counter() - t0) * 1e3)
-        if self._collect and len(self.result.placement_ms) % _COLLECT_EVERY == 0:
+        head = int(result.extra.get("head", -1))
+        self.head_id = reqs[head].job_id if head >= 0 else None
+        if self.config.check_order:
+            self.result.priority_inversions += inversions(
+                reqs, nodes, result.allocations, self.config.discipline, ctx
+            )
+        if self._collect and self.placer.cycles >= self._collected + _COLLECT_EVERY:
+            self._collected = self.placer.cycles
             gc.collect()  # the placer leaves cycles (a solver's model); the run pauses the GC
         self.result.rounds += 1
         started = 0
@@ -262,13 +310,30 @@ class Simulator:
             ):
                 self.result.conflicts += 1
                 continue
-            self._start(self.runs[job.seq], claim, now)
+            self._start(self.runs[job.seq], claim, now, alloc)
             started += 1
         if started and self.waiting.count:
             self.settled = False  # jobs past the part of the window read may now be in it
 
+    def _context(self, now: float) -> RoundContext | None:
+        """Running jobs' expected releases, for EASY's reservation."""
+        if not self.easy:
+            return None
+        return RoundContext(now, _Releases(self.release_keys, self.releases), self.node_type)
+
+    def _new_head(self) -> bool:
+        """Under EASY, whether arrivals put a new job first in the policy's order (its
+        reservation differs, so jobs refused for the old one may fit now). After a
+        round, every job ahead of its head has started, so the head was first."""
+        first = next(iter(self.policy.window(1, self.obs)), None)
+        return first is not None and first.job_id != self.head_id
+
     def _candidates(self) -> list[QueuedJob]:
         """The window jobs that could start, in order; stops once nothing more can fit.
+
+        Under `strict` the scan stops at the first job that cannot start (nothing
+        passes it); under `easy` that first one is kept (the head, for its
+        reservation) and the scan goes on for jobs that fit.
 
         Each could fit the free GPUs alone. With an in-order first-fit placer, and
         as long as only untyped whole-GPU jobs were taken, `budget` is exactly the
@@ -279,20 +344,29 @@ class Simulator:
         """
         st = self.state
         fits, limits = st.fits, self.has_limits
-        budget, exact = st.whole_total, self.in_order
+        budget, exact = st.whole_total, True
+        strict = self.config.discipline == "strict"
+        head = not self.easy  # under easy: the head is still to be found
         out = []
         for j in self.policy.window(self.config.window, self.obs):
             if limits and not self._queue_allows(j):
                 continue
             if j.gpu_types or (j.gpu_milli < FULL_GPU and j.num_gpus == 1):
-                if fits(j.num_gpus, j.gpu_milli, j.gpu_types):
-                    out.append(j)
-                    exact = False
-            elif j.num_gpus <= budget:
-                out.append(j)
-                if exact:
+                ok = fits(j.num_gpus, j.gpu_milli, j.gpu_types)
+                exact = False
+            else:
+                ok = j.num_gpus <= budget
+                if ok and exact:
                     budget -= j.num_gpus
-            if budget <= 0 and not st.partial:
+            if ok:
+                out.append(j)
+            elif strict:
+                break  # nothing passes a job that cannot start
+            elif not head:
+                out.append(j)
+                head = True
+                exact = False  # a backfill refused for the reservation takes nothing
+            if budget <= 0 and not st.partial and head:
                 break  # no whole GPU left for anyone, no shared GPU with room
         return out
 
@@ -305,8 +379,12 @@ class Simulator:
             <= q.limit_gpus + 1e-9
         )
 
-    def _start(self, run: _Run, claim: Claim, now: float) -> None:
+    def _start(self, run: _Run, claim: Claim, now: float, alloc: Allocation) -> None:
         job = run.job
+        if self.easy:
+            end = now + self.history.estimate(job)
+            self.releases[job.seq] = Release(end, alloc)
+            insort(self.release_keys, (end, job.seq))
         self.policy.remove(job)
         self.waiting.remove(job)
         st = self.state
@@ -332,6 +410,9 @@ class Simulator:
     def _stop(self, run: _Run, now: float) -> None:
         """End the current segment of a running job and give back its GPUs."""
         job = run.job
+        rel = self.releases.pop(job.seq, None)
+        if rel is not None:
+            del self.release_keys[bisect_left(self.release_keys, (rel.time_s, job.seq))]
         self.state.release(run.claim, job.gpu_milli)
         self._hold(job, -job.gpus)
         run.segments.append(Segment(run.seg_start, now, run.types, run.nodes))
@@ -359,10 +440,50 @@ class Simulator:
         return JobRecord(j.job_id, j.vc, j.submit_s, j.num_gpus, j.gpu_milli, tuple(run.segments))
 
 
-def window_requests(window: Sequence[QueuedJob]) -> list[JobRequest]:
-    """JobRequests in window order, scored by rank (first = highest score)."""
+class _Releases(Collection[Release]):
+    """The running jobs' releases in time order, read lazily (a reservation stops at
+    the first time the head fits; most rounds read a few of hundreds)."""
+
+    def __init__(self, keys: list[tuple[float, int]], releases: dict[int, Release]) -> None:
+        self._keys, self._releases = keys, releases
+
+    def __iter__(self) -> Iterator[Release]:
+        rel = self._releases
+        return (rel[seq] for _, seq in self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, item: object) -> bool:
+        return any(r == item for r in self)
+
+
+def window_requests(
+    window: Sequence[QueuedJob], estimate: Callable[[QueuedJob], float] | None = None
+) -> list[JobRequest]:
+    """JobRequests in window order, scored by rank (first = highest score), with
+    run-time estimates from `estimate` (history) when given."""
     n = len(window)
+    if estimate is not None:  # jobs of one user and size share an estimate: once per round
+        memo: dict[tuple[str, int], float] = {}
+        plain = estimate
+
+        def estimate(j: QueuedJob) -> float:
+            key = (j.who, j.num_gpus)
+            v = memo.get(key)
+            if v is None:
+                v = memo[key] = plain(j)
+            return v
+
     return [
-        JobRequest(j.job_id, j.num_gpus, j.gpu_milli, j.gpu_types, j.weight, float(n - r))
+        JobRequest(
+            j.job_id,
+            j.num_gpus,
+            j.gpu_milli,
+            j.gpu_types,
+            j.weight,
+            float(n - r),
+            estimate(j) if estimate is not None else 0.0,
+        )
         for r, j in enumerate(window)
     ]

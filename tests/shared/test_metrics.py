@@ -37,19 +37,37 @@ def test_summary_by_hand() -> None:
     # bsld: a 30/20 = 1.5; b 3/max(3, 10) -> 1; c 30/(5 + 10) = 2
     assert s["avg_bsld"] == (1.5 + 1.0 + 2.0) / 3
     assert s["makespan_s"] == 50.0  # last finish 50 - first submit 0
-    assert s["gpu_util"] == (2 * 20 + 1 * 3 + 1 * 15) / (4 * 50)
+    assert s["gpu_util_makespan"] == (2 * 20 + 1 * 3 + 1 * 15) / (4 * 50)
+    # submissions span [0, 20]: a holds 2 GPUs over [10, 20], b 1 over [5, 8], c starts at 20
+    assert s["gpu_util"] == (2 * 10 + 1 * 3) / (4 * 20)
+    assert s["max_queue_s"] == 10.0
+    by = s["queue_by_size"]
+    assert by["1"] == {"avg_s": 0.0, "max_s": 0.0, "jobs": 2}  # b and c
+    assert by["2-7"] == {"avg_s": 10.0, "max_s": 10.0, "jobs": 1}  # a
+    assert by["8-15"]["jobs"] == 0 and math.isnan(by["8-15"]["avg_s"])  # d never ran
+    assert by["16+"]["jobs"] == 0
     assert s["placement_p50_ms"] == 2.0
     assert s["rejected"] == {"too big": 1}
 
 
 def test_sharing_jobs_count_their_share() -> None:
     recs = [JobRecord("s", "", 0.0, 1, 250, (Segment(0.0, 100.0),))]
-    assert summarize(recs, total_gpus=1)["gpu_util"] == 0.25
+    assert summarize(recs, total_gpus=1)["gpu_util_makespan"] == 0.25
+    recs.append(JobRecord("t", "", 100.0, 1, 500, (Segment(100.0, 200.0),)))
+    assert summarize(recs, total_gpus=1)["gpu_util"] == 0.25  # span [0, 100]
 
 
 def test_empty_run_is_nan_not_an_error() -> None:
     s = summarize([JobRecord("d", "", 0.0, 1)], total_gpus=4)
     assert s["jobs"] == 0 and math.isnan(s["avg_jct_s"]) and s["gpu_util"] == 0.0
+
+
+def test_size_buckets() -> None:
+    from shared.metrics import size_bucket
+
+    assert [size_bucket(g) for g in (1, 2, 7, 8, 15, 16, 1024)] == [
+        "1", "2-7", "2-7", "8-15", "8-15", "16+", "16+"
+    ]  # fmt: skip
 
 
 def test_percentile_by_hand() -> None:

@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 
 from services.placement import milp_model
 from services.placement.checker import violations
@@ -27,10 +27,9 @@ TRACES = ALIBABA_2023
 
 
 def test_hand_solved_instance() -> None:
-    # First-fit puts the 2-GPU job on the 4-GPU node b and then cannot start the
-    # 4-GPU job (type A only); and puts the 300 share on the 700 GPU, leaving no room
-    # for the 700 share. The optimum starts all four: 2 on a, 4 on b, 300 on c:1,
-    # 700 on c:0.
+    # Greedy (no speeds: types by name) puts the 2-GPU job on the 4-GPU node b of
+    # type A and then cannot start the 4-GPU job (type A only). The optimum starts all
+    # four: 2 on a, 4 on b, 300 on c:1, 700 on c:0.
     cluster = [
         NodeFree("b", "A", (1000,) * 4),
         NodeFree("a", "B", (1000, 1000)),
@@ -44,7 +43,7 @@ def test_hand_solved_instance() -> None:
         JobRequest("s700", 1, 700, only_c),
     ]
     greedy = {a.job_id for a in greedy_allocations(window, cluster)}
-    assert greedy == {"two", "s300"}
+    assert greedy == {"two", "s300", "s700"}
     res = MilpPlacer(MilpConfig(time_limit_s=2.0)).place(window, cluster, {})
     got = {a.job_id: a.gpus for a in res.allocations}
     assert res.status == "OPTIMAL"
@@ -99,6 +98,16 @@ def _options(job: JobRequest, row: list[int]) -> Iterator[tuple[int, ...]]:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes(max_nodes=3, max_gpus=4), jobs(max_jobs=5, max_gpus=4))
+@example(  # j2 (any type) and j4 (B only) fit only B: one job class charged j2's type penalty
+    cluster=[NodeFree("n0", "B", (0, 0, 1000, 1000)), NodeFree("n1", "A", (60,))],
+    window=[
+        JobRequest("j0", 1, 250),
+        JobRequest("j1", 1, 250),
+        JobRequest("j2", 1, FULL_GPU),
+        JobRequest("j3", 1, 250),
+        JobRequest("j4", 1, FULL_GPU, frozenset({"B"})),
+    ],
+)
 def test_objective_equals_brute_force(cluster: list[NodeFree], window: list[JobRequest]) -> None:
     _, multi = _split(window, cluster)
     assume(not multi)  # multi-node jobs are spread after the solve, not optimised
@@ -170,3 +179,20 @@ def test_real_cluster_window_beats_greedy() -> None:
     scorer = Scorer(window, cluster, {}, ref.weights, ref.workload, ref.pressure)
     assert res.objective is not None
     assert res.objective >= scorer.evaluate(greedy_allocations(window, cluster))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes(max_nodes=6), jobs(max_jobs=1))
+def test_one_job_scored_by_enumeration_equals_the_model(
+    cluster: list[NodeFree], window: list[JobRequest]
+) -> None:
+    _, multi = _split(window, cluster)
+    assume(not multi)
+    fast = MilpPlacer(MilpConfig(deterministic_time=1.0)).place(window, cluster, SPEED)
+    model = MilpPlacer(MilpConfig(deterministic_time=1.0, enumerate_single=False))
+    slow = model.place(window, cluster, SPEED)
+    assert fast.extra.get("enumerated") == 1.0 and slow.status == "OPTIMAL"
+    assert fast.objective == slow.objective
+    assert violations(window, cluster, fast.allocations) == []
+    scorer = MilpPlacer().scorer(window, cluster, SPEED, reduce=False)
+    assert fast.objective == scorer.evaluate(fast.allocations)

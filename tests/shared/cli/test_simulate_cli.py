@@ -140,12 +140,42 @@ def test_identical_bytes_across_processes_and_hash_seeds(tmp_path: Path) -> None
     assert outs[0] == outs[1] and len(outs[0]) > 10_000
 
 
-def test_nothing_finished_is_null_in_json(
+def test_nothing_finished_is_null_in_json_and_exits_1(
     files: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     big = files["dir"] / "big.csv"
     big.write_text(PHILLY_HEAD + "2017-10-01 00:00:00,100.0,4,400.0,a\n")
-    assert main(sim(files, "--json", "-", trace=big)) == 0
-    s = json.loads(capsys.readouterr().out)
+    assert main(sim(files, "--json", "-", trace=big)) == 1
+    out, err = capsys.readouterr()
+    s = json.loads(out)
     assert s["jobs"] == 0 and s["avg_jct_s"] is None
     assert s["rejected"] == {"more GPUs than the cluster has": 1}
+    assert "no job finished out of 1 (1 more GPUs than the cluster has)" in err
+
+
+def test_more_than_half_rejected_is_a_warning(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = files["dir"] / "mostly-big.csv"
+    rows = ["2017-10-01 00:00:00,100.0,1,100.0,a"] + [
+        f"2017-10-01 00:00:0{i},100.0,4,400.0,a" for i in range(1, 3)
+    ]
+    trace.write_text(PHILLY_HEAD + "\n".join(rows) + "\n")
+    assert main(sim(files, "--json", "-", trace=trace)) == 0
+    err = capsys.readouterr().err
+    assert "warning: fifo: 2 of 3 jobs rejected (2 more GPUs than the cluster has)" in err
+
+
+@pytest.mark.parametrize("discipline", ["strict", "best-effort", "easy"])
+def test_discipline_is_in_the_summary(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], discipline: str
+) -> None:
+    assert main(sim(files, "--json", "-", "--discipline", discipline)) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["discipline"] == discipline and s["priority_inversions"] == 0
+
+
+def test_unknown_discipline_is_exit_2(files: dict[str, Path]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(sim(files, "--discipline", "fcfs"))
+    assert exc.value.code == 2

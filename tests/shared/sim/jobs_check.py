@@ -38,3 +38,45 @@ def violations(path: Path) -> list[str]:
                 bad.append(f"GPU {gpu} held {load} milli at once")
                 break
     return bad
+
+
+def recompute(path: Path, total_gpus: int) -> dict[str, object]:
+    """The utilisation and queueing figures of DESIGN.md from the CSV alone, written
+    from the definitions without shared.metrics: gpu_util (inside the submission
+    span), gpu_util_makespan, max_queue_s and queue_by_size."""
+    submit: dict[str, float] = {}
+    first_start: dict[str, float] = {}
+    size: dict[str, int] = {}
+    segs: list[tuple[float, float, float]] = []  # (start, finish, GPUs held)
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            job = row["job_id"]
+            submit[job] = float(row["submit_s"])
+            size[job] = int(row["num_gpus"])
+            if row["start_s"]:
+                st, fin = float(row["start_s"]), float(row["finish_s"])
+                first_start[job] = min(first_start.get(job, st), st)
+                segs.append((st, fin, int(row["num_gpus"]) * int(row["gpu_milli"]) / 1000))
+    t0, t1 = min(submit.values()), max(submit.values())
+    end = max(f for _, f, _ in segs)
+    inside = sum(g * max(0.0, min(f, t1) - max(s, t0)) for s, f, g in segs)
+    held = sum(g * (f - s) for s, f, g in segs)
+    delays = {job: first_start[job] - submit[job] for job in first_start}
+    buckets: dict[str, list[float]] = {"1": [], "2-7": [], "8-15": [], "16+": []}
+    for job, d in delays.items():
+        k = size[job]
+        name = "1" if k <= 1 else "2-7" if k < 8 else "8-15" if k < 16 else "16+"
+        buckets[name].append(d)
+    return {
+        "gpu_util": inside / (total_gpus * (t1 - t0)) if t1 > t0 else 0.0,
+        "gpu_util_makespan": held / (total_gpus * (end - t0)),
+        "max_queue_s": max(delays.values()),
+        "queue_by_size": {
+            name: {
+                "avg_s": sum(xs) / len(xs) if xs else None,
+                "max_s": max(xs) if xs else None,
+                "jobs": len(xs),
+            }
+            for name, xs in buckets.items()
+        },
+    }

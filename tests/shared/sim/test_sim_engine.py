@@ -61,7 +61,13 @@ def test_smallest_and_backfill_without_reservation() -> None:
     two = cluster({"name": "n", "gpu_type": "P100", "gpus": 2})
     jobs = [TraceJob("A", 0, 10, 1), TraceJob("B", 1, 10, 2), TraceJob("C", 2, 4, 1)]
     # fifo: B (2 GPUs) cannot start at 1; C fits the free GPU and starts at 2 (no reservation)
-    assert segs(run(jobs, two)) == {"A": [(0, 10)], "B": [(10, 20)], "C": [(2, 6)]}
+    r = run(jobs, two, discipline="best-effort")
+    assert segs(r) == {"A": [(0, 10)], "B": [(10, 20)], "C": [(2, 6)]}
+    # strict: C waits behind B; easy with no history (estimates of an hour): C would
+    # hold a GPU past B's reservation at A's estimated end, so it waits as well
+    for discipline in ("strict", "easy"):
+        r = run(jobs, two, discipline=discipline)
+        assert segs(r) == {"A": [(0, 10)], "B": [(10, 20)], "C": [(20, 24)]}
     assert segs(run(jobs, two, "smallest"))["B"] == [(10, 20)]
 
 
@@ -75,7 +81,7 @@ def test_run_time_scales_with_speed_and_slowest_type() -> None:
     assert segs(r) == {"fast": [(0, 5)], "both": [(100, 110)]}  # 2 types: the slower one's speed
     assert r.records[0].segments[0] == Segment(0, 5, "V100", "v:0")
     assert r.records[1].segments[0].gpu_type == "P100+V100"
-    assert r.records[1].segments[0].nodes == "v:0;p:0"
+    assert r.records[1].segments[0].nodes == "p:0;v:0"  # parts in node-name order
 
 
 def test_allowed_types_are_respected() -> None:
@@ -139,7 +145,7 @@ def test_sharing_jobs_pack_onto_one_gpu() -> None:
     jobs.append(TraceJob("s3", 0, 10, 1, gpu_milli=500))
     r = run(jobs, spec)
     assert segs(r) == {"s1": [(0, 10)], "s2": [(0, 10)], "s3": [(10, 20)]}
-    assert r.summary()["gpu_util"] == 15 / 20
+    assert r.summary()["gpu_util_makespan"] == 15 / 20
 
 
 def test_las_preempts_a_demoted_job() -> None:
@@ -166,7 +172,8 @@ def test_jobs_out_round_trip_reproduces_the_summary(tmp_path: Path) -> None:
     assert back == r.records
     from shared.metrics import summarize
 
-    assert summarize(back, spec.total_gpus, r.placement_ms, r.rejected) == r.summary()
+    again = summarize(back, spec.total_gpus, r.placement_ms, r.rejected, r.discipline, 0)
+    assert again == r.summary()
 
 
 @pytest.mark.parametrize("policy", ["random", "sjf-est", "multifactor", "drf", "f1"])

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from services.placement.greedy import GreedyPlacer
 from services.scoring.policies import BASELINES, make_policy
 from shared.cluster import parse_cluster
+from shared.placement_api import DISCIPLINES
 from shared.sim import SimConfig, simulate, write_jobs_csv
 from shared.traces import TraceJob
 from tests.shared.sim.jobs_check import violations
@@ -55,13 +56,25 @@ def clusters(draw: st.DrawFn) -> dict:
     return {"nodes": groups, "speed": SPEED, "reference": "P100"}
 
 
+DISCIPLINE = st.sampled_from(DISCIPLINES)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(job_lists(), clusters(), st.sampled_from(BASELINES), st.booleans(), st.integers(1, 8))
+@given(
+    job_lists(),
+    clusters(),
+    st.sampled_from(BASELINES),
+    st.booleans(),
+    st.integers(1, 8),
+    DISCIPLINE,
+)
 def test_invariants(
-    jobs: list[TraceJob], spec: dict, policy: str, preempt: bool, window: int
+    jobs: list[TraceJob], spec: dict, policy: str, preempt: bool, window: int, discipline: str
 ) -> None:
     cluster = parse_cluster(spec)
-    r = simulate(jobs, cluster, make_policy(policy), GreedyPlacer(), SimConfig(window, 1, preempt))
+    config = SimConfig(window, 1, preempt, discipline=discipline)
+    r = simulate(jobs, cluster, make_policy(policy), GreedyPlacer(), config)
+    assert r.priority_inversions == 0
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "jobs.csv"
         write_jobs_csv(r.records, out)
@@ -84,17 +97,23 @@ def test_invariants(
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(job_lists(), clusters(), st.sampled_from(BASELINES), st.booleans(), st.integers(1, 8))
+@given(
+    job_lists(),
+    clusters(),
+    st.sampled_from(BASELINES),
+    st.booleans(),
+    st.integers(1, 8),
+    DISCIPLINE,
+)
 def test_skipped_rounds_and_budget_change_nothing(
-    jobs: list[TraceJob], spec: dict, policy: str, preempt: bool, window: int
+    jobs: list[TraceJob], spec: dict, policy: str, preempt: bool, window: int, discipline: str
 ) -> None:
     """A second computation: a full round at every event with the whole window handed
     to the placer gives the same schedule as the optimised run."""
     cluster = parse_cluster(spec)
-    fast = simulate(
-        jobs, cluster, make_policy(policy), GreedyPlacer(), SimConfig(window, 1, preempt)
-    )
-    slow_config = SimConfig(window, 1, preempt, exhaustive=True)
+    config = SimConfig(window, 1, preempt, discipline=discipline)
+    fast = simulate(jobs, cluster, make_policy(policy), GreedyPlacer(), config)
+    slow_config = SimConfig(window, 1, preempt, exhaustive=True, discipline=discipline)
     slow = simulate(jobs, cluster, make_policy(policy), GreedyPlacer(), slow_config)
     assert fast.records == slow.records
     assert fast.rounds <= slow.rounds
