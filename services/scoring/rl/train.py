@@ -257,10 +257,12 @@ def train(
         if ckpt.optimizer:
             opt.load_state_dict(ckpt.optimizer)
         start_iter = int(ckpt.state.get("iteration", 0))
+        t_start -= float(ckpt.state.get("elapsed_s", 0.0))  # the budget and log count it all
     else:
         net = ScoreNet(NetConfig(len(features), len(GLOBAL_FEATURES), args.hidden, args.context))
         opt = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-5)
-    meta: dict[str, Any] = {
+    meta: dict[str, Any] = dict(ckpt.meta) if args.resume else {}
+    meta |= {
         "args": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(args).items()},
         "features_set": args.features,
         "trace": args.trace,
@@ -282,7 +284,7 @@ def train(
         best_h, best_objs = heuristic_scores(val, val_specs, val_cfg, net, features)
         meta["validation"] = {"best_heuristic": best_h, "objective": best_objs}
     logs: list[IterationLog] = []
-    best_val = -math.inf
+    best_val = float(meta.get("val_gain", -math.inf))  # a resumed run keeps its best
     best_ckpt = Checkpoint(net, features, meta)
     log_path = Path(args.log or Path(args.out).with_suffix(".csv"))
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -116,10 +116,10 @@ def test_pl_gradient_is_finite_with_empty_slots() -> None:
 def test_sample_ranking_first_pick_follows_softmax() -> None:
     scores = np.array([1.0, 0.0, -1.0, 0.5, 9.0], dtype=np.float32)
     rng = np.random.default_rng(7)
-    n = 20_000
+    n = 5_000
     firsts = np.bincount([sample_ranking(scores, 4, rng)[0] for _ in range(n)], minlength=5)
     p = np.exp(scores[:4]) / np.exp(scores[:4]).sum()
     assert firsts[4] == 0  # slot 4 is past n_valid: never drawn
-    np.testing.assert_allclose(firsts[:4] / n, p, atol=0.015)
+    np.testing.assert_allclose(firsts[:4] / n, p, atol=0.03)
     perm = sample_ranking(scores, 4, np.random.default_rng(1))
     assert sorted(perm[:4].tolist()) == [0, 1, 2, 3] and perm[4] == 4
