@@ -64,7 +64,7 @@ class History:
     def __init__(self) -> None:
         self._group: dict[tuple[str, int], list[float]] = {}  # (who, gpus) -> [sum, count]
         self._who: dict[str, list[float]] = {}
-        self._all = [0.0, 0.0]
+        self._all = [0.0, 0.0]  # every finished job: [sum, count]
 
     def record(self, job: QueuedJob, run_s: float) -> None:
         """`job` finished after holding its GPUs for `run_s` seconds."""
@@ -86,6 +86,10 @@ class History:
         """Mean run time of all of `who`'s finished jobs; None if there are none."""
         acc = self._who.get(who)
         return acc[0] / acc[1] if acc else None
+
+    def mean_run_all(self) -> float | None:
+        """Mean run time of every finished job; None if none has finished."""
+        return self._all[0] / self._all[1] if self._all[1] else None
 
     def estimate(self, job: QueuedJob) -> float:
         """A run-time estimate for `job` from history alone: the mean of its user's (or

@@ -6,11 +6,21 @@ Per job (JOB_FEATURES, one row each):
     log10 attained GPU-s, log10 mean run of the same user/VC and GPU count (0 if
     none), has such history, log10 mean run of the user/VC, fits the free GPUs
     now, waiting demand / free GPUs over its allowed types, free / total GPUs of
-    its allowed types, fragmentation of its allowed types.
-Per cluster (cluster_features): for each GPU type in name order, free / total,
-waiting demand / total, fragmentation; then queue length / 1000.
+    its allowed types, fragmentation of its allowed types; then
+    waiting demand / total GPUs of its allowed types (per-type load), its GPUs /
+    total GPUs of its allowed types, and from history: the run-time estimate
+    (same user/VC and GPU count, else the user/VC, else every finished job),
+    the bounded slowdown it would have if it started now, (wait + est) /
+    max(est, 10 s), its wait relative to the estimate, and its estimated
+    GPU-seconds (all log10).
+Per cluster, a fixed length whatever the GPU types (GLOBAL_FEATURES): free /
+total GPUs, waiting demand / total, fragmentation, log10 queue length, log10
+mean run of every finished job. `cluster_features` is the per-type variant.
 
-It never reads a run time it should not: only `History` (finished jobs).
+It never reads a run time it should not: its inputs are `QueuedJob` (which has
+no run-time field) and `Observation`, whose only run times are `History`'s
+(finished jobs). HISTORY_FEATURES are the columns that come from `History`
+(what the "without history" ablation drops).
 """
 
 from __future__ import annotations
@@ -23,56 +33,130 @@ import numpy as np
 from shared.placement_api import FULL_GPU
 from shared.policy_api import Observation, QueuedJob
 
-__all__ = ["JOB_FEATURES", "cluster_features", "encode"]
+__all__ = [
+    "GLOBAL_FEATURES",
+    "HISTORY_FEATURES",
+    "JOB_FEATURES",
+    "cluster_features",
+    "encode",
+    "encode_global",
+]
 
 JOB_FEATURES = (
     "log2_gpus", "share", "types_allowed", "log_wait_s", "log_attained_gpu_s",
     "log_mean_run_group_s", "has_group_history", "log_mean_run_who_s", "fits_now",
     "demand_over_free", "free_over_total", "fragmentation",
+    "demand_over_total", "gpus_over_total", "log_est_run_s", "log_est_bsld",
+    "log_wait_over_est", "log_est_gpu_s",
 )  # fmt: skip
+HISTORY_FEATURES = (
+    "log_mean_run_group_s", "has_group_history", "log_mean_run_who_s",
+    "log_est_run_s", "log_est_bsld", "log_wait_over_est", "log_est_gpu_s",
+)  # fmt: skip
+GLOBAL_FEATURES = (
+    "free_over_total", "demand_over_total", "fragmentation", "log_queue_length",
+    "log_mean_run_all_s",
+)  # fmt: skip
+
+BSLD_FLOOR_S = 10.0  # the bounded-slowdown floor of DESIGN.md's avg_bsld
 
 
 def _log10(x: float | None) -> float:
     return math.log10(1.0 + x) if x else 0.0
 
 
-def _over_types(job: QueuedJob, obs: Observation) -> tuple[float, float, float, float]:
-    """(free, total, waiting demand, fragmentation) over the job's allowed types."""
-    types = sorted(job.gpu_types) if job.gpu_types else [None]
-    free = float(sum(obs.free_gpus(t) for t in types))
-    total = float(sum(obs.total_gpus(t) for t in types))
-    demand = float(sum(obs.waiting_gpus(t) for t in types))
-    frag = sum(obs.fragmentation(t) for t in types) / len(types)
+def _over_types(types: frozenset[str], obs: Observation) -> tuple[float, float, float, float]:
+    """(free, total, waiting demand, fragmentation) over the allowed types (empty: all)."""
+    names = sorted(types) if types else [None]
+    free = float(sum(obs.free_gpus(t) for t in names))
+    total = float(sum(obs.total_gpus(t) for t in names))
+    demand = float(sum(obs.waiting_gpus(t) for t in names))
+    frag = sum(obs.fragmentation(t) for t in names) / len(names)
     return free, total, demand, frag
 
 
 def encode(
     jobs: Sequence[QueuedJob], obs: Observation, max_jobs: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(features [max_jobs, len(JOB_FEATURES)] float32, mask [max_jobs] bool), zero-padded."""
+    """(features [max_jobs, len(JOB_FEATURES)] float32, mask [max_jobs] bool), zero-padded.
+
+    One Python pass gathers each job's raw numbers; the arithmetic is vectorised.
+    """
+    jobs = jobs[:max_jobs]
+    n = len(jobs)
     x = np.zeros((max_jobs, len(JOB_FEATURES)), dtype=np.float32)
     mask = np.zeros(max_jobs, dtype=bool)
-    n_types = max(len(obs.gpu_types), 1)
+    mask[:n] = True
+    if not n:
+        return x, mask
     h = obs.history
-    for row, job in enumerate(jobs[:max_jobs]):
-        free, total, demand, frag = _over_types(job, obs)
+    everyone = h.mean_run_all()
+    by_types: dict[frozenset[str], tuple[float, float, float, float, float]] = {}
+    n_types = max(len(obs.gpu_types), 1)
+    rows: list[tuple[float, ...]] = []
+    nan = math.nan
+    for job in jobs:
+        over = by_types.get(job.gpu_types)
+        if over is None:
+            free, total, demand, frag = _over_types(job.gpu_types, obs)
+            allowed = len(job.gpu_types) / n_types if job.gpu_types else 1.0
+            over = by_types[job.gpu_types] = (free, total, demand, frag, allowed)
         group = h.mean_run(job.who, job.num_gpus)
-        x[row] = (
-            math.log2(job.num_gpus),
-            job.gpu_milli / FULL_GPU,
-            len(job.gpu_types) / n_types if job.gpu_types else 1.0,
-            _log10(max(obs.now - job.submit_s, 0.0)),
-            _log10(job.attained_gpu_s),
-            _log10(group),
-            1.0 if group is not None else 0.0,
-            _log10(h.mean_run_any(job.who)),
-            1.0 if job.num_gpus <= free else 0.0,
-            demand / max(free, 1.0),
-            free / total if total else 0.0,
-            frag,
-        )
-        mask[row] = True
+        who = h.mean_run_any(job.who)
+        rows.append((
+            job.num_gpus, job.gpu_milli, job.submit_s, job.attained_gpu_s,
+            nan if group is None else group, nan if who is None else who, *over,
+            job.gpus,
+        ))  # fmt: skip
+    gpus_req, milli, submit, attained, group, who, free, total, demand, frag, allowed, gpus = (
+        np.array(rows, dtype=np.float64).T
+    )
+    wait = np.maximum(obs.now - submit, 0.0)
+    has_group = ~np.isnan(group)
+    est = np.where(has_group, group, np.where(np.isnan(who), np.nan, who))
+    if everyone is not None:
+        est = np.where(np.isnan(est), everyone, est)
+    has_est = ~np.isnan(est)
+    est0 = np.where(has_est, est, 0.0)
+    floor = np.maximum(est0, BSLD_FLOOR_S)
+    safe_total = np.where(total > 0, total, 1.0)
+    cols = (
+        np.log2(gpus_req),
+        milli / FULL_GPU,
+        allowed,
+        np.log10(1.0 + wait),
+        np.log10(1.0 + attained),
+        np.log10(1.0 + np.nan_to_num(group)),
+        has_group.astype(np.float64),
+        np.log10(1.0 + np.nan_to_num(who)),
+        (gpus_req <= free).astype(np.float64),
+        demand / np.maximum(free, 1.0),
+        np.where(total > 0, free / safe_total, 0.0),
+        frag,
+        np.where(total > 0, demand / safe_total, 0.0),
+        np.where(total > 0, gpus / safe_total, 0.0),
+        np.log10(1.0 + est0),
+        np.where(has_est, np.log10(np.maximum((wait + est0) / floor, 1.0)), 0.0),
+        np.where(has_est, np.log10(1.0 + wait / floor), 0.0),
+        np.where(has_est, np.log10(1.0 + est0 * gpus), 0.0),
+    )
+    x[:n] = np.stack(cols, axis=1)
     return x, mask
+
+
+def encode_global(obs: Observation) -> np.ndarray:
+    """The GLOBAL_FEATURES of `obs`: the same length on every cluster."""
+    total = max(obs.total_gpus(), 1)
+    return np.asarray(
+        (
+            obs.free_gpus() / total,
+            obs.waiting_gpus() / total,
+            obs.fragmentation(),
+            _log10(obs.queue_length()),
+            _log10(obs.history.mean_run_all()),
+        ),
+        dtype=np.float32,
+    )
 
 
 def cluster_features(obs: Observation) -> np.ndarray:

@@ -7,7 +7,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from shared.cli.simulate import add_run_args, check_outcome, load_run_cluster, sim_config
+from shared.cli.simulate import (
+    add_run_args,
+    check_outcome,
+    load_run_cluster,
+    load_run_jobs,
+    sim_config,
+)
 from shared.errors import UserError
 from shared.traces import SkipStats
 
@@ -34,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from services.placement.registry import make_placer
     from services.scoring.policies import make_policy
     from shared.report import PolicyRun, markdown_table, write_csv, write_plots
-    from shared.sim import load_jobs, simulate, write_jobs_csv
+    from shared.sim import simulate, write_jobs_csv
 
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     if not names:
@@ -44,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     out = _out_dir(args.out)
     cluster = load_run_cluster(args)
     stats = SkipStats()
-    jobs = load_jobs(args.trace, args.format, cluster, stats, args.limit)
+    jobs = load_run_jobs(args, cluster, stats)
     config = sim_config(args)
     console = Console(stderr=True)
     runs: list[PolicyRun] = []

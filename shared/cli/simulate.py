@@ -14,7 +14,7 @@ from shared.cluster import ClusterSpec, load_cluster
 from shared.errors import UserError
 from shared.placement_api import DISCIPLINES
 from shared.speeds import DEFAULT_SPEEDS
-from shared.traces import SkipStats
+from shared.traces import SkipStats, TraceJob
 
 if TYPE_CHECKING:
     from shared.sim import SimConfig
@@ -23,6 +23,7 @@ __all__ = [
     "add_run_args",
     "check_outcome",
     "load_run_cluster",
+    "load_run_jobs",
     "register",
     "run",
     "sim_config",
@@ -48,6 +49,15 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
     p.add_argument("--limit", type=int, default=None, help="only the first N jobs by submit time")
+    p.add_argument(
+        "--since",
+        default="",
+        metavar="TIME",
+        help="only jobs submitted at or after TIME (UTC YYYY-MM-DD[ HH:MM:SS] or trace seconds)",
+    )
+    p.add_argument(
+        "--until", default="", metavar="TIME", help="only jobs submitted before TIME (as --since)"
+    )
     p.add_argument(
         "--placer",
         default="milp",
@@ -83,14 +93,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from services.placement.registry import make_placer
     from services.scoring.policies import make_policy
-    from shared.sim import load_jobs, simulate, write_jobs_csv
+    from shared.sim import simulate, write_jobs_csv
 
     sim_config(args)  # flags checked before the trace is read
     cluster = load_run_cluster(args)
     policy = make_policy(args.policy)
     placer = make_placer(args.placer, reproducible=True)
     stats = SkipStats()
-    jobs = load_jobs(args.trace, args.format, cluster, stats, args.limit)
+    jobs = load_run_jobs(args, cluster, stats)
     with _LazyProgress(policy.label) as bar:
         result = simulate(jobs, cluster, policy, placer, sim_config(args), bar.tick)
     summary = result.summary()
@@ -180,6 +190,34 @@ def load_run_cluster(args: argparse.Namespace) -> ClusterSpec:
     if args.reference not in cluster.speed and args.reference not in DEFAULT_SPEEDS:
         raise UserError(f"--reference {args.reference!r}: no speed known for that GPU type")
     return dataclasses.replace(cluster, reference=args.reference)
+
+
+def load_run_jobs(
+    args: argparse.Namespace, cluster: ClusterSpec, stats: SkipStats
+) -> list[TraceJob]:
+    """The trace's jobs submitted in [--since, --until), the first --limit of them."""
+    from shared.sim import load_jobs
+    from shared.traces._io import parse_time
+
+    bounds = []
+    for flag, text in (("--since", args.since), ("--until", args.until)):
+        try:
+            bounds.append(parse_time(text) if text else None)
+        except ValueError:
+            raise UserError(
+                f"{flag} {text!r}: give YYYY-MM-DD[ HH:MM:SS] (UTC) or seconds"
+            ) from None
+    since, until = bounds
+    if since is None and until is None:
+        return load_jobs(args.trace, args.format, cluster, stats, args.limit)
+    jobs = [
+        j
+        for j in load_jobs(args.trace, args.format, cluster, stats)
+        if (since is None or j.submit_s >= since) and (until is None or j.submit_s < until)
+    ]
+    if not jobs:
+        raise UserError(f"{args.trace}: no job submitted in [--since, --until)")
+    return jobs[: args.limit] if args.limit is not None else jobs
 
 
 def write_json(summary: dict[str, Any], out: str) -> None:

@@ -36,7 +36,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 BASELINES = tuple(POLICIES)
 
 
-RL_MODULE = "services.scoring.rl_policy"  # provides load_policy(path: str | None) -> Policy
+RL_MODULE = "services.scoring.rl"  # provides load_policy(path: str | None) -> Policy
 
 
 def make_policy(name: str) -> Policy:

@@ -1,0 +1,175 @@
+"""`rltune bench train`: what training and serving the learned policy cost, in one run.
+
+* rollouts: the same episodes (Philly before 2017-10-15, the training clusters)
+  run in this process and on `--workers` processes: policy decisions/s and
+  simulated jobs/s (both runs of an episode, the baseline's and the policy's,
+  count), and their ratio;
+* one PPO update on those episodes' rounds (seconds);
+* serving: the p50/p99 of scoring one `--window`-job window on one core
+  (encode + network + order, as `RLPolicy.window` does it), as wall time and
+  as the thread's CPU time (what the wall time is on an idle core; the target,
+  p99 <= 2 ms, is judged on it), next to sjf-est's window over the same queue.
+
+    rltune bench train [--model models/rl.pt] [--episodes 8] [--workers 2] [--json -]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from services.scoring.policies import make_policy
+from services.scoring.rl import SHIPPED, load_checkpoint
+from services.scoring.rl.args import Args
+from services.scoring.rl.env import EpisodeConfig
+from services.scoring.rl.network import NetConfig, ScoreNet
+from services.scoring.rl.policy import RLPolicy
+from services.scoring.rl.rollout import Rollouts, make_batch
+from services.scoring.rl.train import _train_world, episode_specs, ppo_update
+from shared.cli.common import write_json
+from shared.cluster import load_cluster
+from shared.metrics import percentile
+from shared.policy_api import History, PolicyContext, QueuedJob
+from shared.policy_features import GLOBAL_FEATURES, JOB_FEATURES
+from shared.sim.observe import SimObservation, WaitingIndex
+from shared.sim.state import ClusterState
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT.parent / "shared" / "traces" / "philly" / "philly-sep-oct.csv"
+TRAIN_CLUSTERS = tuple(str(p) for p in sorted((ROOT / "clusters" / "train").glob("*.yaml")))
+TARGET_P99_MS = 2.0
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="rltune bench train", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=str(SHIPPED), help="checkpoint (default: the shipped one)")
+    p.add_argument("--trace", default=str(TRACE))
+    p.add_argument("--episodes", type=int, default=8)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--window", type=int, default=128)
+    p.add_argument("--repeat", type=int, default=2000, help="windows scored for the latency")
+    p.add_argument("--json", default=None, metavar="OUT")
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)  # as in the workers: one core per simulator
+    if Path(a.model).exists():
+        ckpt = load_checkpoint(a.model)
+        net, features = ckpt.net, ckpt.features
+    else:
+        print(f"{a.model} not found: an untrained network of the same shape is timed")
+        torch.manual_seed(0)
+        net, features = ScoreNet(NetConfig(len(JOB_FEATURES), len(GLOBAL_FEATURES))), JOB_FEATURES
+    out: dict[str, object] = {}
+    out.update(_rollouts(a, net, features))
+    out.update(_latency(a, net, features))
+    if a.json:
+        write_json(out, a.json)
+    return 0
+
+
+def _rollouts(a: argparse.Namespace, net: ScoreNet, features: tuple[str, ...]) -> dict[str, float]:
+    args = Args(trace=a.trace, clusters=TRAIN_CLUSTERS, until="2017-10-15", val_from="2017-10-05")
+    cfg = EpisodeConfig()
+    train, clusters = _train_world(args)
+    specs = episode_specs(len(train), len(clusters), cfg, a.episodes, [1, 0])
+    rates: dict[int, tuple[float, float]] = {}
+    results = []
+    for workers in (0, a.workers):
+        pool = Rollouts(functools.partial(_train_world, args), workers)
+        pool.run(specs[: max(workers, 1)], cfg, net, features)  # start-up, trace reading: untimed
+        t0 = time.perf_counter()
+        results = pool.run(specs, cfg, net, features)
+        wall = time.perf_counter() - t0
+        pool.close()
+        decisions = sum(r.decisions for r in results)
+        jobs = sum(2 * r.jobs for r in results)
+        rates[workers] = (decisions / wall, jobs / wall)
+        print(
+            f"rollouts, {workers or 'no'} worker process{'es' if workers != 1 else ''}: "
+            f"{decisions / wall:,.0f} decisions/s, {jobs / wall:,.0f} simulated jobs/s "
+            f"({a.episodes} episodes, {decisions} decisions, {jobs} jobs, {wall:.1f} s)"
+        )
+    ratio = rates[a.workers][1] / rates[0][1]
+    print(f"ratio {a.workers} workers / in-process: {ratio:.2f}")
+    batch = make_batch(results, features)
+    update_s = float("nan")
+    if batch is not None:
+        opt = torch.optim.Adam(net.parameters(), lr=0.0)  # lr 0: the weights stay as loaded
+        t0 = time.perf_counter()
+        ppo_update(net, opt, batch, Args(), torch.Generator().manual_seed(0))
+        update_s = time.perf_counter() - t0
+        print(f"one PPO update: {update_s:.2f} s on {len(batch)} rounds (4 epochs, one thread)")
+    return {
+        "decisions_per_s": rates[0][0],
+        "jobs_per_s": rates[0][1],
+        f"decisions_per_s_{a.workers}_workers": rates[a.workers][0],
+        f"jobs_per_s_{a.workers}_workers": rates[a.workers][1],
+        "workers_speedup": ratio,
+        "ppo_update_s": update_s,
+    }
+
+
+def _latency(a: argparse.Namespace, net: ScoreNet, features: tuple[str, ...]) -> dict[str, float]:
+    """Score one full window, many times, on one core."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    torch.set_num_threads(1)
+    cluster = load_cluster(ROOT / "clusters" / "philly-hetero.yaml")
+    rng = np.random.default_rng(0)
+    history = History()
+    for i in range(2000):  # finished jobs of 12 VCs
+        history.record(
+            QueuedJob(-1, "h", 0.0, int(rng.choice([1, 2, 4, 8])), vc=f"vc{i % 12}"),
+            float(rng.lognormal(8, 2)),
+        )
+    jobs = [
+        QueuedJob(i, f"j{i}", float(i * 30), int(rng.choice([1, 1, 1, 2, 4, 8])),
+                  vc=f"vc{int(rng.integers(12))}")
+        for i in range(a.window)
+    ]  # fmt: skip
+    waiting = WaitingIndex()
+    for j in jobs:
+        waiting.add(j)
+    obs = SimObservation(ClusterState(cluster), waiting, history, {})
+    obs.now = a.window * 30.0 + 600.0
+    timings: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    for name in ("rl", "sjf-est"):
+        policy = RLPolicy(net, features) if name == "rl" else make_policy(name)
+        policy.reset(PolicyContext(cluster, history))
+        for j in jobs:
+            policy.add(j)
+        ts, cs = [], []
+        for _ in range(a.repeat):
+            c0, t0 = time.thread_time(), time.perf_counter()
+            got = list(policy.window(a.window, obs))
+            ts.append((time.perf_counter() - t0) * 1e3)
+            cs.append((time.thread_time() - c0) * 1e3)
+        assert len(got) == a.window
+        timings[name], cpu[name] = ts, cs
+    rl, sjf = timings["rl"], timings["sjf-est"]
+    p99, cpu_p99 = percentile(rl, 99), percentile(cpu["rl"], 99)
+    verdict = "met" if cpu_p99 <= TARGET_P99_MS else "MISSED"
+    print(
+        f"scoring one {a.window}-job window on one core: rl wall p50 "
+        f"{statistics.median(rl):.3f} ms, p99 {p99:.3f} ms; CPU time (the wall time on an idle "
+        f"core) p50 {statistics.median(cpu['rl']):.3f} ms, p99 {cpu_p99:.3f} ms (target p99 "
+        f"{TARGET_P99_MS} ms: {verdict}); sjf-est wall p50 {statistics.median(sjf):.3f} ms, "
+        f"CPU p99 {percentile(cpu['sjf-est'], 99):.3f} ms; ratio rl / sjf-est (CPU p50) "
+        f"{statistics.median(cpu['rl']) / statistics.median(cpu['sjf-est']):.1f}"
+    )
+    return {
+        "window": float(a.window),
+        "score_p50_ms": statistics.median(rl),
+        "score_p99_ms": p99,
+        "score_cpu_p50_ms": statistics.median(cpu["rl"]),
+        "score_cpu_p99_ms": cpu_p99,
+        "sjf_est_p50_ms": statistics.median(sjf),
+        "sjf_est_cpu_p99_ms": percentile(cpu["sjf-est"], 99),
+    }

@@ -1,0 +1,146 @@
+"""The arguments of `rltune train` (`Args`, one docstring per field, CleanRL
+style), importable without torch so the command line stays quick to start."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import itertools
+from dataclasses import dataclass
+
+from shared.errors import UserError
+from shared.policy_features import HISTORY_FEATURES, JOB_FEATURES
+from shared.traces._io import parse_time
+
+__all__ = ["ARG_DOCS", "FEATURE_SETS", "HEURISTICS", "OBJECTIVES", "Args", "validate", "when"]
+
+OBJECTIVES = ("bsld", "queue", "jct", "util")
+
+FEATURE_SETS = {
+    "all": JOB_FEATURES,
+    "no-history": tuple(f for f in JOB_FEATURES if f not in HISTORY_FEATURES),
+}
+HEURISTICS = ("fifo", "sjf-est", "f1", "multifactor", "smallest")  # none knows run times
+
+
+@dataclass
+class Args:
+    trace: str = ""
+    """the trace to train on"""
+    format: str = "philly"
+    """its format (as `rltune simulate --format`)"""
+    clusters: tuple[str, ...] = ()
+    """cluster files; each episode runs on one of them, drawn at random"""
+    until: str = ""
+    """train on jobs submitted before this time (UTC date or trace seconds); empty: all"""
+    val_from: str = ""
+    """validation jobs: submitted from this time up to `until`, never trained on"""
+    out: str = "models/rl.pt"
+    """the checkpoint to write (the best by validation score)"""
+    resume: str = ""
+    """continue from this checkpoint (its `.last` file holds the optimizer)"""
+    seed: int = 1
+    """seed of every random choice"""
+    iterations: int = 40
+    """PPO iterations (rollouts + update)"""
+    episodes: int = 16
+    """episodes per iteration"""
+    workers: int = 2
+    """rollout processes (0: in this process)"""
+    time_budget_s: float = 0.0
+    """stop after this many seconds of training (0: no limit)"""
+    prefix: int = 256
+    """jobs replayed under the baseline before the policy takes over"""
+    jobs: int = 256
+    """jobs per episode whose rounds the policy decides"""
+    load_lo: float = 0.8
+    """lowest demand / capacity of an episode"""
+    load_hi: float = 1.2
+    """highest demand / capacity of an episode"""
+    baseline: str = "sjf-est"
+    """the heuristic of the prefix and of the reward"""
+    objective: str = "bsld"
+    """what the reward improves: bsld, queue, jct or util"""
+    placer: str = "greedy"
+    """placement in the loop"""
+    window: int = 128
+    """jobs the policy ranks per round"""
+    features: str = "all"
+    """feature set: all, or no-history (the ablation)"""
+    hidden: int = 32
+    """width of the network"""
+    context: bool = True
+    """score each job with the window's pooled summary (False: the plain kernel)"""
+    warm_start: int = 10
+    """epochs imitating sjf-est's ranking before PPO starts (0: start from random)"""
+    learning_rate: float = 3e-4
+    """Adam's learning rate"""
+    gamma: float = 1.0
+    """discount (episodes are finite)"""
+    gae_lambda: float = 0.95
+    """GAE's lambda"""
+    update_epochs: int = 4
+    """passes over each iteration's steps"""
+    minibatch_steps: int = 256
+    """steps per minibatch"""
+    clip_coef: float = 0.2
+    """PPO's ratio clip"""
+    clip_vloss: bool = True
+    """clip the value loss too"""
+    ent_coef: float = 0.01
+    """entropy bonus"""
+    vf_coef: float = 0.5
+    """value-loss weight"""
+    max_grad_norm: float = 0.5
+    """gradient-norm clip"""
+    target_kl: float = 0.03
+    """stop an update early past this approximate KL (0: never)"""
+    val_every: int = 5
+    """iterations between validations"""
+    val_episodes: int = 6
+    """validation episodes"""
+    log: str = ""
+    """CSV of every iteration's scalars (default: `out` with .csv)"""
+
+
+def _arg_docs() -> dict[str, str]:
+    """Each Args field's one-line docstring (the string under it), for --help."""
+    tree = ast.parse(inspect.getsource(Args))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for a, b in itertools.pairwise(body):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr):
+            docs[a.target.id] = str(b.value.value)  # type: ignore[attr-defined, union-attr]
+    return docs
+
+
+ARG_DOCS = _arg_docs()
+
+
+def validate(args: Args) -> None:
+    """UserError (one line) for the first argument that cannot work."""
+    if args.objective not in OBJECTIVES:
+        raise UserError(f"--objective {args.objective!r}: choose from {', '.join(OBJECTIVES)}")
+    if args.features not in FEATURE_SETS:
+        raise UserError(f"--features {args.features!r}: choose from {', '.join(FEATURE_SETS)}")
+    for name in ("iterations", "episodes", "prefix", "jobs", "window", "minibatch_steps"):
+        if getattr(args, name) <= 0:
+            raise UserError(f"--{name.replace('_', '-')} must be positive")
+    if args.workers < 0:
+        raise UserError("--workers must be 0 or more")
+    if not 0 < args.load_lo <= args.load_hi:
+        raise UserError("--load-lo must be positive and at most --load-hi")
+    when(args.until)
+    when(args.val_from)
+
+
+def when(text: str) -> float | None:
+    """Seconds from a UTC date (YYYY-MM-DD[ HH:MM:SS]) or a number; None if empty."""
+    if not text:
+        return None
+    try:
+        return parse_time(
+            text if any(c in text for c in " T") or "-" not in text else text + " 00:00:00"
+        )
+    except ValueError:
+        raise UserError(f"cannot read time {text!r}: give YYYY-MM-DD or seconds") from None

@@ -1,0 +1,168 @@
+"""`rl`: the learned prioritisation policy, the same `Policy` object as every
+baseline (shared.policy_api), so simulate, eval, train and the scoring service
+use it unchanged.
+
+How a decision maps onto a round: the whole window is ranked at once, by
+Plackett-Luce (sampling without replacement from the masked softmax of the
+scores while training; sorted by score, the most likely ranking, when serving).
+Chosen over one job per decision (RLTune's) because a round here is one ordered
+window handed to placement (DESIGN.md, "Scheduling round"): ranking needs one
+forward pass per round instead of one per started job, so scoring a 128-job
+window stays far below the 2 ms a round may wait on it, and the log-probability
+of a ranking is exact (a sum over the ranks the simulator read) so PPO needs no
+approximation. Picking one job per decision would also need the features to be
+recomputed against GPUs the placer has not yet given out.
+
+Which jobs it sees: up to `max_jobs` waiting jobs. When more wait, the oldest
+job of every group (same user/VC, GPU count, share and allowed types: jobs the
+features cannot tell apart except by age) comes first, then the oldest others,
+so that a short job deep in a long queue can still be seen. Within a group the
+scores differ only by age.
+
+What it cannot see: its inputs are `QueuedJob`s and the `Observation` (through
+`shared.policy_features`); `reset` keeps nothing of the `PolicyContext` but
+the seed, so the oracle's `true_run_s` never reaches it (tests check both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Sequence
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from services.scoring.rl.network import ScoreNet
+from services.scoring.rl.ppo import sample_ranking
+from shared.policy_api import Observation, PolicyContext, QueuedJob
+from shared.policy_features import JOB_FEATURES, encode, encode_global
+
+__all__ = ["RLPolicy", "Recorder", "Step"]
+
+
+class Step:
+    """One recorded round: what the network saw and the ranking it drew."""
+
+    __slots__ = ("g", "perm", "pool", "pulled", "x")
+
+    def __init__(self, x: np.ndarray, g: np.ndarray, perm: np.ndarray, pool: list[int]) -> None:
+        self.x, self.g, self.perm, self.pool = x, g, perm, pool
+        self.pulled = 0  # ranks the simulator read
+
+
+class Recorder(Protocol):
+    def record(self, step: Step, now: float) -> None: ...
+
+    def removed(self, seq: int) -> None: ...
+
+
+class RLPolicy:
+    name = "rl"
+    oracle = False
+    time_invariant = False  # waits grow with time, and the scores read them
+    preemptive = False
+
+    def __init__(
+        self,
+        net: ScoreNet,
+        features: Sequence[str],
+        label: str = "rl",
+        max_jobs: int = 128,
+        sample: bool = False,
+    ) -> None:
+        self.net = net.eval()
+        self.features = tuple(features)
+        self._cols = np.asarray([JOB_FEATURES.index(f) for f in self.features], dtype=np.int64)
+        self._label = label
+        self.max_jobs = max_jobs
+        self.sample = sample
+        self.recorder: Recorder | None = None
+        self.reset_state(0)
+
+    @property
+    def label(self) -> str:
+        return self._label
+
+    # ---- the waiting queue --------------------------------------------------------------
+    def reset(self, ctx: PolicyContext) -> None:
+        """Forget every job; of `ctx` only the seed is kept (never `true_run_s`)."""
+        self.reset_state(ctx.seed)
+
+    def reset_state(self, seed: int) -> None:
+        self._fifo: dict[int, QueuedJob] = {}
+        self._groups: dict[Hashable, dict[int, QueuedJob]] = {}
+        self._rng = np.random.default_rng(seed)
+
+    @staticmethod
+    def _group(job: QueuedJob) -> Hashable:
+        return (job.who, job.num_gpus, job.gpu_milli, job.gpu_types)
+
+    def add(self, job: QueuedJob) -> None:
+        self._fifo[job.seq] = job
+        self._groups.setdefault(self._group(job), {})[job.seq] = job
+
+    def remove(self, job: QueuedJob) -> None:
+        del self._fifo[job.seq]
+        key = self._group(job)
+        group = self._groups[key]
+        del group[job.seq]
+        if not group:
+            del self._groups[key]
+        if self.recorder is not None:
+            self.recorder.removed(job.seq)
+
+    def candidates(self) -> list[QueuedJob]:
+        """The jobs the network scores, in (submit, seq) order."""
+        n = self.max_jobs
+        if len(self._fifo) <= n:
+            pool = list(self._fifo.values())
+        else:
+            heads = [next(iter(g.values())) for g in self._groups.values()]
+            heads.sort(key=_age)
+            pool = heads[:n]
+            if len(pool) < n:
+                taken = {j.seq for j in pool}
+                for job in self._fifo.values():
+                    if job.seq not in taken:
+                        pool.append(job)
+                        if len(pool) == n:
+                            break
+        pool.sort(key=_age)
+        return pool
+
+    # ---- scoring ------------------------------------------------------------------------
+    def scores(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """Scores of the rows of `x` [n, len(JOB_FEATURES)] with cluster features `g`."""
+        xs = torch.from_numpy(np.ascontiguousarray(x[:, self._cols])).unsqueeze(0)
+        mask = torch.ones((1, len(x)), dtype=torch.bool)
+        with torch.inference_mode():
+            s, _ = self.net(xs, mask, torch.from_numpy(g).unsqueeze(0))
+        out: np.ndarray = s[0].numpy()
+        return out
+
+    def window(self, k: int, obs: Observation) -> Iterator[QueuedJob]:
+        pool = self.candidates()
+        if not pool:
+            return iter(())
+        x, _ = encode(pool, obs, len(pool))
+        g = encode_global(obs)
+        s = self.scores(x, g)
+        if self.sample:
+            perm = sample_ranking(s, len(pool), self._rng)
+        else:
+            perm = np.argsort(-s, kind="stable")  # ties: older first
+        if self.recorder is None:
+            return (pool[i] for i in perm[:k])
+        step = Step(x, g, perm, [j.seq for j in pool])  # every feature: the trainer selects
+        self.recorder.record(step, obs.now)
+        return _counted(pool, perm[:k], step)
+
+
+def _age(job: QueuedJob) -> tuple[float, int]:
+    return (job.submit_s, job.seq)
+
+
+def _counted(pool: list[QueuedJob], perm: np.ndarray, step: Step) -> Iterator[QueuedJob]:
+    for i in perm:
+        step.pulled += 1
+        yield pool[i]

@@ -1,0 +1,153 @@
+"""Rollouts from several simulator processes at once, and the batch they make.
+
+Each worker process reads the training trace and clusters once, then runs
+whole episodes (`env.run_episode`) for the weights it is sent. Results come
+back in the order the episodes were asked for, whatever finishes first, so a
+run is deterministic for a seed with any number of workers. `workers=0` runs
+in this process (tests).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from services.scoring.rl.env import EpisodeConfig, EpisodeResult, EpisodeSpec, run_episode
+from services.scoring.rl.network import NetConfig, ScoreNet
+from shared.cluster import ClusterSpec
+from shared.policy_features import JOB_FEATURES
+from shared.traces import TraceJob
+
+__all__ = ["Batch", "Rollouts", "make_batch", "sjf_est_ranking"]
+
+_GROUP_RUN = JOB_FEATURES.index("log_mean_run_group_s")
+_WAIT = JOB_FEATURES.index("log_wait_s")
+
+
+def sjf_est_ranking(x: np.ndarray) -> np.ndarray:
+    """The `sjf-est` order of rows of all JOB_FEATURES: the group's mean run time
+    (0 without history), then the longest wait first."""
+    return np.lexsort((-x[:, _WAIT], x[:, _GROUP_RUN])).astype(np.int64)
+
+
+_WORLD: dict[str, Any] = {}
+
+
+def _init(loader: Callable[[], tuple[list[TraceJob], list[ClusterSpec]]]) -> None:
+    torch.set_num_threads(1)
+    _WORLD["trace"], _WORLD["clusters"] = loader()
+
+
+def _episode(
+    spec: EpisodeSpec,
+    cfg: EpisodeConfig,
+    net_cfg: dict[str, Any],
+    weights: dict[str, torch.Tensor],
+    features: tuple[str, ...],
+    sample: bool,
+) -> EpisodeResult:
+    net = ScoreNet(NetConfig(**net_cfg))
+    net.load_state_dict(weights)
+    return run_episode(_WORLD["trace"], _WORLD["clusters"], spec, cfg, net, features, sample=sample)
+
+
+class Rollouts:
+    """A pool of `workers` simulator processes (0: run in this process)."""
+
+    def __init__(
+        self, loader: Callable[[], tuple[list[TraceJob], list[ClusterSpec]]], workers: int
+    ) -> None:
+        self.workers = workers
+        self._pool: Executor | None = None
+        self._world: tuple[list[TraceJob], list[ClusterSpec]] | None = None
+        if workers > 0:
+            ctx = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(
+                workers, mp_context=ctx, initializer=_init, initargs=(loader,)
+            )
+        else:
+            self._world = loader()
+
+    def run(
+        self,
+        specs: Sequence[EpisodeSpec],
+        cfg: EpisodeConfig,
+        net: ScoreNet,
+        features: tuple[str, ...],
+        sample: bool = True,
+    ) -> list[EpisodeResult]:
+        weights = {k: v.detach().clone() for k, v in net.state_dict().items()}
+        args = (cfg, net.cfg.to_dict(), weights, features, sample)
+        if self._pool is None:
+            assert self._world is not None
+            trace, clusters = self._world
+            return [run_episode(trace, clusters, s, cfg, net, features, sample) for s in specs]
+        futures = [self._pool.submit(_episode, s, *args) for s in specs]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+
+@dataclass
+class Batch:
+    """Every kept step of one iteration, padded to the largest window in it."""
+
+    x: torch.Tensor  # [T, N, F] job features (raw; the network normalises)
+    mask: torch.Tensor  # [T, N] bool
+    g: torch.Tensor  # [T, G] cluster features
+    perm: torch.Tensor  # [T, N] the drawn ranking, empty slots last
+    pulled: torch.Tensor  # [T] ranks the simulator read
+    teacher: torch.Tensor  # [T, N] sjf-est's ranking of the same jobs (the warm start)
+    rewards: np.ndarray  # [T] the episode's reward on its last step, else 0
+    ends: np.ndarray  # [T] bool: last step of an episode
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+
+def make_batch(results: Sequence[EpisodeResult], features: Sequence[str]) -> Batch | None:
+    """Stack the episodes' steps (an episode with none contributes nothing), keeping
+    the job-feature columns `features` (steps record all of JOB_FEATURES)."""
+    steps = [(r, s) for r in results for s in r.steps]
+    if not steps:
+        return None
+    n = max(len(s.pool) for _, s in steps)
+    t = len(steps)
+    cols = np.asarray([JOB_FEATURES.index(name) for name in features], dtype=np.int64)
+    f = len(cols)
+    x = np.zeros((t, n, f), dtype=np.float32)
+    mask = np.zeros((t, n), dtype=bool)
+    g = np.stack([s.g for _, s in steps]).astype(np.float32)
+    perm = np.tile(np.arange(n, dtype=np.int64), (t, 1))
+    pulled = np.zeros(t, dtype=np.int64)
+    teacher = perm.copy()
+    rewards = np.zeros(t, dtype=np.float64)
+    ends = np.zeros(t, dtype=bool)
+    for i, (res, s) in enumerate(steps):
+        k = len(s.pool)
+        x[i, :k] = s.x[:, cols]
+        mask[i, :k] = True
+        perm[i, :k] = s.perm[:k]
+        pulled[i] = s.pulled
+        teacher[i, :k] = sjf_est_ranking(s.x)
+        if s is res.steps[-1]:
+            ends[i] = True
+            rewards[i] = res.reward
+    return Batch(
+        torch.from_numpy(x),
+        torch.from_numpy(mask),
+        torch.from_numpy(g),
+        torch.from_numpy(perm),
+        torch.from_numpy(pulled),
+        torch.from_numpy(teacher),
+        rewards,
+        ends,
+    )

@@ -1,0 +1,375 @@
+"""PPO for the ranking policy, laid out like CleanRL's ppo.py: the arguments,
+storage, then one loop of rollout -> advantages -> clipped updates -> logging.
+
+Every iteration draws `episodes` episodes (cluster shape, trace position, load
+and seed, from the run's seed and the iteration number: a resumed run draws the
+same ones), runs them on the rollout workers, and updates the network on the
+rounds they recorded. Every `val_every` iterations the greedy policy runs the
+validation episodes (jobs never trained on) and is compared with the best
+heuristic on them; the checkpoint with the best validation score is `out`,
+the latest one (with optimizer state, for `--resume`) is `out` + `.last`.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from services.scoring.rl.args import FEATURE_SETS, HEURISTICS, Args, validate, when
+from services.scoring.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from services.scoring.rl.env import (
+    EpisodeConfig,
+    EpisodeResult,
+    EpisodeSpec,
+    relative_gain,
+)
+from services.scoring.rl.network import NetConfig, ScoreNet
+from services.scoring.rl.ppo import (
+    clipped_policy_loss,
+    gae,
+    masked_entropy,
+    pl_log_prob,
+    value_loss,
+)
+from services.scoring.rl.rollout import Batch, Rollouts, make_batch
+from shared.cluster import ClusterSpec, load_cluster
+from shared.errors import UserError
+from shared.policy_features import GLOBAL_FEATURES
+from shared.sim import load_jobs
+from shared.traces import SkipStats, TraceJob
+
+__all__ = ["FEATURE_SETS", "Args", "IterationLog", "load_world", "train"]
+
+WARM_START_LR = 3e-3
+LOSSES = ("policy", "value", "entropy", "kl", "clip")
+
+
+@dataclass
+class IterationLog:
+    iteration: int
+    steps: int
+    reward: float
+    update_s: float
+    rollout_s: float
+    decisions: int
+    jobs: int
+    losses: dict[str, float]
+    val_gain: float | None
+
+
+def load_world(args: Args) -> tuple[list[TraceJob], list[ClusterSpec], list[TraceJob]]:
+    """(training jobs, clusters, validation jobs)."""
+    if not args.clusters:
+        raise UserError("give at least one --cluster to train on")
+    clusters = [load_cluster(c) for c in args.clusters]
+    jobs = load_jobs(args.trace, args.format, clusters[0], SkipStats())
+    until, val_from = when(args.until), when(args.val_from)
+    end = until if until is not None else math.inf
+    split = val_from if val_from is not None else end
+    train = [j for j in jobs if j.submit_s < min(split, end)]
+    val = [j for j in jobs if split <= j.submit_s < end]
+    if len(train) < 4 * (args.prefix + args.jobs):
+        raise UserError(f"only {len(train)} training jobs before --until; need more")
+    return train, clusters, val
+
+
+def _train_world(args: Args) -> tuple[list[TraceJob], list[ClusterSpec]]:
+    train, clusters, _ = load_world(args)
+    return train, clusters
+
+
+def _val_world(args: Args) -> tuple[list[TraceJob], list[ClusterSpec]]:
+    _, clusters, val = load_world(args)
+    return val, clusters
+
+
+def episode_specs(
+    n_jobs: int, n_clusters: int, cfg: EpisodeConfig, count: int, seed: Sequence[int]
+) -> list[EpisodeSpec]:
+    rng = np.random.default_rng(list(seed))
+    last = max(n_jobs - 4 * (cfg.prefix + cfg.jobs), 1)
+    return [
+        EpisodeSpec(
+            int(rng.integers(n_clusters)),
+            int(rng.integers(last)),
+            float(rng.uniform(cfg.load_lo, cfg.load_hi)),
+            int(rng.integers(2**31 - 1)),
+        )
+        for _ in range(count)
+    ]
+
+
+def ppo_update(
+    net: ScoreNet, opt: torch.optim.Optimizer, b: Batch, args: Args, gen: torch.Generator
+) -> dict[str, float]:
+    """One PPO update on an iteration's steps; returns the mean losses."""
+    # ---- old log-probabilities and values, with the weights that drew the rollouts ----
+    with torch.no_grad():
+        scores, values = net(b.x, b.mask, b.g)
+        b_logp = pl_log_prob(scores, b.perm, b.pulled)
+        b_values = values
+    # ---- advantages: GAE over each episode (reward on its last step) ----
+    adv, ret = gae(b.rewards, b_values.double().numpy(), b.ends, args.gamma, args.gae_lambda)
+    b_adv = torch.as_tensor(adv, dtype=torch.float32)
+    b_ret = torch.as_tensor(ret, dtype=torch.float32)
+    n = len(b)
+    stats: dict[str, list[float]] = {k: [] for k in ("policy", "value", "entropy", "kl", "clip")}
+    for _epoch in range(args.update_epochs):
+        order = torch.randperm(n, generator=gen)
+        for lo in range(0, n, args.minibatch_steps):
+            mb = order[lo : lo + args.minibatch_steps]
+            new_scores, new_v = net(b.x[mb], b.mask[mb], b.g[mb])
+            new_logp = pl_log_prob(new_scores, b.perm[mb], b.pulled[mb])
+            entropy = masked_entropy(new_scores, b.mask[mb])
+            log_ratio = new_logp - b_logp[mb]
+            with torch.no_grad():
+                approx_kl = ((log_ratio.exp() - 1) - log_ratio).mean().item()
+                clipped = ((log_ratio.exp() - 1.0).abs() > args.clip_coef).float().mean().item()
+            mb_adv = b_adv[mb]
+            if len(mb) > 1:
+                mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+            # ---- policy loss ----
+            pg_loss = clipped_policy_loss(new_logp, b_logp[mb], mb_adv, args.clip_coef)
+            # ---- value loss ----
+            v_loss = value_loss(
+                new_v, b_values[mb], b_ret[mb], args.clip_coef if args.clip_vloss else None
+            )
+            ent = entropy.mean()
+            loss = pg_loss - args.ent_coef * ent + args.vf_coef * v_loss
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
+            opt.step()
+            for k, v in (
+                ("policy", pg_loss.item()),
+                ("value", v_loss.item()),
+                ("entropy", ent.item()),
+                ("kl", approx_kl),
+                ("clip", clipped),
+            ):
+                stats[k].append(v)
+        if args.target_kl and stats["kl"] and stats["kl"][-1] > args.target_kl:
+            break
+    # ---- observation normalisation: fold in this iteration's rows (used from the next) ----
+    net.job_norm.update(b.x[b.mask].numpy())
+    net.global_norm.update(b.g.numpy())
+    return {k: float(np.mean(v)) if v else math.nan for k, v in stats.items()}
+
+
+def warm_start(
+    net: ScoreNet, opt: torch.optim.Optimizer, b: Batch, args: Args, gen: torch.Generator
+) -> float:
+    """Imitate sjf-est's ranking on the first iteration's rounds (Plackett-Luce
+    likelihood of its order over the ranks read), so PPO explores around a sound
+    heuristic instead of a random order. Returns the last minibatch's loss."""
+    net.job_norm.update(b.x[b.mask].numpy())
+    net.global_norm.update(b.g.numpy())
+    loss = torch.zeros(())
+    for group in opt.param_groups:
+        group["lr"] = WARM_START_LR
+    for _ in range(args.warm_start):
+        order = torch.randperm(len(b), generator=gen)
+        for lo in range(0, len(b), args.minibatch_steps):
+            mb = order[lo : lo + args.minibatch_steps]
+            scores, _ = net(b.x[mb], b.mask[mb], b.g[mb])
+            loss = -pl_log_prob(scores, b.teacher[mb], b.pulled[mb]).mean()
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
+            opt.step()
+    for group in opt.param_groups:
+        group["lr"] = args.learning_rate
+    return float(loss.item())
+
+
+def _validate(
+    val: Rollouts,
+    specs: Sequence[EpisodeSpec],
+    cfg: EpisodeConfig,
+    net: ScoreNet,
+    features: tuple[str, ...],
+    best_heuristic: Sequence[float],
+) -> float:
+    """Mean relative gain of the greedy policy over the best heuristic's objective."""
+    results = val.run(specs, cfg, net, features, sample=False)
+    gains = [
+        relative_gain(cfg.objective, r.policy_obj, b)
+        for r, b in zip(results, best_heuristic, strict=True)
+    ]
+    return float(np.mean(gains))
+
+
+def heuristic_scores(
+    val: Rollouts,
+    specs: Sequence[EpisodeSpec],
+    cfg: EpisodeConfig,
+    net: ScoreNet,
+    features: tuple[str, ...],
+) -> tuple[str, list[float]]:
+    """The heuristic with the best mean objective on the validation episodes, and its
+    objective per episode (each run as the policy after the baseline prefix)."""
+    best: tuple[float, str, list[float]] | None = None
+    for h in HEURISTICS:
+        res = val.run(specs, EpisodeConfig(**{**asdict(cfg), "baseline": h}), net, features)
+        objs = [r.baseline_obj for r in res]
+        mean = float(np.mean(objs))
+        key = -mean if cfg.objective == "util" else mean
+        if best is None or key < best[0]:
+            best = (key, h, objs)
+    assert best is not None
+    return best[1], best[2]
+
+
+def train(
+    args: Args, report: Callable[[IterationLog], None] | None = None
+) -> tuple[Checkpoint, list[IterationLog]]:
+    """Train; `report` is called after every iteration. Returns the best checkpoint."""
+    validate(args)
+    t_start = time.perf_counter()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)  # deterministic reductions; the workers use the other cores
+    features = FEATURE_SETS[args.features]
+    cfg = EpisodeConfig(
+        args.prefix, args.jobs, args.load_lo, args.load_hi, args.baseline, args.objective,
+        args.placer, args.window,
+    )  # fmt: skip
+    train_jobs, clusters, val_jobs = load_world(args)
+    # ---- the network, the optimizer, or both from a checkpoint ----
+    start_iter = 0
+    if args.resume:
+        ckpt = load_checkpoint(args.resume)
+        if ckpt.features != features:
+            raise UserError(
+                f"--resume {args.resume}: trained on feature set {ckpt.meta.get('features_set')}, "
+                f"not {args.features}"
+            )
+        net = ckpt.net
+        opt = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-5)
+        if ckpt.optimizer:
+            opt.load_state_dict(ckpt.optimizer)
+        start_iter = int(ckpt.state.get("iteration", 0))
+        t_start -= float(ckpt.state.get("elapsed_s", 0.0))  # the budget and log count it all
+    else:
+        net = ScoreNet(NetConfig(len(features), len(GLOBAL_FEATURES), args.hidden, args.context))
+        opt = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-5)
+    meta: dict[str, Any] = dict(ckpt.meta) if args.resume else {}
+    meta |= {
+        "args": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(args).items()},
+        "features_set": args.features,
+        "trace": args.trace,
+        "format": args.format,
+        "clusters": {c: Path(c).read_text() for c in args.clusters},
+        "train_jobs": len(train_jobs),
+        "val_jobs": len(val_jobs),
+    }
+    # ---- rollout workers; validation episodes and the best heuristic on them ----
+    rollouts = Rollouts(functools.partial(_train_world, args), args.workers)
+    val = Rollouts(functools.partial(_val_world, args), 0) if val_jobs else None
+    val_specs: list[EpisodeSpec] = []
+    best_h, best_objs = "", list[float]()
+    if val is not None:
+        val_cfg = EpisodeConfig(**{**asdict(cfg), "load_lo": 0.95, "load_hi": 0.95})
+        val_specs = episode_specs(
+            len(val_jobs), len(clusters), val_cfg, args.val_episodes, [args.seed, 999_999]
+        )
+        best_h, best_objs = heuristic_scores(val, val_specs, val_cfg, net, features)
+        meta["validation"] = {"best_heuristic": best_h, "objective": best_objs}
+    logs: list[IterationLog] = []
+    best_val = float(meta.get("val_gain", -math.inf))  # a resumed run keeps its best
+    best_ckpt = Checkpoint(net, features, meta)
+    log_path = Path(args.log or Path(args.out).with_suffix(".csv"))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_file = log_path.open("a" if args.resume else "w", newline="")
+    writer = csv.writer(log_file)
+    if not args.resume:
+        writer.writerow(
+            ["iteration", "time_s", "steps", "charts/episodic_reward", "charts/val_gain",
+             "losses/policy", "losses/value", "losses/entropy", "losses/approx_kl",
+             "losses/clipfrac", "perf/rollout_s", "perf/update_s", "perf/decisions_per_s",
+             "perf/jobs_per_s"]
+        )  # fmt: skip
+    try:
+        for it in range(start_iter, args.iterations):
+            if args.time_budget_s and time.perf_counter() - t_start > args.time_budget_s:
+                break
+            # ---- rollouts ----
+            t0 = time.perf_counter()
+            specs = episode_specs(
+                len(train_jobs), len(clusters), cfg, args.episodes, [args.seed, it]
+            )
+            results: list[EpisodeResult] = rollouts.run(specs, cfg, net, features)
+            rollout_s = time.perf_counter() - t0
+            # ---- update ----
+            t1 = time.perf_counter()
+            batch = make_batch(results, features)
+            gen = torch.Generator().manual_seed(args.seed * 1_000_003 + it)  # resumable
+            losses: dict[str, float] = {}
+            if it == 0 and args.warm_start and batch is not None:
+                # these rounds were drawn by the untrained network: imitate, no PPO step
+                losses["warm_start"] = warm_start(net, opt, batch, args, gen)
+            elif batch is not None:
+                losses = ppo_update(net, opt, batch, args, gen)
+            update_s = time.perf_counter() - t1
+            # ---- validation and checkpoints ----
+            val_gain = None
+            last = it + 1 == args.iterations
+            if val is not None and ((it + 1) % args.val_every == 0 or last):
+                val_gain = _validate(val, val_specs, val_cfg, net, features, best_objs)
+                if val_gain > best_val:
+                    best_val = val_gain
+                    meta.update(val_gain=val_gain, iteration=it + 1)
+                    best_ckpt = Checkpoint(_copy(net), features, dict(meta))
+                    save_checkpoint(args.out, best_ckpt)
+            state = {"iteration": it + 1, "elapsed_s": time.perf_counter() - t_start}
+            save_checkpoint(
+                _last(args.out), Checkpoint(net, features, meta, opt.state_dict(), state)
+            )
+            log = IterationLog(
+                it + 1,
+                len(batch) if batch is not None else 0,
+                float(np.mean([r.reward for r in results])),
+                update_s,
+                rollout_s,
+                sum(r.decisions for r in results),
+                sum(2 * r.jobs for r in results),
+                losses,
+                val_gain,
+            )
+            logs.append(log)
+            writer.writerow(
+                [log.iteration, f"{time.perf_counter() - t_start:.1f}", log.steps,
+                 f"{log.reward:.4f}", "" if val_gain is None else f"{val_gain:.4f}",
+                 *(f"{losses.get(k, math.nan):.4f}" for k in LOSSES),
+                 f"{rollout_s:.2f}", f"{update_s:.2f}",
+                 f"{log.decisions / rollout_s:.0f}", f"{log.jobs / rollout_s:.0f}"]
+            )  # fmt: skip
+            log_file.flush()
+            if report is not None:
+                report(log)
+    finally:
+        log_file.close()
+        rollouts.close()
+    if best_val == -math.inf:  # no validation ran: the last weights are the result
+        best_ckpt = Checkpoint(net, features, meta)
+        save_checkpoint(args.out, best_ckpt)
+    return best_ckpt, logs
+
+
+def _copy(net: ScoreNet) -> ScoreNet:
+    twin = ScoreNet(net.cfg)
+    twin.load_state_dict(net.state_dict())
+    return twin
+
+
+def _last(out: str) -> Path:
+    p = Path(out)
+    return p.with_name(p.stem + ".last" + p.suffix)

@@ -1,0 +1,228 @@
+"""The learned policy as a `Policy`: what it may see, its order, its checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from services.placement.registry import make_placer
+from services.scoring.policies import make_policy
+from services.scoring.rl import Checkpoint, RLPolicy, load_checkpoint, save_checkpoint
+from services.scoring.rl.network import NetConfig, ScoreNet
+from services.scoring.rl.policy import Step
+from shared.cluster import parse_cluster
+from shared.errors import UserError
+from shared.policy_api import History, PolicyContext, QueuedJob
+from shared.policy_features import GLOBAL_FEATURES, JOB_FEATURES
+from shared.sim import SimConfig, simulate
+from shared.sim.observe import SimObservation, WaitingIndex
+from shared.sim.state import ClusterState
+from shared.traces import TraceJob
+
+CLUSTER = parse_cluster(
+    {"reference": "P100",
+     "nodes": [{"name": "p", "count": 1, "gpu_type": "P100", "gpus": 4},
+               {"name": "k", "count": 1, "gpu_type": "K80", "gpus": 2}]}
+)  # fmt: skip
+
+
+def _net(seed: int = 0) -> ScoreNet:
+    torch.manual_seed(seed)
+    net = ScoreNet(NetConfig(len(JOB_FEATURES), len(GLOBAL_FEATURES), hidden=16))
+    with torch.no_grad():
+        net.linear.weight.normal_()
+    return net
+
+
+def _jobs(rng: np.random.Generator, n: int) -> list[QueuedJob]:
+    return [
+        QueuedJob(i, f"j{i}", float(rng.integers(0, 500)), int(rng.choice([1, 1, 2, 4])),
+                  vc=str(rng.choice(["a", "b", "c"])), attained_gpu_s=float(rng.integers(0, 9)))
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def _obs(history: History, jobs: list[QueuedJob]) -> SimObservation:
+    waiting = WaitingIndex()
+    for j in jobs:
+        waiting.add(j)
+    obs = SimObservation(ClusterState(CLUSTER), waiting, history, {})
+    obs.now = 1000.0
+    return obs
+
+
+def test_window_does_not_depend_on_the_order_jobs_were_added() -> None:
+    rng = np.random.default_rng(0)
+    history = History()
+    history.record(QueuedJob(99, "h", 0.0, 1, vc="a"), 50.0)
+    history.record(QueuedJob(98, "h", 0.0, 2, vc="b"), 5000.0)
+    for trial in range(20):
+        jobs = _jobs(rng, int(rng.integers(2, 30)))
+        obs = _obs(history, jobs)
+        orders = []
+        for shuffle in range(3):
+            policy = RLPolicy(_net(trial), JOB_FEATURES)
+            policy.reset(PolicyContext(CLUSTER, history))
+            for i in np.random.default_rng(shuffle).permutation(len(jobs)):
+                policy.add(jobs[i])
+            orders.append([j.seq for j in policy.window(128, obs)])
+        assert orders[0] == orders[1] == orders[2]
+        assert sorted(orders[0]) == list(range(len(jobs)))
+
+
+def test_a_long_queue_shows_every_group() -> None:
+    """With more jobs waiting than the network scores, each group's oldest is among them."""
+    policy = RLPolicy(_net(), JOB_FEATURES, max_jobs=8)
+    policy.reset(PolicyContext(CLUSTER, History()))
+    for i in range(20):  # 20 jobs of group (a, 1 GPU), then one of (b, 2 GPUs)
+        policy.add(QueuedJob(i, f"j{i}", float(i), 1, vc="a"))
+    policy.add(QueuedJob(20, "late", 20.0, 2, vc="b"))
+    pool = [j.seq for j in policy.candidates()]
+    assert len(pool) == 8 and 20 in pool and pool[:7] == list(range(7))
+
+
+# ---- it never sees a job's true run time ------------------------------------------------
+
+
+def _trace(scale: np.ndarray | None) -> list[TraceJob]:
+    """10 short jobs that finish (history), then 30 long ones that queue; `scale`
+    multiplies the long ones' durations (none of them finishes before t = 10,200)."""
+    short = [TraceJob(f"s{i}", float(i), 100.0, 1, vc="ab"[i % 2]) for i in range(10)]
+    rng = np.random.default_rng(1)
+    long = []
+    for i in range(30):
+        d = 10_000.0 + float(rng.integers(0, 5000))
+        if scale is not None:
+            d *= float(scale[i])
+        long.append(
+            TraceJob(f"l{i}", 200.0 + 7 * i, d, int(rng.choice([1, 2, 4])), vc="abc"[i % 3])
+        )
+    return short + long
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.rounds: list[tuple[float, list[int], np.ndarray]] = []
+
+    def record(self, step: Step, now: float) -> None:
+        self.rounds.append((now, step.pool, step.x.copy()))
+
+    def removed(self, seq: int) -> None:
+        pass
+
+
+class _Leaky(RLPolicy):
+    """A deliberately broken policy: it adds the true run time to one feature."""
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        self._true = ctx.true_run_s
+
+    def window(self, k, obs):  # type: ignore[no-untyped-def]
+        rec = self.recorder
+        assert rec is not None
+
+        class Spy:
+            def record(inner, step: Step, now: float) -> None:
+                for row, seq in enumerate(step.pool):
+                    step.x[row, 0] += self._true(self._fifo[seq]) if self._true else 0.0
+                rec.record(step, now)
+
+            def removed(inner, seq: int) -> None:
+                rec.removed(seq)
+
+        self.recorder = Spy()  # type: ignore[assignment]
+        try:
+            return list(super().window(k, obs))
+        finally:
+            self.recorder = rec
+
+
+def _rounds(policy_cls: type[RLPolicy], scale: np.ndarray | None) -> list:
+    policy = policy_cls(_net(3), JOB_FEATURES)
+    log = _Log()
+    policy.recorder = log
+    simulate(_trace(scale), CLUSTER, policy, make_placer("greedy"), SimConfig(window=128))
+    return [r for r in log.rounds if r[0] < 10_200.0]
+
+
+@pytest.mark.parametrize("policy_cls, leaks", [(RLPolicy, False), (_Leaky, True)])
+def test_features_never_carry_the_true_run_time(policy_cls: type[RLPolicy], leaks: bool) -> None:
+    """Rescale the run times of jobs that have not finished: everything the policy saw
+    before the first of them finishes must be bit-identical. The leaky canary shows
+    the check would catch a policy that reads them."""
+    a = _rounds(policy_cls, None)
+    b = _rounds(policy_cls, np.random.default_rng(2).uniform(1.0, 5.0, size=30))
+    assert len(a) == len(b) >= 5
+    assert any(len(pool) >= 5 for _, pool, _ in a)  # jobs really queued
+    same = all(
+        ta == tb and pa == pb and np.array_equal(xa, xb)
+        for (ta, pa, xa), (tb, pb, xb) in zip(a, b, strict=True)
+    )
+    assert same is not leaks
+
+
+def test_policy_keeps_nothing_of_the_oracle() -> None:
+    policy = RLPolicy(_net(), JOB_FEATURES)
+    policy.reset(PolicyContext(CLUSTER, History(), 0, lambda j: 123.0))
+    assert not policy.oracle
+    seen = [v for v in vars(policy).values() if callable(v) and not isinstance(v, torch.nn.Module)]
+    assert seen == []
+    names = [f.name for f in dataclasses.fields(QueuedJob)]
+    assert not any("duration" in n or n.endswith("run_s") or n == "work" for n in names)
+
+
+# ---- checkpoints ----------------------------------------------------------------------------
+
+
+def test_checkpoint_round_trip(tmp_path: Path) -> None:
+    net = _net(5)
+    net.job_norm.update(np.random.default_rng(0).normal(size=(9, len(JOB_FEATURES))))
+    path = tmp_path / "m.pt"
+    save_checkpoint(path, Checkpoint(net, JOB_FEATURES, {"trace": "x.csv", "clusters": {"c": "y"}}))
+    back = load_checkpoint(path)
+    assert back.features == JOB_FEATURES and back.meta["trace"] == "x.csv"
+    x = torch.as_tensor(np.random.default_rng(1).normal(size=(2, 7, len(JOB_FEATURES))),
+                        dtype=torch.float32)  # fmt: skip
+    mask, g = torch.ones(2, 7, dtype=torch.bool), torch.ones(2, len(GLOBAL_FEATURES))
+    with torch.no_grad():
+        torch.testing.assert_close(back.net(x, mask, g), net(x, mask, g))
+    policy = make_policy(f"rl:{path}")
+    assert policy.label == "rl:m" and not policy.oracle
+
+
+def _tamper(src: Path, dst: Path, **changes: object) -> None:
+    data = torch.load(src, weights_only=True)
+    data.update(changes)
+    torch.save(data, dst)
+
+
+def test_mismatched_checkpoint_is_refused_with_one_line(tmp_path: Path) -> None:
+    good = tmp_path / "good.pt"
+    save_checkpoint(good, Checkpoint(_net(), JOB_FEATURES))
+    bad = tmp_path / "bad.pt"
+    _tamper(good, bad, features=[*JOB_FEATURES[:-1], "true_run_s"])
+    with pytest.raises(UserError, match=r"features do not match.*true_run_s"):
+        load_checkpoint(bad)
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="not a readable rltune checkpoint"):
+        load_checkpoint(junk)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"job_id": "a", "num_gpus": 1, "submit_time": 0, "duration_s": 5}\n')
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes:\n  - {name: n, gpu_type: P100, gpus: 1}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "simulate", "--trace", str(trace), "--format",
+         "jsonl", "--cluster", str(cluster), "--policy", f"rl:{bad}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "features do not match" in lines[0] and "true_run_s" in lines[0]

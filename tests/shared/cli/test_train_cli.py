@@ -1,0 +1,103 @@
+"""`rltune train` end to end on a small trace: checkpoint, CSV log, resume, one
+result for a seed whatever the number of rollout processes, one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from services.scoring.rl import load_checkpoint
+from shared.cli import main
+from shared.policy_features import HISTORY_FEATURES
+
+
+def _files(tmp: Path) -> tuple[Path, Path]:
+    rng = np.random.default_rng(0)
+    lines, t = [], 0.0
+    for i in range(240):
+        t += float(rng.exponential(60.0))
+        lines.append(json.dumps({
+            "job_id": f"j{i}", "submit_time": t, "num_gpus": int(rng.choice([1, 1, 2, 4])),
+            "user": f"u{i % 5}", "duration_s": float(rng.lognormal(6.0, 1.5)),
+        }))  # fmt: skip
+    trace = tmp / "t.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    cluster = tmp / "c.yaml"
+    cluster.write_text("nodes:\n  - {name: n, count: 2, gpu_type: P100, gpus: 4}\n")
+    return trace, cluster
+
+
+def _train(tmp: Path, out: str, *extra: str) -> list[str]:
+    trace, cluster = _files(tmp)
+    return [
+        "train", "--trace", str(trace), "--format", "jsonl", "--cluster", str(cluster),
+        "--out", str(tmp / out), "--until", "12000", "--val-from", "9000", "--prefix", "8",
+        "--jobs", "8", "--episodes", "2", "--val-every", "1", "--val-episodes", "1",
+        "--warm-start", "1", "--workers", "0", *extra,
+    ]  # fmt: skip
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path).net.state_dict()
+
+
+def test_train_resume_and_determinism(tmp_path: Path) -> None:
+    assert main(_train(tmp_path, "a.pt", "--iterations", "2")) == 0
+    ckpt = load_checkpoint(tmp_path / "a.pt")
+    assert ckpt.meta["trace"].endswith("t.jsonl") and list(ckpt.meta["clusters"])
+    assert ckpt.meta["args"]["seed"] == 1 and ckpt.meta["validation"]["best_heuristic"]
+    rows = list(csv.DictReader((tmp_path / "a.csv").open()))
+    assert [r["iteration"] for r in rows] == ["1", "2"] and rows[1]["charts/val_gain"]
+    # resume one more iteration
+    resumed = [
+        *_train(tmp_path, "a.pt", "--iterations", "3"),
+        "--resume",
+        str(tmp_path / "a.last.pt"),
+    ]
+    assert main(resumed) == 0
+    assert len(list(csv.DictReader((tmp_path / "a.csv").open()))) == 3
+    # the same three iterations in one go, rollouts on two processes: the same weights
+    assert main([*_train(tmp_path, "b.pt", "--iterations", "3"), "--workers", "2"]) == 0
+    a, b = _weights(tmp_path / "a.last.pt"), _weights(tmp_path / "b.last.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["linear.weight"], torch.zeros_like(a["linear.weight"]))
+
+
+def test_train_ablation_features(tmp_path: Path) -> None:
+    argv = _train(tmp_path, "n.pt", "--iterations", "1", "--features", "no-history")
+    assert main([*argv, "--no-context"]) == 0
+    ckpt = load_checkpoint(tmp_path / "n.pt")
+    assert not set(ckpt.features) & set(HISTORY_FEATURES) and not ckpt.net.cfg.context
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--objective", "makespan"], "--objective 'makespan'"),
+        (["--features", "oracle"], "--features 'oracle'"),
+        (["--iterations", "0"], "--iterations must be positive"),
+        (["--until", "yesterday"], "cannot read time 'yesterday'"),
+    ],
+)
+def test_train_user_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    assert main([*_train(tmp_path, "e.pt"), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_resume_from_other_features_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_train(tmp_path, "h.pt", "--iterations", "1")) == 0
+    capsys.readouterr()
+    argv = _train(tmp_path, "h.pt", "--iterations", "2", "--features", "no-history")
+    assert main([*argv, "--resume", str(tmp_path / "h.last.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "trained on feature set all, not no-history" in err[0]
