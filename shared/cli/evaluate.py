@@ -7,7 +7,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from shared.cli.simulate import add_run_args, check_outcome, load_run_cluster, sim_config
+from shared.cli.simulate import (
+    add_run_args,
+    check_outcome,
+    load_run_cluster,
+    mark_offload,
+    sim_config,
+)
 from shared.errors import UserError
 from shared.traces import SkipStats
 
@@ -44,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     out = _out_dir(args.out)
     cluster = load_run_cluster(args)
     stats = SkipStats()
-    jobs = load_jobs(args.trace, args.format, cluster, stats, args.limit)
+    jobs = mark_offload(args, load_jobs(args.trace, args.format, cluster, stats, args.limit))
     config = sim_config(args)
     console = Console(stderr=True)
     runs: list[PolicyRun] = []
