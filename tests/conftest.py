@@ -8,12 +8,23 @@ import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from hypothesis import settings
 
 from shared.broker import EmbeddedBroker, ensure_topics
 from shared.config import BusSettings
 from tests.paths import REQUIRED, SHARED
 
 _counter = itertools.count()
+
+# Hypothesis: under CI=true every run draws the same examples (derandomised, no example
+# database), so a red build is the code's doing, never the draw's; elsewhere it searches
+# freely and remembers what failed. Explicit @example cases run in both.
+# (Both are built on hypothesis's own "default" profile: it loads its own "ci" profile
+# whenever a CI variable is set at all, even to "".)
+_base = settings.get_profile("default")
+settings.register_profile("ci", _base, derandomize=True, database=None, print_blob=True)
+settings.register_profile("dev", _base, derandomize=False, print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI", "").lower() == "true" else "dev")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -102,6 +102,9 @@ class MilpConfig:
     # after this much of its own deterministic time, so the same window gets the same
     # answer on any machine under any load. None: the wall-clock budget (services).
     deterministic_time: float | None = None
+    # A window of one single-node job is solved by scoring each distinct place it could
+    # take (exact; most simulation rounds start one job). False: always build the model.
+    enumerate_single: bool = True
 
 
 class MilpPlacer:
@@ -113,17 +116,26 @@ class MilpPlacer:
     def __init__(self, config: MilpConfig | None = None, workload: Workload | None = None) -> None:
         self.config = config or MilpConfig()
         self.workload = workload
+        self.cycles = 0  # models built so far (each leaves garbage cycles)
+        # node penalties P_n by (workload, GPU type, free shape): they depend on nothing
+        # else, and one-job windows of a few shapes recur all through a simulation
+        self._pens: dict[object, dict[tuple[str, tuple[int, ...]], int]] = {}
 
     def scorer(
-        self, jobs: Sequence[JobRequest], nodes: Sequence[NodeFree], speed: Mapping[str, float]
+        self,
+        jobs: Sequence[JobRequest],
+        nodes: Sequence[NodeFree],
+        speed: Mapping[str, float],
+        reduce: bool = True,
     ) -> Scorer:
-        """The objective this placer optimises for a window, over its relevant nodes."""
+        """The objective this placer optimises for a window, over its relevant nodes
+        (over all of `nodes` when not `reduce`)."""
         workload = self.workload or Workload.of(jobs)
         free_by_type: dict[str, float] = {}
         for n in nodes:
             free_by_type[n.gpu_type] = free_by_type.get(n.gpu_type, 0.0) + sum(n.free_milli)
         pressure = workload.pressure(free_by_type)
-        kept = relevant_nodes(jobs, nodes)
+        kept = relevant_nodes(jobs, nodes) if reduce else nodes
         return Scorer(jobs, kept, speed, self.config.weights, workload, pressure)
 
     def place(
@@ -149,10 +161,23 @@ class MilpPlacer:
     ) -> PlacementResult:
         t0 = time.perf_counter()
         cfg = self.config
+        if cfg.enumerate_single and len(jobs) == 1 and not _split(jobs, nodes)[1]:
+            # one single-node job: its distinct places scored, no model needed
+            scorer = self.scorer(jobs, nodes, speed, reduce=False)
+            pens = self._pens.setdefault(scorer.workload.shapes, {})
+            got = _best_single(jobs[0], nodes, scorer, pens)
+            return PlacementResult(
+                allocations=tuple(a for _, a in got),
+                solver_ms=(time.perf_counter() - t0) * 1e3,
+                status="OPTIMAL",
+                objective=float(got[0][0]) if got else 0.0,
+                extra={"enumerated": 1.0},
+            )
         scorer = self.scorer(jobs, nodes, speed)
         nodes = scorer.nodes
         single, multi = _split(jobs, nodes)
         classes = index_classes(nodes)
+        self.cycles += 1
         model = WindowModel(jobs, single, nodes, classes, scorer, cfg.max_patterns, multi)
         if cfg.warm_start == "first-fit":
             model.hint([a for a in greedy_allocations(jobs, nodes) if len(a.gpus) == 1])
@@ -213,6 +238,53 @@ def relevant_nodes(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> lis
                 cap += count * (1 if k <= whole else k)
         keep += sorted(members, key=lambda i: nodes[i].node_id)[:cap]
     return [nodes[i] for i in sorted(keep)]
+
+
+def _best_single(
+    job: JobRequest,
+    nodes: Sequence[NodeFree],
+    scorer: Scorer,
+    pens: dict[tuple[str, tuple[int, ...]], int],
+) -> list[tuple[int, Allocation]]:
+    """The optimum for a window of one single-node job, and its objective, by scoring
+    every distinct place it could take: each (type, free shape) of node, and for a share
+    each distinct free value of a GPU there. With one job on one node the objective is
+    V - T - (P_n after - P_n before) (objective.py), so this is exactly the model's
+    optimum; ties go to the first in node order."""
+    best: tuple[int, Allocation] | None = None
+    seen: set[tuple[str, tuple[int, ...], int]] = set()
+    gain = {t: scorer.value(0, t) - scorer.type_pen(0, t) for t in {n.gpu_type for n in nodes}}
+    for n in nodes:
+        if not job.allows(n.gpu_type):
+            continue
+        options: list[tuple[int, tuple[int, ...]]] = []  # (free of the GPU taken, GPUs)
+        if job.gpu_milli < FULL_GPU:
+            options = [(f, (g,)) for g, f in enumerate(n.free_milli) if f >= job.gpu_milli]
+        else:
+            idx = tuple(g for g, f in enumerate(n.free_milli) if f >= FULL_GPU)[: job.num_gpus]
+            if len(idx) == job.num_gpus:
+                options = [(0, idx)]
+        for key, idx in options:
+            if (n.gpu_type, n.free_milli, key) in seen:
+                continue
+            seen.add((n.gpu_type, n.free_milli, key))
+            row = list(n.free_milli)
+            for g in idx:
+                row[g] -= job.gpu_milli
+            value = gain[n.gpu_type] - _pen(n.gpu_type, tuple(row), scorer, pens)
+            value += _pen(n.gpu_type, n.free_milli, scorer, pens)
+            if best is None or value > best[0]:
+                best = (value, Allocation(job.job_id, ((n.node_id, idx),), job.gpu_milli))
+    return [] if best is None else [best]
+
+
+def _pen(
+    t: str, free: tuple[int, ...], scorer: Scorer, pens: dict[tuple[str, tuple[int, ...]], int]
+) -> int:
+    v = pens.get((t, free))
+    if v is None:
+        v = pens[(t, free)] = scorer.node_penalty(NodeFree("", t, free))
+    return v
 
 
 def _split(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> tuple[list[int], list[int]]:

@@ -1,7 +1,8 @@
 """Job-side variables of the MILP, aggregated so identical jobs do not multiply it.
 
-Jobs with the same demand (whole GPUs k, or share m) and the same fitting types
-form a job class. Its members differ only in value, so:
+Jobs with the same demand (whole GPUs k, or share m), the same fitting types and
+the same allowed types (so the same type penalty) form a job class. Its members
+differ only in value, so:
 
     x_{j,s} ∈ {0,1}   job j starts on some type of speed group s (types of equal speed)
     n_{c,t} ∈ Z+      members of job class c that start on type t
@@ -76,13 +77,20 @@ class JobVars:
     def _classes(
         jobs: Sequence[JobRequest], types_of: Mapping[int, Sequence[str]], scorer: Scorer
     ) -> list[JobClass]:
-        members: dict[tuple[bool, int, tuple[str, ...]], list[int]] = defaultdict(list)
+        # The allowed types are part of the key, not only the fitting ones: the type
+        # penalty T_j,t is measured from the least pressed *allowed* type, and the model
+        # charges it per class (n_{c,t}), so every member must have the same T_j,t.
+        # (Jobs allowed {A, B} and {B}, both fitting only B, once shared a class and the
+        # first member's penalty: CP-SAT proved OPTIMAL a placement 2 below the best.)
+        Key = tuple[bool, int, tuple[str, ...], tuple[str, ...]]
+        members: dict[Key, list[int]] = defaultdict(list)
         for j, ts in types_of.items():
             share = jobs[j].gpu_milli < FULL_GPU
             size = jobs[j].gpu_milli if share else jobs[j].num_gpus
-            members[(share, size, tuple(ts))].append(j)
+            allowed = tuple(sorted(jobs[j].gpu_types))
+            members[(share, size, tuple(ts), allowed)].append(j)
         out = []
-        for (share, size, ts), js in sorted(members.items()):
+        for (share, size, ts, _), js in sorted(members.items()):
             js.sort(key=lambda j: (-scorer.value(j, ts[0]), j))
             out.append(JobClass(share, size, ts, tuple(js)))
         return out

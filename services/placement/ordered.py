@@ -150,6 +150,11 @@ class OrderedPlacer:
         self.leaves_cycles = bool(getattr(inner, "leaves_cycles", False))
         self.fallbacks = 0  # rounds where the inner placer's answer broke the order
 
+    @property
+    def cycles(self) -> int:
+        """Calls of the wrapped placer that left garbage cycles (a solver's model)."""
+        return int(getattr(self.inner, "cycles", 0))
+
     def place(
         self,
         jobs: Sequence[JobRequest],

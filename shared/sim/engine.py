@@ -62,7 +62,7 @@ __all__ = ["SimConfig", "SimResult", "Simulator", "simulate"]
 _FINISH, _TICK = 0, 1
 _REPORT_EVERY = 4096  # place in window order, skipping what does not fit
 
-# placer calls between two garbage collections while the cyclic GC is paused
+# solver models built between two garbage collections while the cyclic GC is paused
 _COLLECT_EVERY = 500
 
 
@@ -177,6 +177,7 @@ class Simulator:
         self.node_type = {n.node_id: n.gpu_type for n in cluster.nodes}
         # a full collection scans every live job: only for placers that leave garbage cycles
         self._collect = bool(getattr(placer, "leaves_cycles", False))
+        self._collected = 0  # the placer's `cycles` at the last collection
         self.state = ClusterState(cluster)
         self.speed = {t: speed_of(t, cluster.speed) for t in cluster.gpu_types}
         self.ref_speed = speed_of(cluster.reference, cluster.speed) if cluster.reference else 1.0
@@ -322,7 +323,8 @@ class Simulator:
             self.result.priority_inversions += inversions(
                 reqs, nodes, result.allocations, self.config.discipline, ctx
             )
-        if self._collect and len(self.result.placement_ms) % _COLLECT_EVERY == 0:
+        if self._collect and self.placer.cycles >= self._collected + _COLLECT_EVERY:
+            self._collected = self.placer.cycles
             gc.collect()  # the placer leaves cycles (a solver's model); the run pauses the GC
         self.result.rounds += 1
         started = 0

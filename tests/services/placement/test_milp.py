@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 
 from services.placement import milp_model
 from services.placement.checker import violations
@@ -98,6 +98,16 @@ def _options(job: JobRequest, row: list[int]) -> Iterator[tuple[int, ...]]:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes(max_nodes=3, max_gpus=4), jobs(max_jobs=5, max_gpus=4))
+@example(  # j2 (any type) and j4 (B only) fit only B: one job class charged j2's type penalty
+    cluster=[NodeFree("n0", "B", (0, 0, 1000, 1000)), NodeFree("n1", "A", (60,))],
+    window=[
+        JobRequest("j0", 1, 250),
+        JobRequest("j1", 1, 250),
+        JobRequest("j2", 1, FULL_GPU),
+        JobRequest("j3", 1, 250),
+        JobRequest("j4", 1, FULL_GPU, frozenset({"B"})),
+    ],
+)
 def test_objective_equals_brute_force(cluster: list[NodeFree], window: list[JobRequest]) -> None:
     _, multi = _split(window, cluster)
     assume(not multi)  # multi-node jobs are spread after the solve, not optimised
@@ -169,3 +179,20 @@ def test_real_cluster_window_beats_greedy() -> None:
     scorer = Scorer(window, cluster, {}, ref.weights, ref.workload, ref.pressure)
     assert res.objective is not None
     assert res.objective >= scorer.evaluate(greedy_allocations(window, cluster))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes(max_nodes=6), jobs(max_jobs=1))
+def test_one_job_scored_by_enumeration_equals_the_model(
+    cluster: list[NodeFree], window: list[JobRequest]
+) -> None:
+    _, multi = _split(window, cluster)
+    assume(not multi)
+    fast = MilpPlacer(MilpConfig(deterministic_time=1.0)).place(window, cluster, SPEED)
+    model = MilpPlacer(MilpConfig(deterministic_time=1.0, enumerate_single=False))
+    slow = model.place(window, cluster, SPEED)
+    assert fast.extra.get("enumerated") == 1.0 and slow.status == "OPTIMAL"
+    assert fast.objective == slow.objective
+    assert violations(window, cluster, fast.allocations) == []
+    scorer = MilpPlacer().scorer(window, cluster, SPEED, reduce=False)
+    assert fast.objective == scorer.evaluate(fast.allocations)
