@@ -52,7 +52,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--placer",
         default="milp",
-        help="placement: milp (default, OR-Tools CP-SAT), greedy, first-fit, best-fit, fgd",
+        help="placement: milp (default, OR-Tools CP-SAT), greedy, first-fit, best-fit, fgd; "
+        "milp+offload, greedy+offload: charged with offloading jobs' migration slowdown",
     )
     p.add_argument(
         "--window", type=int, default=128, help="jobs the policy hands placement per round"

@@ -38,6 +38,7 @@ from services.placement.ordered import OrderedPlacer
 from shared.cluster import ClusterSpec
 from shared.metrics import JobRecord, Segment, summarize
 from shared.offload_metrics import offload_summary
+from shared.offload_signal import OffloadPart, offload_part
 from shared.placement_api import (
     DISCIPLINES,
     FULL_GPU,
@@ -92,6 +93,10 @@ class SimResult:
     priority_inversions: int = 0  # checker.inversions over every round
     order_fallbacks: int = 0  # rounds where the placer's answer broke the order (replaced)
     offload: dict[str, OffloadRecord] = field(default_factory=dict)  # offloading jobs by id
+
+    def offload_part(self) -> OffloadPart:
+        """The RL reward's offload part over this run's offloading jobs (offload_signal.py)."""
+        return offload_part((r.run_s, r.unhidden_s, r.hit_rate) for r in self.offload.values())
 
     def summary(self) -> dict[str, object]:
         out = summarize(
@@ -282,7 +287,7 @@ class Simulator:
         self.runs.append(run)
         if tj.param_bytes:
             run.offload = OffloadRecord(tj.job_id, tj.param_bytes)
-            self.offload.add_job(seq, tj.param_bytes, tj.num_gpus)
+            self.offload.add_job(seq, tj.job_id, tj.param_bytes, tj.num_gpus)
         reason = admit_reason(tj, job, self.cluster, self.state)
         if reason is not None:
             self.result.rejected[reason] += 1

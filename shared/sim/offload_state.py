@@ -27,6 +27,7 @@ from shared.sim.offload_cost import (
     default_calibration,
 )
 from shared.sim.offload_jobs import BYTES_PER_PARAM, synth_profile
+from shared.offload_signal import offload_pressure
 from shared.sim.offload_traffic import step_traffic
 from shared.speeds import speed_of
 
@@ -71,13 +72,20 @@ class OffloadState:
         self.rel_speed = {t: speed_of(t, cluster.speed) / ref for t in cluster.gpu_types}
         self.param_bytes: dict[int, int] = {}  # seq -> parameter bytes (offloading jobs)
         self.gpus: dict[int, int] = {}  # seq -> GPUs of the job
+        self.by_id: dict[str, int] = {}  # job id -> seq (offloading jobs)
         self.placed: dict[int, dict[int, int]] = {}  # running seq -> node index -> GPUs
         self._demand: dict[tuple[int, int, int, int], JobDemand] = {}
 
     # ---- what a job asks -------------------------------------------------------------
-    def add_job(self, seq: int, param_bytes: int, gpus: int) -> None:
+    def add_job(self, seq: int, job_id: str, param_bytes: int, gpus: int) -> None:
         self.param_bytes[seq] = param_bytes
         self.gpus[seq] = gpus
+        self.by_id[job_id] = seq
+
+    def job(self, job_id: str) -> tuple[int, int] | None:
+        """(param bytes, GPUs) of an offloading job; None if it does not offload."""
+        seq = self.by_id.get(job_id)
+        return None if seq is None else (self.param_bytes[seq], self.gpus[seq])
 
     def demand(self, param_bytes: int, gpus: int, node: int) -> JobDemand:
         """Per-GPU demand of a job of this size on node `node`'s budgets (cached)."""
@@ -134,22 +142,59 @@ class OffloadState:
         return touched
 
     # ---- what placement reads ----------------------------------------------------------
-    def estimate(self, param_bytes: int, gpus: int, node_id: str, take: int) -> tuple[float, float]:
+    def estimate(
+        self, param_bytes: int, gpus: int, node_id: str, take: int, extra: int = 0
+    ) -> tuple[float, float]:
         """(slowdown of a job of this size taking `take` GPUs of `node_id`, slowdown it
         adds in total to the offloading jobs already there, Σ over their GPUs of
-        f_after − f_before, per GPU of the new job)."""
+        f_after − f_before, per GPU of the new job). `extra`: offloading GPUs placed
+        there meanwhile (the same round), counted as streams."""
         i = self.index[node_id]
         n = self.nodes[i]
-        s = self.streams[i] + take
+        s = self.streams[i] + extra + take
         d = self.demand(param_bytes, gpus, i)
         rel = self.rel_speed[n.gpu_type]
         own = d.cost(rel, n.pcie_gbps / s, n.nvme_gbps / s, self.h).slowdown
         caused = 0.0
         for seq in self.on_node[i]:
             g = self.placed[seq][i]
-            before = self.cost(seq, i, self.streams[i]).slowdown
+            before = self.cost(seq, i, self.streams[i] + extra).slowdown
             caused += g * (self.cost(seq, i, s).slowdown - before)
         return own, caused / max(take, 1)
 
     def streams_on(self, node_id: str) -> int:
         return self.streams[self.index[node_id]]
+
+    # ---- what the policy reads (shared/offload_signal.py) ------------------------------
+    def demand_gbps(self, job_id: str) -> float:
+        """GB/s the job's GPUs would stream alone on a node like the cluster's first."""
+        spec = self.job(job_id)
+        if spec is None:
+            return 0.0
+        pbytes, gpus = spec
+        cost = self._alone(pbytes, gpus, 0)
+        d = self.demand(pbytes, gpus, 0)
+        return gpus * d.traffic.bytes_moved / cost.step_ms / 1e6 if cost.step_ms else 0.0
+
+    def _alone(self, pbytes: int, gpus: int, node: int) -> StepCost:
+        n = self.nodes[node]
+        d = self.demand(pbytes, gpus, node)
+        return d.cost(self.rel_speed[n.gpu_type], n.pcie_gbps, n.nvme_gbps, self.h)
+
+    def free_gbps(self, types: frozenset[str]) -> float:
+        """Σ over nodes of the types (empty: all) of PCIe GB/s not streamed now."""
+        used = [0.0] * len(self.nodes)
+        for seq, placed in self.placed.items():
+            for i, g in placed.items():
+                cost = self.cost(seq, i, self.streams[i])
+                moved = self.demand(self.param_bytes[seq], self.gpus[seq], i).traffic.bytes_moved
+                used[i] += g * moved / cost.step_ms / 1e6 if cost.step_ms else 0.0
+        return sum(
+            max(0.0, n.pcie_gbps - used[i])
+            for i, n in enumerate(self.nodes)
+            if not types or n.gpu_type in types
+        )
+
+    def pressure(self, job_id: str, types: frozenset[str]) -> float:
+        """The policy feature `offload_pressure` of a waiting job."""
+        return offload_pressure(self.demand_gbps(job_id), self.free_gbps(types))

@@ -87,3 +87,32 @@ def test_marking_is_seeded_stated_and_keeps_known_sizes() -> None:
         bucket = next(m for hi, m in MODEL_SIZES if j.num_gpus <= hi)
         assert j.param_bytes in {int(p * BYTES_PER_PARAM) for _, p in bucket}
     assert all(j.param_bytes is None for j in mark_offloading(jobs[:7], 0.0, seed=1))
+
+
+def test_reward_part_and_pressure_feature() -> None:
+    from shared.offload_signal import MISS_COEF, UNHIDDEN_COEF, offload_part, offload_pressure
+
+    # hand values: 100 s held, 20 lost, hit 0.9; 300 s held, 30 lost, hit 0.5
+    part = offload_part([(100.0, 20.0, 0.9), (300.0, 30.0, 0.5)])
+    assert part.unhidden == pytest.approx(50 / 400)
+    assert part.hit_rate == pytest.approx((90 + 150) / 400)
+    assert part.value == pytest.approx(-UNHIDDEN_COEF * 0.125 - MISS_COEF * 0.4)
+    assert offload_part([]).value == 0.0
+    assert offload_pressure(0.0, 10.0) == 0.0
+    assert offload_pressure(5.0, 15.0) == pytest.approx(0.25)
+    assert offload_pressure(5.0, 0.0) == 1.0
+    # in the simulator: the run's records give the part; a second offloading job on
+    # the one node sees less free bandwidth than the first did
+    a = TraceJob("a", 0.0, 1000.0, 1, param_bytes=GPT2XL)
+    b = TraceJob("b", 0.0, 3000.0, 1, param_bytes=GPT2XL)
+    res = simulate([a, b], CLUSTER, make_policy("fifo"), make_placer("greedy"), SimConfig())
+    recs = res.offload.values()
+    want = offload_part((r.run_s, r.unhidden_s, r.hit_rate) for r in recs)
+    assert res.offload_part() == want and want.value < 0
+    st = OffloadState(CLUSTER)
+    st.add_job(0, "a", GPT2XL, 1)
+    st.add_job(1, "b", GPT2XL, 1)
+    before = st.pressure("b", frozenset())
+    st.start(0, [(0, 1)])
+    assert 0.0 < before < st.pressure("b", frozenset()) < 1.0
+    assert st.free_gbps(frozenset({"K80"})) == 0.0
