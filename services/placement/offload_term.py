@@ -31,6 +31,7 @@ cheapest estimate (rounded to 0.01) where it fits, then the next, and so on
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Protocol
 
 from services.placement.greedy import greedy_allocations
@@ -40,7 +41,7 @@ from shared.placement_api import Allocation, JobRequest, NodeFree, PlacementResu
 
 __all__ = ["CAP", "OffloadAwarePlacer", "OffloadView", "offload_cost"]
 
-BUCKETS = 3  # offloading GPUs on a node: 0, 1, 2, 3+
+BUCKETS = 8  # offloading GPUs on a node: 0, 1, .., 8+
 CAP = 0.45  # the charge stays below this share of the job's value
 
 
@@ -100,15 +101,7 @@ class OffloadAwarePlacer:
             rep.setdefault(vt, n.node_id)
             vnodes.append(NodeFree(n.node_id, vt, n.free_milli))
         base = {vt: vt.rsplit("~", 1)[0] for vt in rep}
-        vjobs = [
-            JobRequest(
-                j.job_id, j.num_gpus, j.gpu_milli,
-                frozenset(vt for vt, t in base.items() if t in j.gpu_types)
-                if j.gpu_types else frozenset(),
-                j.weight, j.score, j.est_run_s,
-            )  # fmt: skip
-            for j in jobs
-        ]
+        vjobs = [_virtual(j, base) for j in jobs]
         vspeed = {vt: speed.get(t, 1.0) for vt, t in base.items()}
         scale = milp.config.weights.value_scale
         cache: dict[tuple[str, str], int] = {}
@@ -135,13 +128,26 @@ class OffloadAwarePlacer:
             if view.job(job.job_id) is None:
                 got = greedy_allocations([job], free)
             else:
-                got = _cheapest_first(job, free, lambda n: offload_cost(view, job, n, added.get(n, 0)))
+                cost = partial(_cost_on, view, job, added)
+                got = _cheapest_first(job, free, cost)
                 for node_id, idx in got[0].gpus if got else ():
                     added[node_id] = added.get(node_id, 0) + len(idx)
             if got:
                 out += got
                 free = apply_allocations(free, got)
         return out
+
+
+def _virtual(j: JobRequest, base: Mapping[str, str]) -> JobRequest:
+    """The job allowed every virtual type of its allowed types (any stays any)."""
+    types = (
+        frozenset(vt for vt, t in base.items() if t in j.gpu_types) if j.gpu_types else j.gpu_types
+    )
+    return JobRequest(j.job_id, j.num_gpus, j.gpu_milli, types, j.weight, j.score, j.est_run_s)
+
+
+def _cost_on(view: OffloadView, job: JobRequest, added: Mapping[str, int], node_id: str) -> float:
+    return offload_cost(view, job, node_id, added.get(node_id, 0))
 
 
 def _cheapest_first(

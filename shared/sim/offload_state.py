@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from services.profiler.planner import Budgets
 from shared.cluster import ClusterSpec
+from shared.offload_signal import offload_pressure
 from shared.sim.offload_cost import (
     FAST_SHARE,
     GPU_MEM_GIB,
@@ -27,7 +28,6 @@ from shared.sim.offload_cost import (
     default_calibration,
 )
 from shared.sim.offload_jobs import BYTES_PER_PARAM, synth_profile
-from shared.offload_signal import offload_pressure
 from shared.sim.offload_traffic import step_traffic
 from shared.speeds import speed_of
 

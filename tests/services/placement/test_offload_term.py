@@ -4,6 +4,7 @@ instances with a literal view, and the order rule kept in simulation."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,7 +89,7 @@ def test_order_rule_kept_and_offload_slowdown_cut_on_a_philly_slice() -> None:
     cluster = load_cluster(ROOT / "clusters" / "philly.yaml")
     jobs = load_jobs(ROOT / "examples" / "philly-2000.jsonl", "jsonl", cluster, SkipStats(), 600)
     jobs = mark_offloading(jobs, 0.3, seed=0)
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for name in ("milp", "milp+offload", "greedy+offload"):
         placer = make_placer(name, reproducible=True)
         res = simulate(jobs, cluster, make_policy("fifo"), placer, SimConfig())
