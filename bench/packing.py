@@ -25,9 +25,13 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from services.placement.baselines import BestFitPlacer, FgdPlacer
+from services.placement.baselines import (
+    BestFitPlacer,
+    FgdPlacer,
+    first_fit_score,
+    sequential_allocations,
+)
 from services.placement.frag import Workload, cluster_frag_milli
-from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpConfig, MilpPlacer
 from services.placement.objective import ObjectiveWeights
 from services.placement.state import apply_allocations
@@ -91,7 +95,7 @@ def run(
 ) -> tuple[list[Allocation], float]:
     t0 = time.perf_counter()
     if placer == "first-fit":
-        return greedy_allocations(pods, nodes), time.perf_counter() - t0
+        return sequential_allocations(pods, nodes, first_fit_score), time.perf_counter() - t0
     if placer in ("best-fit", "fgd"):
         p: Placer = BestFitPlacer() if placer == "best-fit" else FgdPlacer(workload)
         return list(p.place(pods, nodes, {}).allocations), time.perf_counter() - t0

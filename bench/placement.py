@@ -5,7 +5,8 @@ in trace order) to each `--fills` share of its GPU capacity; the next pods of
 the list, `--samples` windows of each size, are the waiting windows. Each window
 is placed by the MILP as configured for production (time budget per call), and
 again by an exact solve (same model, `--exact-limit` seconds, 2 workers) for
-the gap; greedy (first-fit) is scored with the same objective beside it.
+the gap; greedy (greedy.py: fastest type first, best fit) is scored with the same
+objective beside it.
 
 Per window size, JSON keys: window, solve_p50_ms, solve_p99_ms (wall time of a
 whole place() call), gap_vs_exact (mean % below the exact objective),
@@ -30,6 +31,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from services.placement.baselines import first_fit_score, sequential_allocations
 from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpConfig, MilpPlacer
 from services.placement.objective import Scorer
@@ -59,7 +61,7 @@ def filled(
     while demand < share * cap:
         demand += pods[i].num_gpus * pods[i].gpu_milli
         i += 1
-    return apply_allocations(nodes, greedy_allocations(pods[:i], nodes)), i
+    return apply_allocations(nodes, sequential_allocations(pods[:i], nodes, first_fit_score)), i
 
 
 def measure_window(

@@ -5,7 +5,11 @@
 * fgd: Fragmentation Gradient Descent: the node / GPU whose fragmentation
   F_n(M) (frag.py) grows least by placing the job, M the target workload.
 
-first-fit is greedy.py. Nodes with the same type and free shape score the same,
+* first-fit: the first node in input order that holds the job (a share prefers any
+  already-shared GPU, then the first whole one): the classic baseline, which
+  depends on the order nodes are listed in (greedy.py does not).
+
+Nodes with the same type and free shape score the same,
 so each job is scored once per shape ("bucket"), not once per node; the
 first node of the winning bucket is used. A whole-GPU job that fits on no
 single node is spread over as few nodes as possible (greedy.py's rule).
@@ -21,7 +25,7 @@ from services.placement.frag import FragTable, Workload
 from services.placement.greedy import greedy_allocations
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, PlacementResult
 
-__all__ = ["BestFitPlacer", "FgdPlacer", "sequential_allocations"]
+__all__ = ["BestFitPlacer", "FgdPlacer", "FirstFitPlacer", "sequential_allocations"]
 
 Shape = tuple[str, tuple[int, ...]]  # (GPU type, free milli per GPU index)
 # score(job, shape) -> (cost, GPU indices to use) or None if the job does not fit
@@ -102,6 +106,18 @@ def best_fit_score(job: JobRequest, shape: Shape) -> tuple[float, tuple[int, ...
     return None if idx is None else (float(sum(free) - FULL_GPU * job.num_gpus), idx)
 
 
+def first_fit_score(job: JobRequest, shape: Shape) -> tuple[float, tuple[int, ...]] | None:
+    free = shape[1]
+    if job.gpu_milli < FULL_GPU:
+        shared = [g for g, f in enumerate(free) if job.gpu_milli <= f < FULL_GPU]
+        if shared:
+            return 0.0, (shared[0],)
+        fresh = [g for g, f in enumerate(free) if f >= FULL_GPU]
+        return (1.0, (fresh[0],)) if fresh else None
+    idx = _whole_idx(free, job.num_gpus)
+    return None if idx is None else (0.0, idx)
+
+
 def fgd_score(workload: Workload) -> ScoreFn:
     def score(job: JobRequest, shape: Shape) -> tuple[float, tuple[int, ...]] | None:
         t, free = shape
@@ -145,6 +161,13 @@ class _SequentialPlacer:
         allocs = sequential_allocations(jobs, nodes, self._score(jobs))
         ms = (time.perf_counter() - t0) * 1e3
         return PlacementResult(allocations=tuple(allocs), solver_ms=ms, status=self.status)
+
+
+class FirstFitPlacer(_SequentialPlacer):
+    name = "first-fit"
+
+    def _score(self, jobs: Sequence[JobRequest]) -> ScoreFn:
+        return first_fit_score
 
 
 class BestFitPlacer(_SequentialPlacer):

@@ -177,6 +177,8 @@ class MilpPlacer:
     ) -> PlacementResult:
         t0 = time.perf_counter()
         cfg = self.config
+        # by name: equal nodes are told apart by name, never by their order in the input
+        nodes = sorted(nodes, key=_node_name)
         if cfg.enumerate_single and len(jobs) == 1 and not _split(jobs, nodes)[1]:
             # one single-node job: its distinct places scored, no model needed
             scorer = self.scorer(jobs, nodes, speed, reduce=False)
@@ -292,6 +294,10 @@ def _best_single(
             if best is None or value > best[0]:
                 best = (value, Allocation(job.job_id, ((n.node_id, idx),), job.gpu_milli))
     return [] if best is None else [best]
+
+
+def _node_name(n: NodeFree) -> str:
+    return n.node_id
 
 
 def _pen(

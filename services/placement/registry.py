@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.placement.baselines import BestFitPlacer, FgdPlacer
+from services.placement.baselines import BestFitPlacer, FgdPlacer, FirstFitPlacer
 from services.placement.greedy import GreedyPlacer
 from services.placement.milp import MilpConfig, MilpPlacer
 from shared.errors import UserError
@@ -15,16 +15,9 @@ __all__ = ["OFFLOAD_SUFFIX", "PLACERS", "make_placer"]
 OFFLOAD_SUFFIX = "+offload"
 
 
-def _first_fit() -> Placer:
-    placer = GreedyPlacer()
-    placer.name = "first-fit"
-    return placer
-
-
 PLACERS: dict[str, Callable[[], Placer]] = {
-    "greedy": GreedyPlacer,
-    # greedy.py is first-fit in priority order (a share prefers an already-shared GPU)
-    "first-fit": _first_fit,
+    "greedy": GreedyPlacer,  # fastest allowed type first, best fit within it
+    "first-fit": FirstFitPlacer,  # the first node in input order that holds the job
     "best-fit": BestFitPlacer,
     "fgd": FgdPlacer,
     "milp": MilpPlacer,

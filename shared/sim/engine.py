@@ -30,7 +30,7 @@ import heapq
 import time
 from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from services.placement.checker import inversions
@@ -353,8 +353,7 @@ class Simulator:
         """Running jobs' expected releases, for EASY's reservation."""
         if not self.easy:
             return None
-        rel = self.releases
-        return RoundContext(now, [rel[seq] for _, seq in self.release_keys], self.node_type)
+        return RoundContext(now, _Releases(self.release_keys, self.releases), self.node_type)
 
     def _new_head(self) -> bool:
         """Under EASY, whether arrivals put a new job first in the policy's order (its
@@ -524,12 +523,41 @@ def _parts(claim: Claim) -> list[tuple[int, int]]:
     return [(i, len(g)) for i, g in claim]
 
 
+class _Releases(Collection[Release]):
+    """The running jobs' releases in time order, read lazily (a reservation stops at
+    the first time the head fits; most rounds read a few of hundreds)."""
+
+    def __init__(self, keys: list[tuple[float, int]], releases: dict[int, Release]) -> None:
+        self._keys, self._releases = keys, releases
+
+    def __iter__(self) -> Iterator[Release]:
+        rel = self._releases
+        return (rel[seq] for _, seq in self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, item: object) -> bool:
+        return any(r == item for r in self)
+
+
 def window_requests(
     window: Sequence[QueuedJob], estimate: Callable[[QueuedJob], float] | None = None
 ) -> list[JobRequest]:
     """JobRequests in window order, scored by rank (first = highest score), with
     run-time estimates from `estimate` (history) when given."""
     n = len(window)
+    if estimate is not None:  # jobs of one user and size share an estimate: once per round
+        memo: dict[tuple[str, int], float] = {}
+        plain = estimate
+
+        def estimate(j: QueuedJob) -> float:
+            key = (j.who, j.num_gpus)
+            v = memo.get(key)
+            if v is None:
+                v = memo[key] = plain(j)
+            return v
+
     return [
         JobRequest(
             j.job_id,
