@@ -36,7 +36,7 @@ import msgspec
 from offload_agent import ipc
 from offload_agent.jobs import JobRunner, Started
 from offload_agent.launcher import launch, node_status
-from offload_agent.metrics import observe
+from offload_agent.metrics import forget, observe
 from offload_agent.nvme import swap_dir
 from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
 from shared.config import BusSettings
@@ -134,6 +134,7 @@ class HostAgent:
         code = await asyncio.to_thread(started.process.wait)
         await asyncio.to_thread(self.runner.remove_swap, started.job_id)
         event = self.runner.exited(started.job_id, code, time.time())
+        forget(started.job_id, self.config.node_id)  # its Prometheus series go with it
         await self._publish(self.topics.jobs_events, event.job_id, encode(event))
 
     async def handle_client(

@@ -5,15 +5,29 @@ A service is a handler: `Record -> Sequence[Outgoing]` (pure logic behind it).
 
 * consume in batches with auto-commit off;
 * call the handler per record; a `Reject` (or any exception from a handler)
-  sends the record to its dead-letter topic with the reason, counts it, and
-  processing goes on: no byte string stops a service;
+  sends the record to its dead-letter topic with the reason (bounded in size,
+  keyed like the input), counts it, and processing goes on: no byte string
+  stops a service;
 * publish every output, wait for the broker's acks, and only then commit the
-  offsets that the work stands for (at-least-once delivery);
-* stamp every output with the input it came from (header `rltune-src`), so that
-  after a crash a restarted service reads its own outputs back, recognises the
-  inputs it had already answered, and skips them: exactly-once in effect,
-  without transactions (which the embedded broker does not support). The
-  handler's own state is rebuilt from the same read-back (`replay`);
+  offsets that the work stands for (at-least-once delivery). A publish error
+  never loses an input: a retriable one (broker gone, topic missing, timeout)
+  is retried with backoff, the inputs uncommitted meanwhile; an output the
+  broker can never take (too large) is answered by a dead letter instead;
+* stamp every output with the input it came from (header `rltune-src`: topic,
+  partition, offset and the input's fingerprint), so that a service that takes
+  partitions over reads its own outputs back, recognises the inputs already
+  answered, and skips them: exactly-once in effect, without transactions (which
+  the embedded broker does not support). The fingerprint keeps an input of a
+  topic deleted and recreated from passing for an older one at the same offset;
+* own the handler's state with the partitions: whenever the group hands this
+  instance partitions it did not hold without a break, the state is rebuilt
+  from the outputs as they are then (`replay`), after the previous owner has
+  published and committed its last batch (the revocation waits for the batch
+  in flight). Two instances overlapping in a rolling update thus never both
+  decide from a stale view;
+* survive broker outages: retry with backoff, one log line per outage
+  (`shared.health`), never exit for one;
+* keep `shared.health.HEALTH[name]` current for the liveness and readiness probes;
 * stop cleanly when `stop` is set (the commands set it on SIGTERM / SIGINT:
   `stop_on_signals`; a library call leaves the process's signals alone).
 
@@ -24,33 +38,57 @@ Service counters go out on the metrics topic every few seconds (a
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import inspect
 import logging
 import signal
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.partitioner import DefaultPartitioner
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from shared.config import BusSettings
-from shared.messages import MetricsSnapshot, Rejection, encode
-from shared.prom import MESSAGES, REJECTED
+from shared.health import BROKER, HEALTH, Backoff, ServiceHealth, quiet_aiokafka
+from shared.messages import MetricsSnapshot, encode
+from shared.prom import MESSAGES, PUBLISH_RETRIES, REJECTED
 from shared.reject import Reject
+from shared.wire import (
+    MAX_MESSAGE_BYTES,
+    MAX_REJECTION_BYTES,
+    MAX_REQUEST_BYTES,
+    SRC_HEADER,
+    Outgoing,
+    Producer,
+    Record,
+    dead_letter,
+    fingerprint,
+    is_permanent,
+    partitions_of,
+    raw_text,
+    read_back,
+    read_to_end,
+    refuse_oversized,
+    source_of,
+    to_record,
+)
 
 __all__ = [
+    "MAX_MESSAGE_BYTES",
+    "MAX_REJECTION_BYTES",
+    "MAX_REQUEST_BYTES",
     "SRC_HEADER",
     "Outgoing",
     "Producer",
     "Record",
     "Reject",
+    "ServiceSpec",
     "ServiceStats",
     "dead_letter",
+    "fingerprint",
     "partitions_of",
     "raw_text",
     "read_back",
@@ -62,40 +100,8 @@ __all__ = [
 
 log = logging.getLogger("rltune.bus")
 
-# On every output: "<service>|<topic>:<partition>:<offset>", the service that published
-# it and the input it answers (one header, not two: it is paid for on every message).
-SRC_HEADER = "rltune-src"
-MAX_MESSAGE_BYTES = 1 << 20
-RAW_KEEP_BYTES = 1 << 16  # of a rejected message over MAX_MESSAGE_BYTES
-_TOO_LARGE = "message of {} bytes exceeds 1 MiB (raw holds its first 65536 bytes)"
-
-
-@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs 2x, per message
-class Record:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp_ms: int = 0
-    headers: tuple[tuple[str, bytes], ...] = ()
-
-    @property
-    def source(self) -> str:
-        return f"{self.topic}:{self.partition}:{self.offset}"
-
-    def header(self, name: str) -> bytes | None:
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
-
-
-@dataclass(slots=True)
-class Outgoing:
-    topic: str
-    key: str | bytes | None
-    value: bytes
+_COMMIT_TIMEOUT_S = 30.0
+_METRICS_TIMEOUT_S = 10.0
 
 
 # A handler answers one record; plain functions are the fast path, coroutines are allowed.
@@ -110,6 +116,7 @@ class ServiceStats:
     published: int = 0
     skipped_redelivered: int = 0
     batches: int = 0
+    publish_retries: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     extra: Counter[str] = field(default_factory=Counter)
 
@@ -118,6 +125,7 @@ class ServiceStats:
             "consumed": float(self.consumed),
             "published": float(self.published),
             "skipped_redelivered": float(self.skipped_redelivered),
+            "publish_retries": float(self.publish_retries),
             "rejected_total": float(sum(self.rejected.values())),
             **{k: float(v) for k, v in self.extra.items()},
         }
@@ -130,207 +138,37 @@ class ServiceStats:
         )
 
 
-def raw_text(value: bytes | None) -> str:
-    """The bytes as received: UTF-8 text, else "base64:" + base64."""
-    if value is None:
-        return ""
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        return "base64:" + base64.b64encode(value).decode("ascii")
-
-
-def dead_letter(settings: BusSettings, rec: Record, rej: Reject) -> Outgoing:
-    """The dead-letter message for a record a handler refused. The raw bytes of an
-    oversized record are cut to their first RAW_KEEP_BYTES (the reason says so), so that
-    the rejection itself stays publishable."""
-    value = rec.value
-    if value is not None and len(value) > MAX_MESSAGE_BYTES:
-        value = value[:RAW_KEEP_BYTES]
-    msg = Rejection(
-        job_id=rej.key,
-        reason=rej.reason,
-        raw=raw_text(value),
-        topic=rec.topic,
-        time=rec.timestamp_ms / 1000.0,
-    )
-    return Outgoing(settings.topics.dead_letter(rec.topic), rej.key or None, encode(msg))
-
-
-def _to_record(m: ConsumerRecord) -> Record:
-    return Record(
-        topic=m.topic,
-        partition=m.partition,
-        offset=m.offset,
-        key=m.key,
-        value=m.value,
-        timestamp_ms=m.timestamp or 0,
-        headers=tuple(m.headers or ()),
-    )
-
-
-class Producer:
-    """An aiokafka producer with the project's settings, as an async context manager."""
-
-    def __init__(self, settings: BusSettings, client_id: str = "rltune") -> None:
-        self._p = AIOKafkaProducer(
-            bootstrap_servers=settings.bootstrap,
-            client_id=client_id,
-            acks="all",
-            linger_ms=2,
-            max_batch_size=1 << 20,
-            max_request_size=4 << 20,
-            enable_idempotence=False,  # exactly-once effect comes from idempotent consumers
-        )
-        self._parts: dict[str, list[int]] = {}
-        self._partitioner = DefaultPartitioner()
-
-    async def __aenter__(self) -> Producer:
-        await self._p.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._p.stop()
-
-    async def send(
-        self,
-        topic: str,
-        key: str | bytes | None,
-        value: bytes,
-        headers: Sequence[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future[object]:
-        """Queue one message; the returned future resolves when the broker has it."""
-        k = key.encode() if isinstance(key, str) else key
-        return await self._p.send(topic, value, key=k, headers=list(headers) if headers else None)
-
-    async def publish(self, outs: Sequence[tuple[Outgoing, list[tuple[str, bytes]]]]) -> int:
-        """Publish many messages in as few record batches as they fit in, and wait for
-        every ack. Headers go as a list (aiokafka's batch builder takes no tuple). Keys
-        choose partitions the way Kafka's default partitioner does (murmur2), so keyed
-        order holds across clients."""
-        groups: dict[tuple[str, int], list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]]]
-        groups = defaultdict(list)
-        for out, headers in outs:
-            key = out.key.encode() if isinstance(out.key, str) else out.key
-            parts = self._parts.get(out.topic) or await self._partitions(out.topic)
-            groups[(out.topic, self._partition(parts, key))].append((key, out.value, headers))
-        futs = []
-        for (topic, part), msgs in groups.items():
-            batch = self._p.create_batch()
-            for key, value, headers in msgs:
-                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                    futs.append(await self._p.send_batch(batch, topic, partition=part))
-                    batch = self._p.create_batch()
-                    if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                        # larger than a whole batch: on its own (up to max_request_size)
-                        futs.append(await self.send(topic, key, value, headers))
-            futs.append(await self._p.send_batch(batch, topic, partition=part))
-        if futs:
-            await asyncio.gather(*futs)
-        return len(outs)
-
-    def _partition(self, parts: list[int], key: bytes | None) -> int:
-        if len(parts) == 1:
-            return parts[0]
-        return int(self._partitioner(key, parts, parts))
-
-    async def _partitions(self, topic: str) -> list[int]:
-        parts = self._parts.get(topic)
-        if parts is None:
-            parts = sorted(await self._p.partitions_for(topic))
-            self._parts[topic] = parts
-        return parts
-
-    async def flush(self) -> None:
-        await self._p.flush()
-
-
-async def read_to_end(
-    c: AIOKafkaConsumer, parts: Sequence[TopicPartition], *, max_records: int = 10_000
-) -> AsyncIterator[list[ConsumerRecord]]:
-    """Every record of the assigned `parts` from the consumer's position up to the
-    end of each partition as it is when the partition is first fetched.
-
-    The end is the larger of ListOffsets' answer and the high watermark of that
-    first fetch: the embedded broker answers ListOffsets with the first offset
-    of the last record batch plus one, not the end of the log, and a reader that
-    stopped there would miss the rest of that batch (up to a whole publish)."""
-    end = await c.end_offsets(list(parts))
-    todo = {tp for tp in parts if end[tp] > 0}
-    settled: set[TopicPartition] = set()
-    while todo:
-        batch = await c.getmany(*todo, timeout_ms=500, max_records=max_records)
-        for tp, msgs in batch.items():
-            if tp not in settled:
-                settled.add(tp)
-                end[tp] = max(end[tp], c.highwater(tp) or 0)
-            yield msgs
-        for tp in list(todo):
-            if tp in settled and await c.position(tp) >= end[tp]:
-                todo.discard(tp)
-
-
-async def read_back(
-    settings: BusSettings,
-    topics: Sequence[str],
-    on_record: Callable[[Record], None],
-) -> dict[str, int]:
-    """Read `topics` from the beginning to their current end, calling `on_record` for
-    each record. Returns the count of records seen by topic."""
-    c = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        max_partition_fetch_bytes=8 << 20,
-    )
-    await c.start()
-    seen: Counter[str] = Counter()
-    try:
-        parts = await partitions_of(c, topics)
-        if not parts:
-            return {}
-        c.assign(parts)
-        await c.seek_to_beginning(*parts)
-        async for msgs in read_to_end(c, parts):
-            for m in msgs:
-                seen[m.topic] += 1
-                on_record(_to_record(m))
-    finally:
-        await c.stop()
-    return dict(seen)
-
-
-async def partitions_of(consumer: AIOKafkaConsumer, topics: Sequence[str]) -> list[TopicPartition]:
-    """Every partition of `topics` that exists (metadata refreshed first)."""
-    await consumer.topics()
-    return [
-        TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or [])
-    ]
-
-
 class _Redeliveries:
-    """Input positions a service already answered (learned from its outputs at start-up)."""
+    """Inputs a service already answered, learned from its outputs: by position, and
+    by fingerprint (an output without one, from an older version, matches by position)."""
 
     def __init__(self, service: str) -> None:
         self._prefix = f"{service}|".encode()
-        self._done: dict[tuple[str, int], set[int]] = defaultdict(set)
+        self._done: dict[tuple[str, int], dict[int, str]] = defaultdict(dict)
 
     def learn(self, rec: Record) -> None:
         """Note the input `rec` answers, if `rec` is one of this service's outputs."""
         src = rec.header(SRC_HEADER)
         if not src or not src.startswith(self._prefix):
             return
-        topic, part, off = src[len(self._prefix) :].decode().rsplit(":", 2)
-        self._done[(topic, int(part))].add(int(off))
+        try:
+            pos, _, fp = src[len(self._prefix) :].decode().partition("@")
+            topic, part, off = pos.rsplit(":", 2)
+            self._done[(topic, int(part))][int(off)] = fp
+        except ValueError:  # not ours after all (a header someone else wrote)
+            return
 
     def seen(self, rec: Record) -> bool:
         done = self._done.get((rec.topic, rec.partition))
         if not done:
             return False
-        if rec.offset in done:
-            done.discard(rec.offset)
-            return True
-        return False
+        fp = done.get(rec.offset)
+        if fp is None:
+            return False
+        if fp and fp != fingerprint(rec):  # same offset, another message: the topic was
+            return False  # recreated; the entry stays for a re-read of the old one
+        del done[rec.offset]
+        return True
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._done.values())
@@ -347,9 +185,10 @@ class ServiceSpec:
     topics: Sequence[str]
     handle: Handler
     group_id: str = ""  # "" = `<topic prefix><name>`
-    replay_topics: Sequence[str] = ()  # our own outputs, read back at start
+    replay_topics: Sequence[str] = ()  # our own outputs, read back on taking partitions
     replay: Callable[[Record], None] | None = None  # rebuilds handler state from them
-    # (`replay` sees every record of `replay_topics`; the service's own carry SRC_HEADER)
+    # (`replay` sees every record of `replay_topics`; the service's own carry SRC_HEADER;
+    # the dead-letter topics of `topics` are read back too, for SRC_HEADER alone)
     metrics_interval_s: float = 2.0
     max_batch: int = 5000
 
@@ -362,12 +201,17 @@ async def serve_service(
     group_id: str | None = None,
 ) -> ServiceStats:
     """Build a service's spec around fresh counters and run it; `group_id` overrides
-    the default consumer group (`<topic prefix><service name>`)."""
+    the default consumer group (`<topic prefix><service name>`). The spec is built
+    afresh (new handler state, read back) whenever the service takes partitions over."""
     stats = ServiceStats()
-    spec = build(settings, stats)
-    if group_id:
-        spec.group_id = group_id
-    return await run_service(settings, spec, stop, stats, ready)
+
+    def fresh(settings: BusSettings, stats: ServiceStats) -> ServiceSpec:
+        spec = build(settings, stats)
+        if group_id:
+            spec.group_id = group_id
+        return spec
+
+    return await run_service(settings, fresh(settings, stats), stop, stats, ready, rebuild=fresh)
 
 
 async def run_service(
@@ -376,41 +220,25 @@ async def run_service(
     stop: asyncio.Event | None = None,
     stats: ServiceStats | None = None,
     ready: asyncio.Event | None = None,
+    rebuild: Callable[[BusSettings, ServiceStats], ServiceSpec] | None = None,
 ) -> ServiceStats:
-    """Run one service until `stop` is set."""
+    """Run one service until `stop` is set. `ready` is set once it holds partitions
+    with its state built. Without `rebuild`, `spec.replay` runs at the first
+    assignment only (later takeovers re-read the answered inputs alone)."""
+    quiet_aiokafka()
     stop = stop or asyncio.Event()
     stats = stats or ServiceStats()
-    redelivered = _Redeliveries(spec.name)
-
-    def learn(rec: Record) -> None:
-        redelivered.learn(rec)
-        if spec.replay is not None:
-            spec.replay(rec)
-
-    if spec.replay_topics:
-        await read_back(settings, spec.replay_topics, learn)
-        log.info("%s: read back %d answered inputs", spec.name, len(redelivered))
-    consumer = AIOKafkaConsumer(
-        *spec.topics,
-        bootstrap_servers=settings.bootstrap,
-        group_id=spec.group_id or f"{settings.topic_prefix}{spec.name}",
-        client_id=spec.name,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        max_partition_fetch_bytes=8 << 20,
-        fetch_max_bytes=32 << 20,
-    )
-    async with Producer(settings, client_id=spec.name) as producer:
-        await consumer.start()
-        loop = _Loop(settings, spec, consumer, producer, stats, redelivered)
-        if ready is not None:
-            ready.set()
-        try:
+    health = HEALTH[spec.name] = ServiceHealth(spec.name)
+    loop = _Loop(settings, spec, stats, health, rebuild, ready)
+    try:
+        await loop.start(stop)
+        if not stop.is_set():
             await loop.run(stop)
-        finally:
-            with contextlib.suppress(Exception):  # last counters; never block a shutdown
-                await asyncio.wait_for(producer.publish([(loop.metrics_message(), [])]), 2.0)
-            await consumer.stop()
+    finally:
+        health.stopped = True
+        if HEALTH.get(spec.name) is health:  # the probes answer for running services
+            del HEALTH[spec.name]
+        await loop.close()
     return stats
 
 
@@ -422,9 +250,54 @@ def stop_on_signals(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
 
 
-def _refuse_oversized(rec: Record) -> None:
-    if rec.value is not None and len(rec.value) > MAX_MESSAGE_BYTES:
-        raise Reject(_TOO_LARGE.format(len(rec.value)), kind="too_large")
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep, but wake at once when `stop` is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+class _Stopped(Exception):
+    """`stop` was set while waiting for the broker: leave the inputs uncommitted."""
+
+
+@dataclass(slots=True)
+class _Answer:
+    out: Outgoing
+    headers: list[tuple[str, bytes]]
+    rec: Record | None  # the input it answers (None: a metrics snapshot)
+    fallback: bool = False  # already a dead letter in place of an unpublishable output
+
+
+def _learner(
+    redelivered: _Redeliveries, spec: ServiceSpec, replay: Callable[[Record], None] | None
+) -> Callable[[Record], None]:
+    """What a read-back does with each record: note the inputs answered, and feed
+    the replay topics' records to the handler's `replay`."""
+    replay_topics = frozenset(spec.replay_topics)
+
+    def learn(rec: Record) -> None:
+        redelivered.learn(rec)
+        if replay is not None and rec.topic in replay_topics:
+            replay(rec)
+
+    return learn
+
+
+class _Ownership(ConsumerRebalanceListener):
+    """Hands partitions over between instances without a gap in the state's view."""
+
+    def __init__(self, loop: _Loop) -> None:
+        self.loop = loop
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        async with self.loop.lock:  # the batch in flight is published and committed first
+            self.loop.generation += 1
+            self.loop.health.assigned = False
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        async with self.loop.lock:
+            self.loop.generation += 1
+            await self.loop.take(frozenset(assigned))
 
 
 class _Loop:
@@ -434,72 +307,285 @@ class _Loop:
         self,
         settings: BusSettings,
         spec: ServiceSpec,
-        consumer: AIOKafkaConsumer,
-        producer: Producer,
         stats: ServiceStats,
-        redelivered: _Redeliveries,
+        health: ServiceHealth,
+        rebuild: Callable[[BusSettings, ServiceStats], ServiceSpec] | None,
+        ready: asyncio.Event | None,
     ) -> None:
         self.settings = settings
         self.spec = spec
-        self.consumer = consumer
-        self.producer = producer
         self.stats = stats
-        self.redelivered = redelivered
+        self.health = health
+        self.rebuild = rebuild
+        self.ready = ready
+        self.redelivered = _Redeliveries(spec.name)
+        self.lock = asyncio.Lock()
+        self.generation = 0  # bumped by every revocation and assignment
+        self.held: frozenset[TopicPartition] = frozenset()  # owned without a break
+        self.built = False  # handler state rebuilt at least once
+        self.group_generation = -1
+        self.stop = asyncio.Event()
+        self.producer = Producer(settings, client_id=spec.name)
+        self.consumer = self._consumer()
+        self._set_handler(spec)
+
+    def _consumer(self) -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(
+            bootstrap_servers=self.settings.bootstrap,
+            group_id=self.spec.group_id or f"{self.settings.topic_prefix}{self.spec.name}",
+            client_id=self.spec.name,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=8 << 20,
+            fetch_max_bytes=32 << 20,
+        )
+
+    def _set_handler(self, spec: ServiceSpec) -> None:
+        self.spec = spec
         handle = spec.handle
         self._async = inspect.iscoroutinefunction(handle) or inspect.iscoroutinefunction(
             getattr(handle, "__call__", None)  # noqa: B004 - a handler object's method
         )
 
+    # ---- start-up and shutdown ----
+
+    async def start(self, stop: asyncio.Event) -> None:
+        """Connect (retrying with backoff until `stop`) and subscribe. A client whose
+        start failed is not reused: a fresh one is made for the next try."""
+        self.stop = stop
+        backoff = Backoff()
+        while not stop.is_set():
+            try:
+                await self.producer.start()
+                break
+            except (KafkaError, OSError) as exc:
+                BROKER.down(f"start: {exc}")
+                with contextlib.suppress(Exception):
+                    await self.producer.stop()
+                self.producer = Producer(self.settings, client_id=self.spec.name)
+                await _pause(stop, backoff.next())
+        while not stop.is_set():
+            try:
+                await self.consumer.start()
+                break
+            except (KafkaError, OSError) as exc:
+                BROKER.down(f"start: {exc}")
+                with contextlib.suppress(Exception):
+                    await self.consumer.stop()
+                self.consumer = self._consumer()
+                await _pause(stop, backoff.next())
+        if not stop.is_set():
+            BROKER.ok()
+            self.consumer.subscribe(list(self.spec.topics), listener=_Ownership(self))
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):  # last counters; never block a shutdown
+            await asyncio.wait_for(self.producer.publish([(self.metrics_message(), [])]), 2.0)
+        for part in (self.consumer, self.producer):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(part.stop(), 10.0)
+
+    # ---- ownership of the partitions and of the state built from them ----
+
+    async def take(self, assigned: frozenset[TopicPartition]) -> None:
+        """Partitions assigned (under the lock): rebuild the state unless this instance
+        held exactly these without a break (then nobody else answered them since)."""
+        gen = getattr(getattr(self.consumer, "_coordinator", None), "generation", -1)
+        unbroken = self.built and assigned == self.held and gen == self.group_generation + 1
+        self.group_generation = gen
+        self.held = assigned
+        if assigned and not unbroken:
+            await self._rebuild()
+        self.health.assigned = bool(assigned)
+        if assigned and self.ready is not None:
+            self.ready.set()
+
+    async def _rebuild(self) -> None:
+        """Fresh handler state and answered-input record, read back from the outputs
+        as they are now (retrying until it succeeds or the service stops)."""
+        backoff = Backoff()
+        t = self.settings.topics
+        dlqs = [t.dead_letter(x) for x in self.spec.topics]
+        while not self.stop.is_set():
+            if self.rebuild is not None:
+                spec = self.rebuild(self.settings, self.stats)
+                replay = spec.replay
+            else:
+                spec = self.spec
+                replay = None if self.built else spec.replay
+            redelivered = _Redeliveries(spec.name)
+            topics = list(dict.fromkeys([*spec.replay_topics, *dlqs]))
+            try:
+                await read_back(self.settings, topics, _learner(redelivered, spec, replay))
+            except (KafkaError, OSError) as exc:
+                BROKER.down(f"read back: {exc}")
+                await _pause(self.stop, backoff.next())
+                continue
+            self._set_handler(spec)
+            self.redelivered = redelivered
+            self.built = True
+            log.info(
+                "%s: took partitions over; %d answered inputs read back",
+                spec.name,
+                len(redelivered),
+            )
+            return
+
+    # ---- the loop ----
+
     async def run(self, stop: asyncio.Event) -> None:
         next_metrics = time.monotonic() + self.spec.metrics_interval_s
+        backoff = Backoff()
         while not stop.is_set():
-            batch = await self.consumer.getmany(timeout_ms=200, max_records=self.spec.max_batch)
-            if batch:
-                await self._process(batch)
+            gen = self.generation
+            try:
+                batch = await self.consumer.getmany(timeout_ms=200, max_records=self.spec.max_batch)
+                if batch:
+                    await self._process(batch, gen)
+                backoff.reset()
+            except _Stopped:
+                break
+            except (KafkaError, OSError) as exc:
+                BROKER.down(f"consume: {exc}")
+                await _pause(stop, backoff.next())
             if time.monotonic() >= next_metrics:
-                await self.producer.publish([(self.metrics_message(), [])])
+                await self._publish_metrics()
                 next_metrics = time.monotonic() + self.spec.metrics_interval_s
+            self.health.turn()
 
     def metrics_message(self) -> Outgoing:
         snap = self.stats.snapshot(self.spec.name)
         return Outgoing(self.settings.topics.metrics, self.spec.name, encode(snap))
 
-    async def _process(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> None:
-        outs: list[tuple[Outgoing, list[tuple[str, bytes]]]] = []
-        commits: dict[TopicPartition, int] = {}
-        n_in = 0
-        seen = self.redelivered.seen if self.redelivered else None
-        for tp, msgs in batch.items():
-            n_in += len(msgs)
-            src = f"{self.spec.name}|{tp.topic}:{tp.partition}:"
-            for m in msgs:
-                rec = _to_record(m)
-                if seen is not None and seen(rec):
-                    self.stats.skipped_redelivered += 1
+    async def _publish_metrics(self) -> None:
+        """Counters on the metrics topic; a failure is logged (once per outage), never fatal."""
+        try:
+            (err,) = await asyncio.wait_for(
+                self.producer.publish_each([(self.metrics_message(), [])]), _METRICS_TIMEOUT_S
+            )
+        except TimeoutError as exc:
+            err = exc
+        if err is None:
+            BROKER.ok()
+        else:
+            BROKER.down(f"metrics publish: {err}")
+
+    async def _process(self, batch: dict[TopicPartition, list[ConsumerRecord]], gen: int) -> None:
+        async with self.lock:
+            if gen != self.generation:  # fetched before a rebalance: the owner answers,
+                self._refetch(batch)  # which may be this instance again
+                return
+            answers: list[_Answer] = []
+            commits: dict[TopicPartition, int] = {}
+            n_in = 0
+            seen = self.redelivered.seen if self.redelivered else None
+            for tp, msgs in batch.items():
+                if tp not in self.held:
                     continue
-                headers = [(SRC_HEADER, (src + str(m.offset)).encode())]
-                answer = await self._answer_async(rec) if self._async else self._answer(rec)
-                for out in answer:
-                    outs.append((out, headers))
-            commits[tp] = msgs[-1].offset + 1
-        await self.producer.publish(outs)  # published and acknowledged ...
-        await self.consumer.commit(commits)  # ... before the inputs count as done
-        self.stats.consumed += n_in
-        self.stats.published += len(outs)
-        self.stats.batches += 1
-        MESSAGES.labels(self.spec.name, "consumed").inc(n_in)
-        MESSAGES.labels(self.spec.name, "published").inc(len(outs))
+                n_in += len(msgs)
+                for m in msgs:
+                    rec = to_record(m)
+                    if seen is not None and seen(rec):
+                        self.stats.skipped_redelivered += 1
+                        continue
+                    headers = [(SRC_HEADER, source_of(self.spec.name, rec))]
+                    answer = await self._answer_async(rec) if self._async else self._answer(rec)
+                    answers += [_Answer(out, headers, rec) for out in answer]
+                commits[tp] = msgs[-1].offset + 1
+            published = await self._deliver(answers)  # published and acknowledged ...
+            await self._commit(commits)  # ... before the inputs count as done
+            self.stats.consumed += n_in
+            self.stats.published += published
+            self.stats.batches += 1
+            MESSAGES.labels(self.spec.name, "consumed").inc(n_in)
+            MESSAGES.labels(self.spec.name, "published").inc(published)
+
+    def _refetch(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> None:
+        """Put the position of every partition still assigned back to the batch's start."""
+        assigned = self.consumer.assignment()
+        for tp, msgs in batch.items():
+            if tp in assigned and msgs:
+                self.consumer.seek(tp, msgs[0].offset)
+
+    async def _deliver(self, answers: list[_Answer]) -> int:
+        """Publish every answer, retrying what failed for want of the broker; an answer
+        the broker can never take is replaced by a dead letter of its input. Raises
+        _Stopped if the service stops first. Returns the count published."""
+        backoff = Backoff()
+        done = 0
+        while answers:
+            errors = await self.producer.publish_each([(a.out, a.headers) for a in answers])
+            retry: list[_Answer] = []
+            transient: BaseException | None = None
+            for a, err in zip(answers, errors, strict=True):
+                if err is None:
+                    done += 1
+                elif is_permanent(err) and a.rec is not None and not a.fallback:
+                    retry.append(self._unpublishable(a, err))
+                elif is_permanent(err):
+                    log.error("%s: dropped an output the broker refuses: %s", self.spec.name, err)
+                    self.stats.extra["unpublishable"] += 1
+                else:
+                    retry.append(a)
+                    transient = transient or err
+            if transient is None:
+                if len(retry) < len(answers):
+                    BROKER.ok()
+            else:
+                BROKER.down(f"publish: {transient}")
+                self.stats.publish_retries += 1
+                PUBLISH_RETRIES.labels(self.spec.name).inc()
+                if self.stop.is_set():
+                    raise _Stopped
+                self.health.turn()  # waiting on the broker, not stuck
+                await _pause(self.stop, backoff.next())
+            answers = retry
+        return done
+
+    def _unpublishable(self, a: _Answer, err: BaseException) -> _Answer:
+        assert a.rec is not None
+        size = len(a.out.value) + len(a.out.key or b"")
+        rej = Reject(
+            f"the answer to this message ({size} bytes on {a.out.topic}) could not be "
+            f"published: {type(err).__name__}: {err}",
+            key=a.out.key.decode("utf-8", "replace")
+            if isinstance(a.out.key, bytes)
+            else a.out.key or "",
+            kind="unpublishable",
+        )
+        self._count_reject(rej.kind)
+        return _Answer(dead_letter(self.settings, a.rec, rej), a.headers, a.rec, fallback=True)
+
+    async def _commit(self, commits: dict[TopicPartition, int]) -> None:
+        backoff = Backoff()
+        while commits:
+            try:
+                await asyncio.wait_for(self.consumer.commit(commits), _COMMIT_TIMEOUT_S)
+                BROKER.ok()
+                return
+            except (CommitFailedError, IllegalStateError) as exc:
+                # the group moved on: the new owner reads our answers back and skips them
+                log.warning("%s: commit refused (%s); the new owner skips these inputs",
+                            self.spec.name, exc)  # fmt: skip
+                self.held = frozenset()
+                return
+            except (KafkaError, OSError, TimeoutError) as exc:
+                BROKER.down(f"commit: {exc}")
+                if self.stop.is_set():
+                    raise _Stopped from None
+                self.health.turn()
+                await _pause(self.stop, backoff.next())
 
     def _answer(self, rec: Record) -> Sequence[Outgoing]:
         try:
-            _refuse_oversized(rec)
+            refuse_oversized(rec)
             return self.spec.handle(rec)  # type: ignore[return-value]
         except Exception as exc:
             return self._refuse(rec, exc)
 
     async def _answer_async(self, rec: Record) -> Sequence[Outgoing]:
         try:
-            _refuse_oversized(rec)
+            refuse_oversized(rec)
             return await self.spec.handle(rec)  # type: ignore[misc]
         except Exception as exc:
             return self._refuse(rec, exc)

@@ -32,7 +32,7 @@ __all__ = [
     "TensorProfile",
 ]
 
-JOB_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+JOB_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}\Z"  # \Z: "$" would let a final newline in
 
 JobId = Annotated[str, Meta(pattern=JOB_ID_PATTERN, min_length=1, max_length=128)]
 NumGpus = Annotated[int, Meta(gt=0, le=1024)]
@@ -44,7 +44,7 @@ GpuTypeName = Annotated[str, Meta(min_length=1, max_length=64)]
 Bytes = Annotated[int, Meta(ge=0, le=2**62)]
 
 
-class OffloadSpec(Struct, omit_defaults=True):
+class OffloadSpec(Struct):
     """What a job tells the offload engine up front (10Cache)."""
 
     param_bytes: Bytes = 0
@@ -69,8 +69,9 @@ class JobSpec(Struct, omit_defaults=True):
     submit_time: Annotated[float, Meta(ge=0.0, le=1e11)] | None = None
 
 
-class Job(Struct, omit_defaults=True):
-    """A validated, normalised job on `jobs.accepted`. Never carries true run time."""
+class Job(Struct):
+    """A validated, normalised job on `jobs.accepted`, every field present (defaults
+    and nulls included). Never carries true run time."""
 
     job_id: str
     num_gpus: int

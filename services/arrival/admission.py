@@ -9,37 +9,78 @@ known, refuses jobs that no set of nodes could ever hold.
 
 from __future__ import annotations
 
+import re
+import time
+
 import msgspec
 
-from shared.messages import Job, JobSpec, NodeStatus
+from shared.messages import JOB_ID_PATTERN, Job, JobSpec, NodeStatus
 from shared.reject import Reject
 
 __all__ = ["Admission", "Inventory", "accepted_bytes", "decode_spec", "normalise"]
 
 _DECODER = msgspec.json.Decoder(JobSpec)
+_JOB_ID = re.compile(JOB_ID_PATTERN)
 _LOOSE = msgspec.json.Decoder()
 
 
 def decode_spec(value: bytes | None) -> JobSpec:
-    """The JobSpec in `value`; Reject naming the field (or the syntax error) otherwise."""
+    """The JobSpec in `value`; Reject naming the field (or the syntax error) otherwise.
+
+    JSON is UTF-8 (RFC 8259): a message that is not, anywhere, is refused before it is
+    parsed. `null` in an optional field means the field is absent (its default)."""
     if not value:
         raise Reject("empty message: expected a JobSpec JSON object", kind="not_json")
     try:
+        value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Reject(
+            f"not a JSON JobSpec: invalid UTF-8 at byte {exc.start}", kind="not_json"
+        ) from None
+    try:
         return _DECODER.decode(value)
     except msgspec.ValidationError as exc:
+        spec = _without_nulls(value)
+        if spec is not None:
+            return spec
         raise Reject(f"invalid JobSpec: {exc}", key=_guess_job_id(value), kind="invalid") from None
     except msgspec.DecodeError as exc:
         raise Reject(f"not a JSON JobSpec: {exc}", kind="not_json") from None
+    except RecursionError:
+        raise Reject("not a JSON JobSpec: nested too deeply", kind="not_json") from None
+
+
+def _without_nulls(value: bytes) -> JobSpec | None:
+    """The spec with its `null` fields (and the offload spec's) taken as absent, if that
+    makes it valid; None otherwise (the first error then stands)."""
+    try:
+        obj = _LOOSE.decode(value)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or (None not in obj.values() and not _has_null_offload(obj)):
+        return None
+    obj = {k: v for k, v in obj.items() if v is not None}
+    if isinstance(obj.get("offload"), dict):
+        obj["offload"] = {k: v for k, v in obj["offload"].items() if v is not None}
+    try:
+        return msgspec.convert(obj, JobSpec)
+    except (msgspec.ValidationError, RecursionError):
+        return None
+
+
+def _has_null_offload(obj: dict[str, object]) -> bool:
+    off = obj.get("offload")
+    return isinstance(off, dict) and None in off.values()
 
 
 def _guess_job_id(value: bytes) -> str:
     """The job_id of an invalid spec, when it has a usable one (to file the rejection)."""
     try:
         obj = _LOOSE.decode(value)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return ""
     jid = obj.get("job_id") if isinstance(obj, dict) else None
-    return jid if isinstance(jid, str) and 0 < len(jid) <= 128 else ""
+    return jid if isinstance(jid, str) and _JOB_ID.match(jid) else ""
 
 
 class Inventory:
@@ -147,14 +188,32 @@ def normalise(spec: JobSpec, timestamp_s: float) -> Job:
 
 
 def accepted_bytes(spec: JobSpec, timestamp_s: float) -> bytes:
-    """`normalise(spec, timestamp_s)` as it goes on the wire, without building the Job:
-    JobSpec and Job share field names, so the normalised spec encodes as the Job.
-    (`spec` is the decoder's own fresh object: normalising it in place is safe.)"""
-    if spec.submit_time is None:
-        spec.submit_time = timestamp_s
-    if spec.gpu_types and len(set(spec.gpu_types)) != len(spec.gpu_types):
-        spec.gpu_types = list(dict.fromkeys(spec.gpu_types))
-    return _ENCODER.encode(spec)
+    """`normalise(spec, timestamp_s)` as it goes on the wire: every field of the Job,
+    defaults included (a consumer never has to know them). A record without a
+    timestamp (-1: older clients) is stamped with the time it is admitted."""
+    if spec.submit_time is not None:
+        submit_time = spec.submit_time
+    else:
+        submit_time = timestamp_s if timestamp_s >= 0 else time.time()
+    gpu_types = spec.gpu_types
+    if gpu_types and len(set(gpu_types)) != len(gpu_types):
+        gpu_types = list(dict.fromkeys(gpu_types))
+    return _ENCODER.encode(
+        Job(
+            spec.job_id,
+            spec.num_gpus,
+            submit_time,
+            spec.user,
+            spec.vc,
+            gpu_types,
+            spec.gpu_milli,
+            spec.model,
+            spec.command,
+            spec.duration_hint_s,
+            spec.weight,
+            spec.offload,
+        )
+    )
 
 
 _JOB_DECODER = msgspec.json.Decoder(Job)

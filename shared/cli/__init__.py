@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from shared.health import quiet_aiokafka
+
+    quiet_aiokafka(announce=False)  # a command says itself what failed
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

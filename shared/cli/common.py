@@ -12,7 +12,17 @@ from typing import Any, TypeVar
 from shared.config import BusSettings
 from shared.errors import UserError
 
-__all__ = ["add_bus_args", "bus_settings", "run_async", "write_json"]
+__all__ = [
+    "add_bus_args",
+    "bus_settings",
+    "non_negative_int",
+    "port_number",
+    "positive_float",
+    "positive_int",
+    "run_async",
+    "unreachable",
+    "write_json",
+]
 
 T = TypeVar("T")
 
@@ -28,6 +38,50 @@ def add_bus_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="topic name prefix (default: $RLTUNE_TOPIC_PREFIX or 'rltune.')",
     )
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1-65535."""
+    return _bounded_int(text, 1, 65535, "a TCP port (1-65535)")
+
+
+def port_or_off(text: str) -> int:
+    """argparse type: a TCP port, or 0 for off."""
+    return _bounded_int(text, 0, 65535, "a TCP port (1-65535), or 0 for off")
+
+
+def positive_int(text: str) -> int:
+    return _bounded_int(text, 1, 2**31, "a positive whole number")
+
+
+def non_negative_int(text: str) -> int:
+    return _bounded_int(text, 0, 2**31, "a whole number, 0 or more")
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def _bounded_int(text: str, lo: int, hi: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not lo <= value <= hi:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return value
+
+
+def unreachable(settings: BusSettings, exc: BaseException) -> UserError:
+    """The one-line error for a broker that cannot be reached."""
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    return UserError(f"cannot reach a Kafka broker at {settings.bootstrap} ({detail})")
 
 
 def bus_settings(args: argparse.Namespace) -> BusSettings:

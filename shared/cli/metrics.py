@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 
 import msgspec
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 from rich.console import Console
 from rich.table import Table
 
 from shared.bus import partitions_of, read_to_end
-from shared.cli.common import add_bus_args, bus_settings, run_async
+from shared.cli.common import add_bus_args, bus_settings, run_async, unreachable
 from shared.config import BusSettings
+from shared.health import BROKER, quiet_aiokafka
 from shared.messages import MetricsSnapshot
 
 _DEC = msgspec.json.Decoder(MetricsSnapshot)
@@ -69,7 +72,12 @@ def table(latest: dict[str, MetricsSnapshot]) -> Table:
 async def _read(settings: BusSettings, follow: bool, as_json: bool) -> None:
     console = Console()
     c = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False)
-    await c.start()
+    try:
+        await c.start()
+    except (KafkaError, OSError) as exc:
+        with contextlib.suppress(Exception):
+            await c.stop()
+        raise unreachable(settings, exc) from None
     try:
         parts = await partitions_of(c, [settings.topics.metrics])
         if not parts:
@@ -85,8 +93,12 @@ async def _read(settings: BusSettings, follow: bool, as_json: bool) -> None:
             if not as_json:
                 console.print(table(latest))
             return
-        while True:
-            for msgs in (await c.getmany(timeout_ms=500)).values():
+        quiet_aiokafka(announce=True)
+        while True:  # through outages: aiokafka reconnects; one line says so (shared.health)
+            batch = await c.getmany(timeout_ms=500)
+            if batch:
+                BROKER.ok()
+            for msgs in batch.values():
                 for m in msgs:
                     _show(m.value, latest, console, follow, as_json)
     except asyncio.CancelledError:

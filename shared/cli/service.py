@@ -6,13 +6,15 @@ import argparse
 import asyncio
 import importlib
 import logging
+import os
 from collections.abc import Awaitable, Callable
 
+from shared.broker import wait_for_broker
 from shared.bus import stop_on_signals
-from shared.cli.common import add_bus_args, bus_settings, run_async
+from shared.cli.common import add_bus_args, bus_settings, port_or_off, positive_float, run_async
 from shared.config import BusSettings
 from shared.errors import UserError
-from shared.prom import UP, serve_prometheus
+from shared.prom import serve_http, track
 
 # service name -> module with `async def serve(settings, stop=None, ready=None)`
 SERVICES = {
@@ -44,14 +46,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name", help="service: " + ", ".join(SERVICES))
     p.add_argument(
         "--prometheus-port",
-        type=int,
+        type=port_or_off,
         default=0,
-        help="serve Prometheus /metrics on this port (default: off)",
+        help="serve /metrics, /healthz (liveness) and /readyz (readiness) on this port "
+        "(default: off)",
+    )
+    p.add_argument(
+        "--prometheus-address",
+        default=None,
+        help="address to serve them on (default: $RLTUNE_PROMETHEUS_ADDRESS or 127.0.0.1; "
+        "0.0.0.0 for every interface, as in a container)",
     )
     p.add_argument(
         "--group-id",
         default=None,
         help="consumer group (default: <topic prefix><service name>)",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=positive_float,
+        default=60.0,
+        help="seconds to wait for the broker at start-up before giving up (default 60); "
+        "once running, a service outlives any broker outage",
     )
     add_bus_args(p)
     p.set_defaults(func=run)
@@ -63,15 +79,20 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = bus_settings(args)
     module = importlib.import_module(SERVICES[args.name])
-    serve_prometheus(args.prometheus_port)
-    UP.labels(args.name).set(1)
-    run_async(_serve(module.serve, settings, args.group_id))
+    address = args.prometheus_address or os.environ.get("RLTUNE_PROMETHEUS_ADDRESS") or "127.0.0.1"
+    serve_http(args.prometheus_port, address)
+    track(args.name)
+    run_async(_serve(module.serve, settings, args.group_id, args.connect_timeout))
     return 0
 
 
 async def _serve(
-    serve: Callable[..., Awaitable[object]], settings: BusSettings, group_id: str | None
+    serve: Callable[..., Awaitable[object]],
+    settings: BusSettings,
+    group_id: str | None,
+    connect_timeout_s: float,
 ) -> None:
+    await wait_for_broker(settings.bootstrap, connect_timeout_s)  # else one line, exit 2
     stop = asyncio.Event()
     stop_on_signals(stop)  # SIGTERM (compose, k8s) and Ctrl-C stop it cleanly
     kwargs = {"group_id": group_id} if group_id else {}

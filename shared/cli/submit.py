@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import time
 from pathlib import Path
 
 import msgspec
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 
 from services.arrival.admission import decode_spec
-from shared.bus import Producer
-from shared.cli.common import add_bus_args, bus_settings, run_async
+from shared.bus import SRC_HEADER, Producer, partitions_of
+from shared.cli.common import add_bus_args, bus_settings, positive_float, run_async, unreachable
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import JobSpec, Rejection, encode
@@ -38,7 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration-hint", type=float, default=None, help="seconds")
     p.add_argument("--weight", type=float, default=1.0)
     p.add_argument("--wait", action="store_true", help="wait for each job's accept/reject")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to --wait (default 30)")
+    p.add_argument(
+        "--timeout", type=positive_float, default=30.0, help="seconds to --wait (default 30)"
+    )
     add_bus_args(p)
     p.set_defaults(func=run)
 
@@ -102,47 +106,67 @@ def _specs_from_file(path: Path) -> tuple[list[JobSpec], list[str]]:
 async def _publish(
     settings: BusSettings, specs: list[JobSpec], wait: bool, timeout_s: float
 ) -> dict[str, object]:
+    """Send the specs; with `wait`, the answer to each of these very messages (matched by
+    the position each was written at, which every answer names in its SRC_HEADER)."""
     t = settings.topics
-    consumer = None
-    if wait:
-        consumer = AIOKafkaConsumer(
-            t.jobs_accepted, t.jobs_rejected, bootstrap_servers=settings.bootstrap
-        )
-        await consumer.start()
-        await consumer.seek_to_end()
-        for tp in consumer.assignment():  # pin the start before anything is sent
-            await consumer.position(tp)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap) if wait else None
     try:
-        async with Producer(settings, client_id="rltune-submit") as producer:
-            futs = [await producer.send(t.jobs_submit, s.job_id, encode(s)) for s in specs]
-            await asyncio.gather(*futs)
+        try:
+            if consumer is not None:  # positions read before sending: answers come after
+                await consumer.start()
+                parts = await partitions_of(consumer, [t.jobs_accepted, t.jobs_rejected])
+                consumer.assign(parts)
+                for tp, end in (await consumer.end_offsets(parts)).items():
+                    consumer.seek(tp, end)
+            async with Producer(settings, client_id="rltune-submit") as producer:
+                futs = [await producer.send(t.jobs_submit, s.job_id, encode(s)) for s in specs]
+                results = await asyncio.gather(*futs, return_exceptions=True)
+        except (KafkaError, OSError) as exc:
+            raise unreachable(settings, exc) from None
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise UserError(
+                f"sent {len(results) - len(failed)} of {len(specs)} job(s) to {t.jobs_submit}; "
+                f"the broker did not take the rest ({type(failed[0]).__name__}: {failed[0]})"
+            )
         if consumer is None:
             return {}
-        return await _collect(consumer, settings, {s.job_id for s in specs}, timeout_s)
+        # "|<topic>:<partition>:<offset>@" of each message sent -> its job id
+        mine = {
+            f"|{t.jobs_submit}:{r.partition}:{r.offset}@".encode(): s.job_id  # type: ignore[attr-defined]
+            for s, r in zip(specs, results, strict=True)
+        }
+        return await _collect(consumer, settings, mine, timeout_s)
     finally:
         if consumer is not None:
-            await consumer.stop()
+            with contextlib.suppress(Exception):
+                await consumer.stop()
 
 
 async def _collect(
-    consumer: AIOKafkaConsumer, settings: BusSettings, ids: set[str], timeout_s: float
+    consumer: AIOKafkaConsumer, settings: BusSettings, mine: dict[bytes, str], timeout_s: float
 ) -> dict[str, object]:
-    answers: dict[str, object] = dict.fromkeys(ids)
+    """Until every message in `mine` has its answer, or `timeout_s`."""
+    answers: dict[str, object] = dict.fromkeys(mine.values())
     rej_dec = msgspec.json.Decoder(Rejection)
     deadline = time.monotonic() + timeout_s
-    pending = set(ids)
+    pending = dict(mine)
     while pending and time.monotonic() < deadline:
         batch = await consumer.getmany(timeout_ms=200)
         for tp, msgs in batch.items():
             for m in msgs:
-                key = (m.key or b"").decode("utf-8", "replace")
-                if key not in pending:
+                src = dict(m.headers or ()).get(SRC_HEADER, b"")
+                at = src.find(b"|")
+                job_id = pending.pop(src[at : src.find(b"@", at) + 1], None) if at >= 0 else None
+                if job_id is None:
                     continue
-                pending.discard(key)
                 if tp.topic == settings.topics.jobs_rejected:
-                    answers[key] = rej_dec.decode(m.value)
+                    try:
+                        answers[job_id] = rej_dec.decode(m.value)
+                    except msgspec.MsgspecError:
+                        answers[job_id] = Rejection(job_id, "(unreadable rejection)", "")
                 else:
-                    answers[key] = "accepted"
+                    answers[job_id] = "accepted"
     return answers
 
 

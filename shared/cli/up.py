@@ -26,7 +26,7 @@ from rich.table import Table
 
 from shared.broker import EmbeddedBroker, ensure_topics, free_port
 from shared.bus import Producer, partitions_of
-from shared.cli.common import run_async, write_json
+from shared.cli.common import port_number, positive_int, run_async, write_json
 from shared.cli.metrics import describe
 from shared.cli.service import SERVICES, available
 from shared.config import BusSettings
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="embedded broker + every service + trace replay, live metrics")
     p.add_argument("--trace", type=Path, default=SAMPLE, help=f"trace file (default {SAMPLE.name})")
     p.add_argument("--format", default="jsonl", help="trace format (default jsonl)")
-    p.add_argument("--limit", type=int, default=None, help="replay only the first N jobs")
+    p.add_argument("--limit", type=positive_int, default=None, help="replay only the first N jobs")
     p.add_argument("--cluster", default=None, help="cluster spec (needs cluster-sim)")
     p.add_argument("--policy", default=None, help="scheduling policy (needs scoring)")
     p.add_argument("--speedup", type=float, default=1000.0, help="trace time / wall time")
@@ -55,7 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--until-done", action="store_true", help="exit when the trace is done")
     p.add_argument("--json", default=None, help="write final figures as JSON ('-' = stdout)")
     p.add_argument("--jobs-out", default=None, help="per-job CSV (needs cluster-sim)")
-    p.add_argument("--port", type=int, default=None, help="broker port (default: 9092 if free)")
+    p.add_argument(
+        "--port", type=port_number, default=None, help="broker port (default: 9092 if free)"
+    )
     p.add_argument("--topic-prefix", default=None, help="topic name prefix")
     p.set_defaults(func=run)
 

@@ -501,3 +501,32 @@ def test_kustomize_build_renders_valid_resources() -> None:
             assert doc["metadata"]["namespace"] == "rltune", doc["metadata"]["name"]
         assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "rltune"
         assert _validator_for(doc, k8s).is_valid(doc), doc["metadata"]["name"]
+
+
+# ---- probes, rollouts, bind address ------------------------------------------------
+
+
+def test_k8s_probes_are_liveness_and_readiness() -> None:
+    """Liveness (/healthz: the consume loop turns) restarts a stuck pod; readiness
+    (/readyz: connected, assigned, turning) is what a rollout and a dashboard wait on."""
+    for w in _workloads():
+        for c in _containers(w):
+            assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+            assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
+            assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+            args = list(c["args"])
+            assert args[args.index("--prometheus-address") + 1] == "0.0.0.0"
+
+
+def test_k8s_deployments_never_overlap() -> None:
+    """A RollingUpdate runs the old and the new pod at once; Recreate does not."""
+    deployments = [w for w in _workloads() if w["kind"] == "Deployment"]
+    assert deployments
+    for d in deployments:
+        assert d["spec"]["strategy"] == {"type": "Recreate"}, d["metadata"]["name"]
+
+
+def test_compose_healthcheck_is_readiness_on_every_interface() -> None:
+    for name, svc in _rltune_compose_services().items():
+        assert "/readyz" in " ".join(svc["healthcheck"]["test"]), name
+        assert svc["environment"]["RLTUNE_PROMETHEUS_ADDRESS"] == "0.0.0.0", name

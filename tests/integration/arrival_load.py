@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from services.arrival.admission import Admission
-from shared.bus import SRC_HEADER, Producer, partitions_of, raw_text, read_to_end
+from shared.bus import SRC_HEADER, partitions_of, raw_text, read_to_end
 from shared.config import BusSettings
 from shared.messages import Job, MetricsSnapshot, Rejection
 from shared.reject import Reject
@@ -138,18 +138,23 @@ def expected_outcome(msgs: list[bytes]) -> tuple[Counter[str], Counter[str]]:
     return accepted, rejected
 
 
-async def produce(settings: BusSettings, msgs: list[bytes]) -> None:
-    async with Producer(settings, client_id="test-load") as p:
+async def produce(settings: BusSettings, msgs: list[bytes], topic: str | None = None) -> None:
+    """Publish `msgs` to jobs.submit (or `topic`) keyed by their job_id when they have one,
+    as any client may: up to 8 MiB a message (the embedded broker takes it)."""
+    p = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, max_request_size=8 << 20)
+    await p.start()
+    try:
         futs = []
         for m in msgs:
             try:
                 key = msgspec.json.decode(m).get("job_id")
             except Exception:
                 key = None
-            futs.append(
-                await p.send(settings.topics.jobs_submit, key if isinstance(key, str) else None, m)
-            )
+            k = key.encode() if isinstance(key, str) else None
+            futs.append(await p.send(topic or settings.topics.jobs_submit, m, key=k))
         await asyncio.gather(*futs)
+    finally:
+        await p.stop()
 
 
 @dataclass
@@ -214,7 +219,7 @@ async def _read_answers(
                         ans.reasons.append(r.reason)
                     src = dict(m.headers or ()).get(SRC_HEADER, b"")
                     if submit in src:
-                        ans.inputs[int(src.rsplit(b":", 1)[1])] += 1
+                        ans.inputs[int(src.split(b"@")[0].rsplit(b":", 1)[1])] += 1
             at_end = all([await c.position(tp) >= end[tp] for tp in parts])
             if done(ans, at_end) and time.monotonic() - quiet_since > 1.0:
                 return ans, True

@@ -74,7 +74,7 @@ def test_stats_become_prometheus_gauges() -> None:
     get = REGISTRY.get_sample_value
     assert get("rltune_offload_hit_ratio", {"job": "j9", "node": "n9"}) == 0.97
     assert get("rltune_offload_step_seconds", {"job": "j9", "node": "n9"}) == 0.5
-    labels = {"job": "j9", "node": "n9", "quantile": "0.5"}
+    labels = {"job": "j9", "node": "n9", "percentile": "50"}
     assert get("rltune_offload_migration_seconds", labels) == 0.002
 
 
