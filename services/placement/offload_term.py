@@ -8,7 +8,7 @@ cost model's estimate for a job on a node. Windows without an offloading job go 
 the wrapped placer unchanged.
 
 MILP. The node classes gain a bandwidth dimension: a node of type t with b
-offloading GPUs streaming on it (b capped at B = 3) becomes type "t~b", same
+offloading GPUs streaming on it (b capped at 8) becomes type "t~b", same
 speed; jobs allowed t may use every t~b. For an offloading job j on t~b the
 objective is charged
 
