@@ -1,10 +1,13 @@
 """`rltune bench offload [--json OUT]`: 10Cache against no offload, naive LRU
-offload and ZeRO-Infinity-style fixed buffers, on one GPT, side by side.
+offload and ZeRO-Infinity-style fixed buffers, side by side, on several
+architectures (`--archs`, default: the project's GPT, and GPT-2, Llama and
+BERT built from Hugging Face configs; see `offload_agent/models.py`).
 
-Every strategy trains the same GPT from the same seed on the same batches
-with the same per-parameter AdamW. Its parameters plus AdamW states exceed
-the fast-tier budget; the host budget is smaller still, so tensors (params
-included) spill to swap files on the real disk (O_DIRECT when it allows).
+For each architecture every strategy trains the same model from the same seed
+on the same batches with the same per-parameter AdamW. The fast tier holds
+`--fast-frac` of the parameter+state bytes, the host tier `--host-frac`, so
+tensors (params included) spill to swap files on the real disk (O_DIRECT when
+it allows). Peak fast-tier and host buffer bytes are reported per strategy.
 Steps are interleaved round-robin across the four engines so that load from
 other processes hits all of them alike; each step's time includes waiting for
 every copy it started (nothing is left running into the next one). Torch
@@ -32,7 +35,7 @@ from rich.table import Table
 
 from offload_agent.device import CpuDevice
 from offload_agent.engine import EngineConfig, OffloadEngine
-from offload_agent.gpt import GPT, GPTConfig, batch
+from offload_agent.models import ARCHS, Workload, workload
 from offload_agent.nvme import NvmeStore
 from offload_agent.optim import AdamW
 from offload_agent.residency import Tier
@@ -54,8 +57,9 @@ class BenchArgs:
     batch: int = 4
     steps: int = 8  # measured steps per strategy
     warmup: int = 2  # first: recorded profile (tencache plans after it)
-    fast_frac: float = 0.75  # fast budget as a fraction of parameter bytes
-    host_frac: float = 0.2  # host budget as a fraction of parameter bytes
+    fast_frac: float = 0.3  # fast budget as a fraction of parameter + AdamW state bytes
+    host_frac: float = 0.07  # host budget as a fraction of parameter + AdamW state bytes
+    archs: str = ",".join(ARCHS)  # comma-separated
     window: int = 8  # most streamed tensors the plan prefetches ahead
     stream_share: float = 0.9  # most of the fast budget the plan's streaming buffers take
     io_threads: int = 4  # they mostly wait on the disk: 4 keep it busy (1, 2 were slower)
@@ -72,36 +76,54 @@ def _parse(argv: list[str]) -> BenchArgs:
     a = BenchArgs(**vars(p.parse_args(argv)))
     if a.steps < 1 or a.warmup < 1 or a.dim % 8 or a.fast_frac <= 0:
         raise UserError("need --steps >= 1, --warmup >= 1, --dim a multiple of 8, --fast-frac > 0")
+    unknown = set(a.archs.split(",")) - set(ARCHS)
+    if unknown:
+        raise UserError(f"--archs: unknown {sorted(unknown)}; choose from {', '.join(ARCHS)}")
     return a
 
 
-def _engine(a: BenchArgs, strategy: str, root: Path, io: ThreadPoolExecutor) -> OffloadEngine:
-    torch.manual_seed(a.seed)
-    model = GPT(GPTConfig(vocab=a.vocab, seq=a.seq, layers=a.layers, dim=a.dim, heads=8))
-    pbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+def _workload(a: BenchArgs, arch: str) -> Workload:
+    return workload(
+        arch, dim=a.dim, layers=a.layers, vocab=a.vocab, seq=a.seq, size=a.batch, seed=a.seed
+    )
+
+
+def _state_bytes(model: torch.nn.Module) -> int:
+    """Parameters plus AdamW's two states, in bytes."""
+    return sum(
+        p.numel() * p.element_size() * (3 if p.requires_grad else 1) for p in model.parameters()
+    )
+
+
+def _engine(
+    a: BenchArgs, w: Workload, strategy: str, root: Path, io: ThreadPoolExecutor
+) -> OffloadEngine:
+    model = _workload(a, w.arch).model  # a fresh copy from the same seed
+    total = _state_bytes(model)
     config = EngineConfig(
-        job_id=f"bench-{strategy}",
+        job_id=f"bench-{w.arch}-{strategy}",
         strategy=strategy,
-        fast_budget=int(pbytes * a.fast_frac),
-        host_budget=int(pbytes * a.host_frac),
+        fast_budget=int(total * a.fast_frac),
+        host_budget=int(total * a.host_frac),
     )
     engine = OffloadEngine(
         model, AdamW(lr=3e-4), config, device=CpuDevice(), store=NvmeStore(root / strategy), io=io
     )
-    engine.start()
+    try:
+        engine.start()
+    except ValueError as exc:  # budgets below the buffers a step holds at once
+        raise UserError(f"{w.arch} under {strategy}: {exc}; raise --fast-frac") from exc
     return engine
 
 
-def _step(engine: OffloadEngine, a: BenchArgs, step: int) -> tuple[float, float, float]:
+def _step(
+    engine: OffloadEngine, w: Workload, a: BenchArgs, step: int
+) -> tuple[float, float, float]:
     """One training step; (loss, wall ms including every copy it started, process
     CPU ms over that time: compute plus the I/O threads' own work)."""
-    model = engine.model
-    assert isinstance(model, GPT)
-    gcfg = model.cfg
-    x, y = batch(gcfg, a.batch, step, a.seed)
     t0, c0 = time.perf_counter(), time.process_time()
     with engine.step():
-        loss = engine.model(x, y)
+        loss = w.loss(engine.model, step)
         loss.backward()
     assert engine.cache is not None
     engine.cache.drain()
@@ -115,23 +137,23 @@ def _step(engine: OffloadEngine, a: BenchArgs, step: int) -> tuple[float, float,
     return float(loss.item()), ms, cpu
 
 
-def _run(a: BenchArgs, root: Path, console: Console) -> dict[str, dict[str, Any]]:
+def _run(a: BenchArgs, w: Workload, root: Path, console: Console) -> dict[str, dict[str, Any]]:
     """Per strategy its summary; under "profile", tencache's recorded warm-up profile
     (what the simulator's offload cost model predicts step times from)."""
     out: dict[str, dict[str, Any]] = {}
     with ThreadPoolExecutor(a.io_threads, thread_name_prefix="offload-io") as io:
-        engines = {s: _engine(a, s, root, io) for s in STRATEGIES}
+        engines = {s: _engine(a, w, s, root, io) for s in STRATEGIES}
         losses: dict[str, list[float]] = {s: [] for s in STRATEGIES}
         times: dict[str, list[float]] = {s: [] for s in STRATEGIES}
         cpus: dict[str, list[float]] = {s: [] for s in STRATEGIES}
         total = (a.warmup + a.steps) * len(engines)
         with Progress(console=console, transient=True) as progress:
-            task = progress.add_task("training (round-robin over strategies)", total=total)
+            task = progress.add_task(f"{w.arch} (round-robin over strategies)", total=total)
             for step in range(a.warmup + a.steps):
                 for s, engine in engines.items():
                     if step == a.warmup:
                         engine.stats.reset()
-                    loss, ms, cpu = _step(engine, a, step)
+                    loss, ms, cpu = _step(engine, w, a, step)
                     losses[s].append(loss)
                     if step >= a.warmup:
                         times[s].append(ms)
@@ -162,6 +184,8 @@ def _summary(
         "bytes_moved_per_step": moved // steps,
         "peak_fast_bytes": st.peak_fast_bytes,
         "peak_host_bytes": st.peak_host_bytes,
+        "fast_overflow_bytes": st.overflow_bytes,
+        "plan_window": getattr(engine.cache.policy, "window", 0),
         "migration_ms_p50": round(percentile(st.migration_ms, 50), 3),
         "migration_ms_p99": round(percentile(st.migration_ms, 99), 3),
         "tensors_on_nvme": sum(h is Tier.NVME for h in homes),
@@ -184,21 +208,29 @@ def _calibration(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
     return {"copy_gbps_unhidden": round(gbps, 3), "tencache_hidden_fraction": round(hidden, 3)}
 
 
-def _model_facts(a: BenchArgs) -> dict[str, Any]:
-    cfg = GPTConfig(vocab=a.vocab, seq=a.seq, layers=a.layers, dim=a.dim, heads=8)
-    pbytes = sum(p.numel() * 4 for p in GPT(cfg).parameters())
+def _model_facts(a: BenchArgs, w: Workload) -> dict[str, Any]:
+    pbytes = sum(p.numel() * p.element_size() for p in w.model.parameters())
+    total = _state_bytes(w.model)
     return {
-        "config": asdict(cfg),
+        "arch": w.arch,
+        "config": w.config,
+        "parameters": sum(p.numel() for p in w.model.parameters()),
         "batch": a.batch,
+        "seq": a.seq,
         "param_bytes": pbytes,
-        "optimizer_bytes": 2 * pbytes,
-        "fast_budget_bytes": int(pbytes * a.fast_frac),
-        "host_budget_bytes": int(pbytes * a.host_frac),
+        "optimizer_bytes": total - pbytes,
+        "fast_budget_bytes": int(total * a.fast_frac),
+        "host_budget_bytes": int(total * a.host_frac),
     }
 
 
 def _table(result: dict[str, Any]) -> Table:
-    t = Table(title="rltune bench offload (median step; hit rate over measured steps)")
+    m = result["model"]
+    t = Table(
+        title=f"{m['arch']}: {m['parameters'] / 1e6:.1f}M parameters, fast tier "
+        f"{m['fast_budget_bytes'] / 1e6:.0f} MB, host {m['host_budget_bytes'] / 1e6:.0f} MB "
+        "(median step; hit rate over measured steps)"
+    )
     for col in (
         "strategy",
         "step ms",
@@ -206,6 +238,7 @@ def _table(result: dict[str, Any]) -> Table:
         "MB moved/step",
         "fast MB",
         "host MB",
+        "window",
         "loss = none",
     ):
         t.add_column(col, justify="right")
@@ -218,6 +251,7 @@ def _table(result: dict[str, Any]) -> Table:
             f"{r['bytes_moved_per_step'] / 1e6:.0f}",
             f"{r['peak_fast_bytes'] / 1e6:.0f}",
             f"{r['peak_host_bytes'] / 1e6:.0f}",
+            str(r["plan_window"]),
             str(result["losses_identical_to_none"][s]),
         )
     ratios = result["ratios"]
@@ -228,19 +262,11 @@ def _table(result: dict[str, Any]) -> Table:
     return t
 
 
-def main(argv: list[str]) -> int:
-    a = _parse(argv)
-    torch.set_num_threads(1)
-    console = Console(stderr=a.json == "-")
-    root = Path(tempfile.mkdtemp(prefix="rltune-offload-", dir=a.nvme_dir))
-    try:
-        runs = _run(a, root, console)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+def _arch_result(a: BenchArgs, arch: str, root: Path, console: Console) -> dict[str, Any]:
+    w = _workload(a, arch)
+    runs = _run(a, w, root / arch, console)
     result: dict[str, Any] = {s: runs[s] for s in STRATEGIES}
-    result["model"] = _model_facts(a)
-    result["steps"], result["warmup_steps"], result["torch_threads"] = a.steps, a.warmup, 1
-    result["io_threads"], result["swap_dir"] = a.io_threads, str(root)
+    result["model"] = _model_facts(a, w)
     ref = runs["none"]["losses"]
     result["losses_identical_to_none"] = {s: runs[s]["losses"] == ref for s in STRATEGIES}
     t = runs["tencache"]["step_ms"]
@@ -251,7 +277,31 @@ def main(argv: list[str]) -> int:
     }
     result["calibration"] = _calibration(runs)
     result["profile"] = runs["profile"]
-    console.print(_table(result))
+    return result
+
+
+def main(argv: list[str]) -> int:
+    a = _parse(argv)
+    torch.set_num_threads(1)
+    console = Console(stderr=a.json == "-")
+    root = Path(tempfile.mkdtemp(prefix="rltune-offload-", dir=a.nvme_dir))
+    result: dict[str, Any] = {}
+    try:
+        for arch in a.archs.split(","):
+            result[arch] = _arch_result(a, arch, root, console)
+            console.print(_table(result[arch]))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    result["settings"] = {
+        "steps": a.steps,
+        "warmup_steps": a.warmup,
+        "torch_threads": 1,
+        "io_threads": a.io_threads,
+        "fast_frac": a.fast_frac,
+        "host_frac": a.host_frac,
+        "swap_dir": str(root),
+    }
     if a.json:
         write_json(result, a.json)
-    return 0 if all(result["losses_identical_to_none"].values()) else 1
+    archs = a.archs.split(",")
+    return 0 if all(all(result[x]["losses_identical_to_none"].values()) for x in archs) else 1

@@ -28,12 +28,21 @@ def _slim(run: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _one_run(data: dict[str, Any]) -> dict[str, Any]:
+    """One model's run: the file itself (one model), or its first architecture."""
+    if "none" in data:
+        return data
+    arch = next(k for k, v in data.items() if isinstance(v, dict) and "none" in v)
+    run: dict[str, Any] = data[arch]
+    return run
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m bench.offload_calibration CALIBRATE.json VALIDATE.json",
               file=sys.stderr)  # fmt: skip
         return 2
-    cal_run, val_run = (_slim(json.loads(Path(p).read_text())) for p in argv)
+    cal_run, val_run = (_slim(_one_run(json.loads(Path(p).read_text()))) for p in argv)
     cal = fit_calibration(cal_run)
     fitted = {k: v for k, v in asdict(cal).items() if k != "source"}
     data = {"fitted": fitted, "calibrate": cal_run, "validate": val_run}

@@ -12,7 +12,8 @@ made to wait on the copy's event).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
 
 import torch
@@ -26,6 +27,8 @@ from offload_agent.slabs import PoolExhausted, SlabPool, Slot
 from offload_agent.stats import CacheStats
 
 __all__ = ["Bind", "TensorCache"]
+
+log = logging.getLogger("rltune.offload")
 
 Bind = Callable[[str, "torch.Tensor | None"], None]
 
@@ -59,7 +62,7 @@ class TensorCache:
 
     def install(
         self,
-        items: Sequence[tuple[TensorSpec, torch.Tensor]],
+        items: Iterable[tuple[TensorSpec, torch.Tensor]],
         homes: Mapping[str, Tier],
         fast_class: Mapping[str, int],
     ) -> None:
@@ -170,6 +173,19 @@ class TensorCache:
             return entry.spec.view(entry.host_slot.view).clone()
         return self.mover.read_copy(entry.spec)
 
+    def overwrite(self, tensor_id: str, value: torch.Tensor) -> None:
+        """Replace the tensor's value wherever it lives (loading a checkpoint);
+        nothing may be in flight (`drain` first)."""
+        entry = self.residency[tensor_id]
+        if entry.tier is Tier.FAST:
+            entry.fast_view().copy_(value)
+            entry.dirty = not entry.permanent
+        elif entry.tier is Tier.HOST:
+            assert entry.host_slot is not None
+            entry.spec.view(entry.host_slot.view).copy_(value)
+        else:
+            self.mover.write_copy(entry.spec, value)
+
     # ---- internals ---------------------------------------------------------
 
     def _settle(self, entry: Entry) -> None:
@@ -194,12 +210,19 @@ class TensorCache:
         rank = self.policy.eviction_rank
         candidates = [e for e in self._holders.get(c, ()) if e.evictable]
         if not candidates:
-            if demand:
-                raise PoolExhausted(
-                    f"fast tier: all {self.fast.capacity(c)} buffers of {c} B are in use "
-                    f"when {entry.spec.tensor_id} is needed; the plan needs more buffers"
-                )
-            return None
+            if not demand:
+                return None
+            log.warning(
+                "fast tier: all %d buffers of %d B are in use when %s is needed; adding one "
+                "past the budget (the step holds more tensors of this size at once than the "
+                "layout foresaw)",
+                self.fast.capacity(c),
+                c,
+                entry.spec.tensor_id,
+            )
+            slot = self.fast.grow(c)
+            self.stats.overflow_bytes = self.fast.overflow_bytes
+            return slot, None
         victim = max(candidates, key=lambda e: rank(e.spec.tensor_id, e.last_use))
         if (
             not demand

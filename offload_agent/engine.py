@@ -4,10 +4,19 @@
                            device=select_device(), store=NvmeStore(dir), io=pool)
     engine.start()                      # buffers and swap files, safe-default layout
     for batch in data:
+        engine.set_lr(schedule(engine.steps))   # optional: a learning-rate schedule
         with engine.step():             # the first step is the warm-up: it is recorded
             loss = model(batch).backward()   # optimizer runs inside backward
         if engine.profile_ready:        # after warm-up: plan locally or via the agent
             engine.apply_plan(build_plan(engine.profile(), engine.budgets))
+    torch.save(engine.state_dict(), path)   # parameters, optimizer states, step counts
+
+Every use of the model's parameters (forward, backward, evaluation under
+`torch.no_grad()`) goes inside `with engine.step():`; outside it the
+parameters are placeholders and any use raises. With `max_grad_norm` set, or
+`accumulation_steps` > 1, gradients are kept (cached like the optimizer
+states) until the step's end; the global norm is computed over all of them
+before any parameter steps, as DeepSpeed does.
 
 A plan that does not fit (other job, over budget, NVMe unusable) is refused
 with a clear message in `last_error` and a log line; training carries on with
@@ -16,23 +25,35 @@ the layout it had (the safe default: `lru`).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from offload_agent.cache import Bind, TensorCache
+from offload_agent.cache import TensorCache
 from offload_agent.device import Device
 from offload_agent.hooks import LooseParams, install_hooks, saved_tensor_refs
+from offload_agent.layout import ParamBinder, build_cache
 from offload_agent.nvme import NvmeStore, SwapPathError
-from offload_agent.optim import GRAD_KIND, STATE_KINDS, AdamW, adamw_step, state_id
+from offload_agent.optim import (
+    GRAD_KIND,
+    STATE_KINDS,
+    AdamW,
+    Optimizer,
+    ParamGroup,
+    clip_coefficient,
+    state_id,
+)
 from offload_agent.profiler import Recorder
-from offload_agent.slabs import SlabPool
+from offload_agent.residency import TensorSpec
 from offload_agent.stats import CacheStats
 from offload_agent.strategies import STRATEGIES, Setup, from_plan, initial_setup, specs_of
 from services.profiler.planner import Budgets, PlanError, check_plan
@@ -54,13 +75,15 @@ class EngineConfig:
     # backward passes (micro-batches) per optimizer step; gradients are summed
     # as PyTorch sums them in `.grad` (scale the loss yourself, as with PyTorch)
     accumulation_steps: int = 1
+    # clip the gradients to this global 2-norm (torch.nn.utils.clip_grad_norm_)
+    max_grad_norm: float | None = None
 
 
 class OffloadEngine:
     def __init__(
         self,
         model: nn.Module,
-        optim: AdamW,
+        optim: AdamW | Sequence[ParamGroup],
         config: EngineConfig,
         *,
         device: Device,
@@ -71,39 +94,77 @@ class OffloadEngine:
             raise ValueError(f"strategy {config.strategy!r}: choose from {', '.join(STRATEGIES)}")
         if config.accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be >= 1, not {config.accumulation_steps}")
-        self.model, self.optim, self.config = model, optim, config
+        if config.max_grad_norm is not None and not config.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0, not {config.max_grad_norm}")
+        self.model, self.config = model, config
         self.device, self.store, self.io = device, store, io
         self.budgets = Budgets(config.fast_budget, config.host_budget)
         self.stats = CacheStats()
         self.recorder = Recorder()
         self.names = {p: n for n, p in model.named_parameters()}
         self.params = {n: p for p, n in self.names.items()}
-        self.specs = specs_of(model, accumulate=config.accumulation_steps > 1)
+        # every name a parameter has in `model.state_dict()` (tied ones have two)
+        self.aliases = {n: self.names[p] for n, p in model.named_parameters(remove_duplicate=False)}
+        self.optim = Optimizer(list(self.params), optim)
+        self._keep_grads = config.accumulation_steps > 1 or config.max_grad_norm is not None
+        self.specs = specs_of(model, accumulate=self._keep_grads)
         self.cache: TensorCache | None = None
         self.setup_name = ""
         self.last_error = ""
         self.steps = 0
         self._profile: TensorProfile | None = None
         self._store_ok = False
+        self._store_error = ""
+        self._refused = False  # a plan for this profile was refused
         self._handles: list[object] = []
         self._binder = ParamBinder(self.params)
         self.loose: set[str] = set()  # parameters read outside their modules' forward
+        self._stepped: set[str] = set()  # parameters stepped in this step
         self._backwards: dict[str, int] = {}  # this step's gradients per parameter
         self._watch_loose = True  # the first step looks for them; later ones if any
+        self._in_step = False
+        self.last_grad_norm: float | None = None  # before clipping, of the last step
 
     # ---- lifecycle ---------------------------------------------------------
 
     def start(self) -> None:
         """Allocate buffers, write swap files, install hooks (safe default layout)."""
         self._store_ok = self._prepare_store()
-        values = {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
-        for s in self.specs:
-            if s.kind != "param":
-                values[s.tensor_id] = torch.zeros(s.shape, dtype=s.dtype)
         self._binder.make_placeholders(self.device.fast_device)
         setup = initial_setup(self.config, self.specs, self.budgets, store_ok=self._store_ok)
-        self._install(setup, values)
+        try:
+            self._install(setup, (self._initial(spec) for spec in self.specs))
+        except BaseException:
+            if self.store is not None:
+                self.store.remove_all()  # no partial swap files left behind
+            raise
         self._handles = install_hooks(self.model, self.names, self)
+        self._handles.append(
+            self.model.register_state_dict_post_hook(
+                functools.partial(OffloadEngine._real_values, self)
+            )
+        )
+
+    def _initial(self, spec: TensorSpec) -> tuple[TensorSpec, torch.Tensor]:
+        """A tensor's starting value: the parameter as the model holds it (read
+        before the parameter is pointed at its buffer, one at a time, so no
+        copy of the model is made), zeros for optimizer states."""
+        if spec.kind == "param":
+            return spec, self.params[spec.tensor_id].detach()
+        return spec, torch.zeros(spec.shape, dtype=spec.dtype)
+
+    def _real_values(
+        self, module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any
+    ) -> None:
+        """`model.state_dict()` while the engine runs: each parameter's current value
+        (its module holds a placeholder while the tensor is not in the fast tier)."""
+        if self.cache is None:
+            return
+        self.cache.drain()
+        for key in state:
+            tid = self.aliases.get(key.removeprefix(prefix))
+            if tid is not None:
+                state[key] = self.cache.materialize(tid)
 
     def close(self, *, restore: bool = True) -> None:
         """Wait for copies in flight, remove the hooks and (by default) give every
@@ -126,14 +187,15 @@ class OffloadEngine:
         if self.store is None:
             return False
         try:
-            self.store.prepare()
+            self.store.prepare(job_id=self.config.job_id)
             return True
         except SwapPathError as exc:
-            self.last_error = str(exc)
+            self.last_error = self._store_error = str(exc)
             log.error("%s; continuing without the NVMe tier (host memory over budget)", exc)
             return False
 
-    def _install(self, setup: Setup, values: dict[str, torch.Tensor]) -> None:
+    def _install(self, setup: Setup, values: Iterable[tuple[TensorSpec, torch.Tensor]]) -> None:
+        """Build `setup`'s buffers and put every tensor in them, in spec order."""
         if setup.uses_nvme and not self._store_ok:
             raise SwapPathError(
                 f"{setup.name} places tensors on NVMe but the NVMe tier is unusable"
@@ -147,7 +209,7 @@ class OffloadEngine:
             stats=self.stats,
             bind=self._binder,
         )
-        cache.install([(s, values[s.tensor_id]) for s in self.specs], setup.homes, setup.fast_class)
+        cache.install(values, setup.homes, setup.fast_class)
         self.cache, self.setup_name = cache, setup.name
 
     # ---- a training step ---------------------------------------------------
@@ -156,21 +218,29 @@ class OffloadEngine:
     def step(self) -> Iterator[None]:
         """One training step: forward and backward (with the optimizer) inside."""
         cache = self._cache()
+        if self._in_step:
+            raise RuntimeError("engine.step() is already active: steps do not nest")
         self.steps += 1
         warmup = self._profile is None and self.config.strategy == "tencache"
         if warmup:
             self.recorder.start()
         t0 = time.perf_counter()
         self._backwards.clear()
-        with ExitStack() as stack:
-            stack.enter_context(saved_tensor_refs(self))
-            if self._watch_loose:
-                stack.enter_context(LooseParams(self.names, self))
-            cache.begin_step()
-            yield
-            self._step_partial_sums()
-        for entry in cache.residency:
-            entry.pins = 0
+        self._stepped.clear()
+        self._in_step = True
+        try:
+            with ExitStack() as stack:
+                stack.enter_context(saved_tensor_refs(self))
+                if self._watch_loose:
+                    stack.enter_context(LooseParams(self.names, self))
+                cache.begin_step()
+                yield
+                self._finish_gradients()
+        finally:
+            self._in_step = False
+            for entry in cache.residency:
+                entry.pins = 0
+        warmup = warmup and bool(self._stepped)  # an evaluation step records nothing
         # Watching every op costs ~7% of a small model's CPU step; a model that
         # read no parameter loosely in its first step does not pay it again.
         self._watch_loose = bool(self.loose)
@@ -190,6 +260,11 @@ class OffloadEngine:
     # HookTarget: called by the hooks ------------------------------------------
 
     def use(self, tensor_id: str) -> torch.Tensor:
+        if not self._in_step:
+            raise RuntimeError(
+                f"{tensor_id} is used outside `with engine.step():`; run every forward and "
+                "backward (evaluation too) inside it"
+            )
         self.recorder.on_use(tensor_id)
         return self._cache().use(tensor_id)
 
@@ -219,17 +294,28 @@ class OffloadEngine:
         return None if entry is None else (entry.spec.tensor_id, entry.fast_view())
 
     def optimizer_step(self, tensor_id: str, param: nn.Parameter) -> None:
-        """A parameter's gradient is complete: step it now, or add it to the sum
-        of this step's micro-batches and step on the last one."""
+        """A parameter's gradient is complete: step it now, or (accumulation,
+        clipping) add it to the step's sum and step at the end."""
         grad = param.grad
         assert grad is not None
         param.grad = None
+        if not self._in_step:
+            raise RuntimeError(
+                f"backward reached {tensor_id} outside `with engine.step():`; run every "
+                "forward and backward inside it"
+            )
         k = self.config.accumulation_steps
-        if k == 1:
+        if not self._keep_grads:
+            if tensor_id in self._stepped:
+                raise RuntimeError(
+                    f"{tensor_id} got a second gradient in one backward pass (a module reused "
+                    "under reentrant activation checkpointing?): use use_reentrant=False, "
+                    "or set max_grad_norm so gradients are summed before the step"
+                )
             self._adamw(tensor_id, grad)
             return
         seen = self._backwards.get(tensor_id, 0) + 1
-        if seen > k:
+        if k > 1 and seen > k:
             raise RuntimeError(
                 f"{tensor_id} got gradient {seen} in one step, but accumulation_steps is {k}: "
                 "run that many backward passes per `with engine.step():`"
@@ -244,31 +330,56 @@ class OffloadEngine:
                 total.add_(grad)
         del grad
         cache = self._cache()
-        if seen == k:
+        if seen == k and self.config.max_grad_norm is None:
             self._adamw(tensor_id, total)
         else:  # backward is done with the parameter (its gradient is complete)
             cache.release(tensor_id, all_pins=True)
         cache.mark_dirty(total_id)
         cache.release(total_id, all_pins=True)
 
-    def _step_partial_sums(self) -> None:
-        """Parameters that missed some micro-batches (an expert no token was
-        routed to) still step on the sum they got, as `torch.optim` would."""
-        k = self.config.accumulation_steps
-        for tensor_id, seen in self._backwards.items():
-            if seen < k:
-                total_id = state_id(tensor_id, GRAD_KIND)
-                self._adamw(tensor_id, self.use(total_id))
-                self._cache().release(total_id, all_pins=True)
+    def _finish_gradients(self) -> None:
+        """The step's end: clip and step every kept gradient (clipping), or step the
+        parameters that missed some micro-batches (an expert no token was routed
+        to) on the sum they got, as `torch.optim` would."""
+        cache = self._cache()
+        max_norm = self.config.max_grad_norm
+        if max_norm is None:
+            for tensor_id, seen in self._backwards.items():
+                if seen < self.config.accumulation_steps:
+                    total_id = state_id(tensor_id, GRAD_KIND)
+                    self._adamw(tensor_id, self.use(total_id))
+                    cache.release(total_id, all_pins=True)
+            return
+        ids = [t for t in self.params if t in self._backwards]  # parameter order
+        if not ids:
+            return
+        norms = []
+        for tid in ids:  # first pass: every gradient's norm, before any step
+            grad = self.use(state_id(tid, GRAD_KIND))
+            norms.append(torch.linalg.vector_norm(grad, 2.0))
+            cache.release(state_id(tid, GRAD_KIND), all_pins=True)
+        self.last_grad_norm, coef = clip_coefficient(norms, max_norm)
+        for tid in ids:
+            grad = self.use(state_id(tid, GRAD_KIND))
+            with torch.no_grad():
+                grad.mul_(coef)
+            self._adamw(tid, grad)
+            cache.release(state_id(tid, GRAD_KIND), all_pins=True)
 
     def _adamw(self, tensor_id: str, grad: torch.Tensor) -> None:
+        self._stepped.add(tensor_id)
         p = self.use(tensor_id)
         m, v = (self.use(state_id(tensor_id, k)) for k in STATE_KINDS)
-        adamw_step(self.optim, self.steps, p, grad, m, v)
+        self.optim.step(tensor_id, p, grad, m, v)
         cache = self._cache()
         for tid in (tensor_id, *(state_id(tensor_id, k) for k in STATE_KINDS)):
             cache.mark_dirty(tid)
             cache.release(tid, all_pins=True)
+
+    def set_lr(self, lr: float | Sequence[float]) -> None:
+        """The learning rate for the next steps: one for every parameter group, or
+        one per group (what a scheduler sets)."""
+        self.optim.set_lr(lr)
 
     def _cache(self) -> TensorCache:
         if self.cache is None:
@@ -279,7 +390,7 @@ class OffloadEngine:
 
     @property
     def profile_ready(self) -> bool:
-        return self._profile is not None and self.setup_name != "tencache"
+        return self._profile is not None and self.setup_name != "tencache" and not self._refused
 
     def profile(self) -> TensorProfile:
         if self._profile is None:
@@ -294,13 +405,19 @@ class OffloadEngine:
             if setup.uses_nvme and not self._store_ok:
                 raise PlanError(
                     f"plan for {plan.job_id} puts tensors on NVMe but the NVMe tier is unusable "
-                    f"({self.last_error or 'no store configured'})"
+                    f"({self._store_error or 'no store configured'})"
                 )
         except (PlanError, RuntimeError) as exc:
             self.last_error = str(exc)
+            self._refused = True  # `profile_ready` turns False: no re-plan every step
             log.error("plan refused: %s; continuing on %s", exc, self.setup_name)
             return False
-        self._install(setup, self.snapshot())
+        old = self._cache()
+        old.drain()
+        if self.store is not None:
+            self.store.version = plan.version
+        # one tensor at a time from the old buffers into the new: no copy of the model
+        self._install(setup, ((s, old.materialize(s.tensor_id)) for s in self.specs))
         return True
 
     def snapshot(self) -> dict[str, torch.Tensor]:
@@ -308,6 +425,64 @@ class OffloadEngine:
         cache = self._cache()
         cache.drain()
         return {s.tensor_id: cache.materialize(s.tensor_id) for s in self.specs}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Parameters, optimizer states and step counts as CPU tensors and numbers,
+        read one tensor at a time (`torch.save` it; `load_state_dict` resumes
+        bit-exactly, under any strategy and budget)."""
+        cache = self._cache()
+        cache.drain()
+        trained = [s.tensor_id for s in self.specs if s.kind == STATE_KINDS[0]]
+        return {
+            "params": {n: cache.materialize(n) for n in self.params},
+            "state": {
+                n.removesuffix(f"#{STATE_KINDS[0]}"): {
+                    "step": self.optim.steps.get(n.removesuffix(f"#{STATE_KINDS[0]}"), 0),
+                    **{
+                        k: cache.materialize(state_id(n.removesuffix(f"#{STATE_KINDS[0]}"), k))
+                        for k in STATE_KINDS
+                    },
+                }
+                for n in trained
+            },
+            "groups": [
+                {"params": list(g.params), **dataclasses.asdict(g.config)}
+                for g in self.optim.groups
+            ],
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back what `state_dict` gave (after `start()`, between steps)."""
+        cache = self._cache()
+        if self._in_step:
+            raise RuntimeError("load_state_dict inside `with engine.step():`")
+        params, states = state["params"], state["state"]
+        want = {s.tensor_id: s for s in self.specs if s.kind != GRAD_KIND}
+        got = {n: v for n, v in params.items()}
+        got.update({state_id(n, k): st[k] for n, st in states.items() for k in STATE_KINDS})
+        if set(got) != set(want):
+            diff = sorted(set(got) ^ set(want))
+            raise ValueError(f"state dict does not match the model: {diff[:3]} ({len(diff)})")
+        for tid, value in got.items():
+            spec = want[tid]
+            if tuple(value.shape) != spec.shape or value.dtype != spec.dtype:
+                raise ValueError(
+                    f"state dict: {tid} is {tuple(value.shape)} {value.dtype}, "
+                    f"the model has {spec.shape} {spec.dtype}"
+                )
+        cache.drain()
+        for tid, value in got.items():
+            cache.overwrite(tid, value)
+        self.optim.steps = {n: int(st["step"]) for n, st in states.items() if st["step"]}
+        self.optim.groups = [
+            ParamGroup(
+                tuple(g["params"]),
+                AdamW(g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"]),
+            )
+            for g in state["groups"]
+        ]
+        self.steps = int(state["steps"])
 
     def stats_message(self) -> OffloadStats:
         """What this process measured, as published on `offload.stats`."""
@@ -317,57 +492,3 @@ class OffloadEngine:
             fast_budget=self.budgets.fast,
             host_budget=self.budgets.host,
         )
-
-
-def build_cache(
-    setup: Setup,
-    budgets: Budgets,
-    *,
-    device: Device,
-    store: NvmeStore | None,
-    io: Executor,
-    stats: CacheStats,
-    bind: Bind,
-) -> TensorCache:
-    """Allocate the buffers `setup` asks for (once) and a cache over them."""
-    unbounded = setup.name == "none" or (setup.name == "lru" and store is None)
-    limit = 1 << 62  # `none` has no budget; the no-NVMe fallback overflows host
-    fast = SlabPool("gpu", device.alloc_fast, limit if unbounded else budgets.fast)
-    host = SlabPool("host", device.alloc_host, limit if unbounded else budgets.host)
-    fast.build(setup.fast_layout)
-    host.build(setup.host_layout)
-    cache = TensorCache(
-        device=device,
-        fast=fast,
-        host=host,
-        store=store,
-        io=io,
-        policy=setup.policy,
-        stats=stats,
-        bind=bind,
-    )
-    if device.fast_device.type != "cpu" and setup.uses_nvme:
-        for c in fast.classes():  # pinned staging between NVMe and the GPU, two per class
-            cache.mover.add_staging(c, [device.alloc_host(c) for _ in range(2)])
-    return cache
-
-
-class ParamBinder:
-    """Points each parameter at its fast buffer while it is there, and at a NaN
-    placeholder of the right shape (no memory) while it is not, so an access the
-    hooks did not announce shows up in the loss instead of reading stale bytes."""
-
-    def __init__(self, params: dict[str, nn.Parameter]) -> None:
-        self.params = params
-        self.placeholders: dict[str, torch.Tensor] = {}
-
-    def make_placeholders(self, device: torch.device) -> None:
-        self.placeholders = {
-            n: torch.full((1,), float("nan"), dtype=p.dtype, device=device).expand(p.shape)
-            for n, p in self.params.items()
-        }
-
-    def __call__(self, tensor_id: str, view: torch.Tensor | None) -> None:
-        param = self.params.get(tensor_id)
-        if param is not None:
-            param.data = view if view is not None else self.placeholders[tensor_id]

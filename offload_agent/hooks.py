@@ -6,8 +6,18 @@
   would pin a buffer that the cache wants to reuse (or, worse, be read after
   the buffer was refilled). `saved_tensors_hooks` replaces every saved view of a
   cached tensor with a reference (id, shape, strides, offset); the unpack hook
-  fetches the tensor again and rebuilds the view, pinning it until the
-  parameter's optimizer step.
+  fetches the tensor again and rebuilds the view, pinned while autograd holds
+  that view (it drops it right after the backward function that needed it; a
+  `weakref.finalize` releases the pin then), so a module applied several
+  times (ALBERT's one shared layer) holds its buffers only while each use's
+  backward runs.
+* activation checkpointing: the recomputation in backward runs a module's
+  forward again, and the checkpoint keeps what that forward saves in its own
+  storage (its saved-tensor hooks sit inside ours), as views of the fast
+  buffers. So a module's forward inside backward keeps its parameters pinned
+  until their optimizer step (or the step's end, for frozen ones) instead of
+  releasing them when the forward returns: no buffer is refilled under those
+  views.
 * optimizer: `register_post_accumulate_grad_hook` runs the per-parameter
   AdamW step as soon as the gradient is complete, then frees the gradient.
 * a parameter read outside the forward of a module that owns it (weight tying
@@ -22,6 +32,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -81,8 +92,15 @@ def _pre(ids: list[str], target: HookTarget) -> Callable[..., None]:
     return hook
 
 
+def in_backward() -> bool:
+    """True while autograd runs a backward pass (a checkpoint's recomputation)."""
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
 def _post(ids: list[str], target: HookTarget) -> Callable[..., None]:
     def hook(module: nn.Module, args: Any, output: Any) -> None:
+        if in_backward():  # recomputed for a checkpoint: its saved views need these
+            return
         for tid in ids:
             target.release(tid)
 
@@ -113,7 +131,9 @@ def saved_tensor_refs(target: HookTarget) -> Iterator[None]:
         if not isinstance(packed, SavedRef):
             return packed
         base = target.use(packed.tensor_id)
-        return base.as_strided(packed.size, packed.stride, base.storage_offset() + packed.offset)
+        view = base.as_strided(packed.size, packed.stride, base.storage_offset() + packed.offset)
+        weakref.finalize(view, target.release, packed.tensor_id)
+        return view
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield

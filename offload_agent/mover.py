@@ -37,6 +37,11 @@ class WriteBack:
     host_slot: Slot | None
 
 
+def _meta(spec: TensorSpec) -> str:
+    """What a swap file's header says the tensor is, besides its id."""
+    return f"{str(spec.dtype).removeprefix('torch.')}{list(spec.shape)}"
+
+
 class Mover:
     def __init__(self, device: Device, store: NvmeStore | None, stats: CacheStats) -> None:
         self.device, self.store, self.stats = device, store, stats
@@ -71,13 +76,19 @@ class Mover:
     def write_initial(self, spec: TensorSpec, scratch: Slot, data: torch.Tensor) -> None:
         with self.host_buffer(scratch) as staged:
             spec.view(staged).copy_(data)
-            self._store().write(spec.tensor_id, staged, spec.nbytes)
+            self._store().write(spec.tensor_id, staged, spec.nbytes, _meta(spec))
 
     def read_copy(self, spec: TensorSpec) -> torch.Tensor:
         """A fresh CPU copy of a tensor from its swap file (re-plans and checks only)."""
         staged = self.device.alloc_host(spec.size_class)
-        self._store().read(spec.tensor_id, staged, spec.nbytes)
+        self._store().read(spec.tensor_id, staged, spec.nbytes, _meta(spec))
         return spec.view(staged).clone()
+
+    def write_copy(self, spec: TensorSpec, data: torch.Tensor) -> None:
+        """Write a tensor's swap file from any CPU tensor (checkpoint loads only)."""
+        staged = self.device.alloc_host(spec.size_class)
+        spec.view(staged).copy_(data)
+        self._store().write(spec.tensor_id, staged, spec.nbytes, _meta(spec))
 
     def transfer(
         self,
@@ -108,7 +119,9 @@ class Mover:
             with self.host_buffer(slot) as staged:
                 if staged is not slot.view:
                     self.device.copy(staged, slot.view)  # GPU -> pinned, synchronous
-                self._store().write(write.spec.tensor_id, staged, write.spec.nbytes)
+                self._store().write(
+                    write.spec.tensor_id, staged, write.spec.nbytes, _meta(write.spec)
+                )
         return write.spec.nbytes
 
     def copy_in(self, spec: TensorSpec, home: Tier, host_slot: Slot | None, slot: Slot) -> Ready:
@@ -116,7 +129,7 @@ class Mover:
             assert host_slot is not None
             return self.device.copy(spec.view(slot.view), spec.view(host_slot.view))
         with self.host_buffer(slot) as staged:
-            self._store().read(spec.tensor_id, staged, spec.nbytes)
+            self._store().read(spec.tensor_id, staged, spec.nbytes, _meta(spec))
             if staged is slot.view:
                 return Ready()
             ready = self.device.copy(spec.view(slot.view), spec.view(staged))

@@ -3,20 +3,37 @@ gradient is complete (inside backward) with its states fetched just for it.
 
 Same arithmetic as `torch.optim.AdamW(foreach=False)`; every strategy, `none`
 included, steps through this one function, so offloading cannot change the
-numbers.
+numbers. Like `torch.optim`, each parameter counts its own steps (a parameter
+that got no gradient in a step is not stepped and its count stays), and each
+belongs to one parameter group with its own learning rate and weight decay.
+Gradient clipping follows `torch.nn.utils.clip_grad_norm_` (foreach=False)
+operation for operation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-__all__ = ["GRAD_KIND", "STATE_KINDS", "AdamW", "adamw_step", "state_id"]
+__all__ = [
+    "GRAD_KIND",
+    "STATE_KINDS",
+    "AdamW",
+    "Optimizer",
+    "ParamGroup",
+    "adamw_step",
+    "clip_coefficient",
+    "param_groups",
+    "state_id",
+]
 
 STATE_KINDS = ("exp_avg", "exp_avg_sq")
-GRAD_KIND = "grad"  # the gradient summed over micro-batches (accumulation_steps > 1)
+GRAD_KIND = "grad"  # the gradient kept until the step's end (accumulation, clipping)
 
 
 def state_id(param_id: str, kind: str) -> str:
@@ -30,6 +47,69 @@ class AdamW:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 1e-2
+
+
+@dataclass(frozen=True, slots=True)
+class ParamGroup:
+    """Parameters (by name, as `model.named_parameters()` gives them) and their settings."""
+
+    params: tuple[str, ...]
+    config: AdamW
+
+
+def param_groups(model: nn.Module, config: AdamW) -> list[ParamGroup]:
+    """The usual two groups: weight decay for matrices, none for norms and biases
+    (every parameter with fewer than two dimensions)."""
+    named = list(model.named_parameters())
+    decay = tuple(n for n, p in named if p.ndim >= 2)
+    rest = tuple(n for n, p in named if p.ndim < 2)
+    return [
+        ParamGroup(decay, config),
+        ParamGroup(rest, dataclasses.replace(config, weight_decay=0.0)),
+    ]
+
+
+class Optimizer:
+    """Per-parameter settings and step counts: what `torch.optim` keeps beside the
+    tensors (the tensors themselves are cached like any other)."""
+
+    def __init__(self, names: Sequence[str], optim: AdamW | Sequence[ParamGroup]) -> None:
+        groups = [ParamGroup(tuple(names), optim)] if isinstance(optim, AdamW) else list(optim)
+        self.groups = groups
+        self.group_of: dict[str, int] = {}
+        for i, g in enumerate(groups):
+            for n in g.params:
+                if n not in names:
+                    raise ValueError(f"parameter group {i} names {n!r}, not a model parameter")
+                if n in self.group_of:
+                    raise ValueError(f"{n} is in parameter groups {self.group_of[n]} and {i}")
+                self.group_of[n] = i
+        missing = [n for n in names if n not in self.group_of]
+        if missing:
+            raise ValueError(f"{missing[0]} is in no parameter group ({len(missing)} missing)")
+        self.steps: dict[str, int] = {}
+
+    def config(self, name: str) -> AdamW:
+        return self.groups[self.group_of[name]].config
+
+    def set_lr(self, lr: float | Iterable[float]) -> None:
+        """New learning rate(s), as a scheduler sets `group["lr"]`: one for every
+        group, or one per group."""
+        lrs = [lr] * len(self.groups) if isinstance(lr, float | int) else list(lr)
+        if len(lrs) != len(self.groups):
+            raise ValueError(f"{len(lrs)} learning rates for {len(self.groups)} groups")
+        self.groups = [
+            ParamGroup(g.params, dataclasses.replace(g.config, lr=float(x)))
+            for g, x in zip(self.groups, lrs, strict=True)
+        ]
+
+    def step(
+        self, name: str, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """One AdamW step of parameter `name` (its count goes up by one)."""
+        n = self.steps.get(name, 0) + 1
+        self.steps[name] = n
+        adamw_step(self.config(name), n, p, g, m, v)
 
 
 @torch.no_grad()
@@ -50,3 +130,12 @@ def adamw_step(
     bias_correction2_sqrt = math.sqrt(1 - beta2**step)
     denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(cfg.eps)
     param.addcdiv_(exp_avg, denom, value=-cfg.lr / bias_correction1)
+
+
+@torch.no_grad()
+def clip_coefficient(norms: Sequence[torch.Tensor], max_norm: float) -> tuple[float, torch.Tensor]:
+    """The global 2-norm of the gradients whose own norms are `norms` (in
+    parameter order) and the factor `clip_grad_norm_` multiplies them by."""
+    total = torch.linalg.vector_norm(torch.stack(list(norms)), 2.0)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    return float(total), coef

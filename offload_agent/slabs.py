@@ -50,6 +50,7 @@ class SlabPool:
         self._starts: list[int] = []
         self._by_start: list[Slot] = []
         self.allocated_bytes = 0
+        self.overflow_bytes = 0  # slots added past the layout (`grow`)
 
     def build(self, layout: Mapping[int, int]) -> None:
         """Allocate `count` slots of each `size_class` (one slab per class)."""
@@ -71,6 +72,22 @@ class SlabPool:
         self._starts = [a for a, _ in pairs]
         self._by_start = [s for _, s in pairs]
         self.allocated_bytes = total
+        self.overflow_bytes = 0
+
+    def grow(self, size_class: int) -> Slot:
+        """One more slot of `size_class`, past the layout and the budget: for a
+        demand no slot can serve because every one is pinned (a step that holds
+        more tensors of a class at once than the layout foresaw). It stays in the
+        pool, so the next step does not allocate again."""
+        slot = Slot(size_class, self.capacity(size_class), self._alloc(size_class))
+        self._all.setdefault(size_class, []).append(slot)
+        self._free.setdefault(size_class, [])
+        i = bisect.bisect_left(self._starts, slot.address)
+        self._starts.insert(i, slot.address)
+        self._by_start.insert(i, slot)
+        self.allocated_bytes += size_class
+        self.overflow_bytes += size_class
+        return slot
 
     def classes(self) -> list[int]:
         return sorted(self._all)

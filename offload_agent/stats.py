@@ -34,6 +34,7 @@ class CacheStats:
     step_ms: list[float] = field(default_factory=list)
     peak_fast_bytes: int = 0
     peak_host_bytes: int = 0
+    overflow_bytes: int = 0  # fast buffers added past the budget (all pinned on a demand)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def access(self, outcome: str) -> None:

@@ -195,25 +195,33 @@ def _choose(
     group: int,
 ) -> tuple[set[str], int]:
     """The largest window whose streaming buffers, next to the residents chosen for
-    it, take at most `share` of the budget; else the largest that fits at all."""
-    fallback: tuple[set[str], int] | None = None
+    it, take at most `share` of the budget; else the smallest window of at
+    least one that fits (one buffer of lead hides a copy behind the compute of
+    the tensor before it, which keeping more residents cannot buy back when a
+    few large tensors, an embedding and a head, eat the budget); no prefetch
+    only when not even that fits."""
+    lead: tuple[set[str], int] | None = None
     for w in range(max(0, window), -1, -1):
         resident, stream_bytes, total = _choose_residents(
             ranked, cls, sizes, order, budget, w, group
         )
         if total > budget:
             continue
-        if stream_bytes <= budget * share:
+        if stream_bytes <= budget * share and (w > 0 or lead is None):
             return resident, w
-        if fallback is None:
-            fallback = (resident, w)
-    if fallback is None:
-        floor = _bytes(_stream_layout(order, stream_classes(sizes, set(sizes)), 0, group))
-        raise PlanError(
-            f"fast budget {budget} B cannot hold the {floor} B of buffers that streaming "
-            "this job's tensors needs; raise the budget"
-        )
-    return fallback
+        if w > 0:
+            lead = (resident, w)  # the smallest fitting window >= 1 so far
+        elif lead is not None:
+            return lead
+        else:
+            return resident, w
+    if lead is not None:
+        return lead
+    floor = _bytes(_stream_layout(order, stream_classes(sizes, set(sizes)), 0, group))
+    raise PlanError(
+        f"fast budget {budget} B cannot hold the {floor} B of buffers that streaming "
+        "this job's tensors needs; raise the budget"
+    )
 
 
 def _choose_residents(

@@ -309,10 +309,8 @@ class Soak:
         missing = len(want - set(by_input))
         raise AssertionError(f"{missing} of {len(want)} inputs unanswered after {timeout_s} s")
 
-    async def epoch(self, index: int, n: int, kill: list[str]) -> Epoch:
+    async def epoch(self, index: int, load: list[tuple[str, bytes]], kill: list[str]) -> Epoch:
         t0 = time.monotonic()
-        tag = f"e{index}"
-        load = epoch_load(n, tag, self.seed + index)
         half = len(load) // 2
         fps = await self.publish(load[:half])
         at_kill = 0
@@ -321,7 +319,7 @@ class Soak:
             for name in kill:
                 self.kill_and_restart(name)
         fps += await self.publish(load[half:])
-        await self.wait_answered(fps, timeout_s=120 + n / 100)
+        await self.wait_answered(fps, timeout_s=120 + len(load) / 100)
         by_input, accepted, per_topic = await self.answers()
         want = _expected_accepted(load)
         t = self.settings.topics
@@ -371,9 +369,13 @@ class Soak:
                 self.start_service(name)
             epochs = self.restarts + 1
             kills = self.kills + [[]] * epochs
+            sizes = [self.messages // epochs + (self.messages % epochs if i == 0 else 0)
+                     for i in range(epochs)]  # fmt: skip
+            loads = await asyncio.to_thread(  # while the services start
+                lambda: [epoch_load(n, f"e{i}", self.seed + i) for i, n in enumerate(sizes)]
+            )
             for i in range(epochs):
-                n = self.messages // epochs + (self.messages % epochs if i == 0 else 0)
-                e = await self.epoch(i, n, kills[i])
+                e = await self.epoch(i, loads[i], kills[i])
                 self.report.epochs.append(e)
                 if progress:
                     print(f"epoch {i}: {json.dumps(asdict(e))}", file=sys.stderr)

@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 
 import offload_agent.engine as engine_mod
+import offload_agent.optim as optim_mod
 from offload_agent.device import ALIGN, CpuDevice
 from offload_agent.engine import OffloadEngine
 from offload_agent.gpt import GPT, GPTConfig, batch
-from offload_agent.nvme import NvmeStore, SwapFileError
+from offload_agent.nvme import NvmeStore, SwapFileError, SwapPathError
 from offload_agent.policies import PlanPolicy
 from offload_agent.residency import Tier
 from offload_agent.stats import CacheStats
@@ -93,9 +94,9 @@ def test_buffers_allocated_once_after_warmup(make_engine: MakeEngine) -> None:
 class SlowStore(NvmeStore):
     """Reads take 5 ms, so prefetches are really in flight when compute comes."""
 
-    def read(self, tensor_id: str, buf: torch.Tensor, nbytes: int) -> None:
+    def read(self, tensor_id: str, buf: torch.Tensor, nbytes: int, meta: str = "") -> None:
         time.sleep(0.005)
-        super().read(tensor_id, buf, nbytes)
+        super().read(tensor_id, buf, nbytes, meta)
 
 
 def _assert_ready(engine: engine_mod.OffloadEngine, tensors: list[torch.Tensor]) -> None:
@@ -122,14 +123,14 @@ def test_no_tensor_used_while_its_copy_is_in_flight(
         if list(m.parameters(recurse=False)):
             m.register_forward_pre_hook(check_module)  # runs after the engine's own hook
 
-    real_step = engine_mod.adamw_step
+    real_step = optim_mod.adamw_step
 
     def checked_step(cfg, step, p, g, m, v):  # type: ignore[no-untyped-def]
         _assert_ready(engine, [p, m, v])
         checked["steps"] += 1
         real_step(cfg, step, p, g, m, v)
 
-    monkeypatch.setattr(engine_mod, "adamw_step", checked_step)
+    monkeypatch.setattr(optim_mod, "adamw_step", checked_step)
     assert train(engine, STEPS) == reference
     assert checked["modules"] > 0 and checked["steps"] > 0
     assert engine.stats.late > 0  # prefetched copies really were still in flight when used
@@ -195,6 +196,8 @@ def test_unreadable_nvme_path_falls_back_to_host(
     assert "nvme" in plan.placement.values()
     assert not engine.apply_plan(plan)
     assert "NVMe tier is unusable" in engine.last_error
+    assert engine.last_error.count("not usable") == 1  # the cause, once
+    assert not engine.profile_ready  # a loop that plans when ready does not re-plan
     losses += train(engine, STEPS - 1, plan=False, start=1)
     assert losses == reference
     assert all(e.home is not Tier.NVME for e in engine.cache.residency)  # type: ignore[union-attr]
@@ -364,3 +367,25 @@ def test_more_backward_passes_than_accumulation_steps_is_an_error(
         for step in range(3):
             x, y = batch(TINY, 2, step)
             engine.model(x, y).backward()
+
+
+def test_a_full_disk_at_start_names_the_path_and_leaves_no_file(
+    make_engine: MakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    real = os.pwritev
+    calls = {"n": 0}
+
+    def fills_up(fd: int, buffers: list[object], offset: int) -> int:
+        calls["n"] += 1
+        if calls["n"] > 3:  # a few files fit, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, buffers, offset)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "pwritev", fills_up)
+    store = NvmeStore(tmp_path / "full")
+    with pytest.raises(SwapPathError, match=r"writing swap file /\S+\.swap"):
+        make_engine("lru", fast=1.2, host=0.0, store=store)
+    assert calls["n"] > 3
+    assert not list((tmp_path / "full").rglob("*")), "no partial file or directory is left"

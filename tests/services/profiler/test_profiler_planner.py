@@ -10,6 +10,7 @@ from hypothesis import event, given, settings, target
 from hypothesis import strategies as st
 
 from offload_agent.device import ALIGN as DEVICE_ALIGN
+from offload_agent.policies import PlanPolicy
 from services.profiler.planner import (
     ALIGN,
     MERGE,
@@ -248,3 +249,33 @@ def test_accumulated_gradients_raise_the_in_use_floor() -> None:
         check_plan(short, profile, budgets)
     with pytest.raises(PlanError, match="cannot hold"):
         build_plan(profile, Budgets(3 * big, 1 << 30), window=0)
+
+
+def _lm_profile() -> TensorProfile:
+    """An untied embedding and head of 1 MiB each and eight 64 KiB layers, with
+    AdamW states, in a step's order: forward, backward, each parameter's
+    optimizer step right after its last backward use."""
+    params = [("emb", 1 << 20), *((f"l{i}", 64 * KIB) for i in range(8)), ("head", 1 << 20)]
+    tensors = []
+    for name, n in params:
+        tensors += [(name, n, "float32", "param")]
+        tensors += [(f"{name}#{k}", n, "float32", k) for k in ("exp_avg", "exp_avg_sq")]
+    order = [name for name, _ in params]
+    for name, _ in reversed(params):
+        order += [name, name, f"{name}#exp_avg", f"{name}#exp_avg_sq"]
+    return TensorProfile(job_id="lm", tensors=tensors, order=order)
+
+
+def test_one_buffer_of_lead_beats_no_prefetch_when_large_tensors_eat_the_budget() -> None:
+    """With a budget where the 1 MiB class's streaming buffers cannot stay under
+    the streaming share at any window of one or more, but one buffer of lead
+    fits, the plan prefetches one ahead instead of nothing."""
+    profile = _lm_profile()
+    budget = Budgets(fast=int(4.6 * (1 << 20)), host=0)
+    plan = build_plan(profile, budget)
+    check_plan(plan, profile, budget)
+    assert plan.window >= 1
+    assert {plan.placement["emb"], plan.placement["head"]} == {"nvme"}  # streamed, not resident
+    policy = PlanPolicy(plan.prefetch, plan.window)
+    policy.begin_step()
+    assert [t for t, _ in policy.upcoming()] == plan.prefetch[: plan.window]  # ahead of use

@@ -1,0 +1,93 @@
+"""Models for `rltune bench offload`: the project's own GPT and Hugging Face
+architectures built from configs (random init; no weights are downloaded),
+each with one loss function over deterministic batches.
+
+* `gpt`: `offload_agent.gpt.GPT` (untied head), the model the planner's
+  defaults were measured on.
+* `gpt2`: GPT-2, head tied to the token embedding (module-level tying).
+* `llama`: Llama with grouped-query attention and an untied embedding and
+  head (two large tensors).
+* `bert`: BERT masked LM (tied decoder, many LayerNorms and biases).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from offload_agent.gpt import GPT, GPTConfig, batch
+
+__all__ = ["ARCHS", "Workload", "workload"]
+
+ARCHS = ("gpt", "gpt2", "llama", "bert")
+
+
+@dataclass(frozen=True)
+class Workload:
+    arch: str
+    model: nn.Module
+    loss: Callable[[nn.Module, int], torch.Tensor]  # (model, step) -> loss
+    config: dict[str, object]
+
+
+def _tokens(vocab: int, size: int, seq: int, step: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return torch.randint(0, vocab, (size, seq), generator=g)
+
+
+def workload(
+    arch: str, *, dim: int, layers: int, vocab: int, seq: int, size: int, seed: int
+) -> Workload:
+    """`arch` at width `dim` and depth `layers`, seeded with `seed`."""
+    torch.manual_seed(seed)
+    if arch == "gpt":
+        cfg = GPTConfig(vocab=vocab, seq=seq, layers=layers, dim=dim, heads=8)
+
+        def gpt_loss(model: nn.Module, step: int) -> torch.Tensor:
+            x, y = batch(cfg, size, step, seed)
+            return model(x, y)
+
+        return Workload(arch, GPT(cfg), gpt_loss, {"dim": dim, "layers": layers, "vocab": vocab})
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    model = _hf(arch, dim=dim, layers=layers, vocab=vocab, seq=seq)
+    model.train()
+
+    def hf_loss(model: nn.Module, step: int) -> torch.Tensor:
+        x = _tokens(vocab, size, seq, step, seed)
+        return model(input_ids=x, labels=x).loss
+
+    return Workload(arch, model, hf_loss, {"dim": dim, "layers": layers, "vocab": vocab})
+
+
+def _hf(arch: str, *, dim: int, layers: int, vocab: int, seq: int) -> nn.Module:
+    import transformers as tf
+
+    if arch == "gpt2":
+        return tf.GPT2LMHeadModel(
+            tf.GPT2Config(
+                n_layer=layers, n_embd=dim, n_head=8, vocab_size=vocab, n_positions=seq,
+                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+            )
+        )  # fmt: skip
+    if arch == "llama":
+        return tf.LlamaForCausalLM(
+            tf.LlamaConfig(
+                hidden_size=dim, intermediate_size=dim * 8 // 3 // 64 * 64,
+                num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
+                vocab_size=vocab, max_position_embeddings=seq, tie_word_embeddings=False,
+                bos_token_id=0, eos_token_id=0, pad_token_id=0,
+            )
+        )  # fmt: skip
+    if arch == "bert":
+        return tf.BertForMaskedLM(
+            tf.BertConfig(
+                hidden_size=dim, intermediate_size=4 * dim, num_hidden_layers=layers,
+                num_attention_heads=8, vocab_size=vocab, max_position_embeddings=seq,
+                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+            )
+        )  # fmt: skip
+    raise ValueError(f"architecture {arch!r}: choose from {', '.join(ARCHS)}")
