@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 from rich.console import Console
 from rich.progress import Progress
@@ -137,6 +138,8 @@ def _step(
 
 
 def _run(a: BenchArgs, w: Workload, root: Path, console: Console) -> dict[str, dict[str, Any]]:
+    """Per strategy its summary; under "profile", tencache's recorded warm-up profile
+    (what the simulator's offload cost model predicts step times from)."""
     out: dict[str, dict[str, Any]] = {}
     with ThreadPoolExecutor(a.io_threads, thread_name_prefix="offload-io") as io:
         engines = {s: _engine(a, w, s, root, io) for s in STRATEGIES}
@@ -159,6 +162,8 @@ def _run(a: BenchArgs, w: Workload, root: Path, console: Console) -> dict[str, d
         for s, engine in engines.items():
             out[s] = _summary(engine, times[s], losses[s], a.steps)
             out[s]["cpu_ms"] = round(statistics.median(cpus[s]), 1)
+            if s == "tencache":
+                out["profile"] = msgspec.to_builtins(engine.profile())
             engine.close()
     return out
 
@@ -271,6 +276,7 @@ def _arch_result(a: BenchArgs, arch: str, root: Path, console: Console) -> dict[
         "tencache_vs_none": round(runs["none"]["step_ms"] / t, 3),
     }
     result["calibration"] = _calibration(runs)
+    result["profile"] = runs["profile"]
     return result
 
 

@@ -68,6 +68,7 @@ class Segment:
     finish_s: float
     gpu_type: str = ""  # the type(s) it ran on, `+`-joined
     nodes: str = ""  # `node:idx+idx;node:idx`
+    offload_s: float = 0.0  # run time added by migrations compute did not hide (offloading jobs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,7 @@ class JobRecord:
     num_gpus: int
     gpu_milli: int = 1000
     segments: tuple[Segment, ...] = ()  # empty: never ran (rejected)
+    param_bytes: int = 0  # > 0: the job trains with offloading (10Cache) of this model size
 
     @property
     def finished(self) -> bool:

@@ -74,7 +74,7 @@ from __future__ import annotations
 import gc
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.placement.classes import index_classes
@@ -120,6 +120,7 @@ class MilpPlacer:
         # node penalties P_n by (workload, GPU type, free shape): they depend on nothing
         # else, and one-job windows of a few shapes recur all through a simulation
         self._pens: dict[object, dict[tuple[str, tuple[int, ...]], int]] = {}
+        self._charge: Callable[[JobRequest, str], int] | None = None  # place_charged's
 
     def scorer(
         self,
@@ -136,7 +137,22 @@ class MilpPlacer:
             free_by_type[n.gpu_type] = free_by_type.get(n.gpu_type, 0.0) + sum(n.free_milli)
         pressure = workload.pressure(free_by_type)
         kept = relevant_nodes(jobs, nodes) if reduce else nodes
-        return Scorer(jobs, kept, speed, self.config.weights, workload, pressure)
+        return Scorer(jobs, kept, speed, self.config.weights, workload, pressure, self._charge)
+
+    def place_charged(
+        self,
+        jobs: Sequence[JobRequest],
+        nodes: Sequence[NodeFree],
+        speed: Mapping[str, float],
+        charge: Callable[[JobRequest, str], int],
+    ) -> PlacementResult:
+        """`place` with `charge(job, type)` added to the objective's per-job, per-type
+        cost T (offload_term.py)."""
+        self._charge = charge
+        try:
+            return self.place(jobs, nodes, speed)
+        finally:
+            self._charge = None
 
     def place(
         self,

@@ -82,15 +82,18 @@ class JobVars:
         # charges it per class (n_{c,t}), so every member must have the same T_j,t.
         # (Jobs allowed {A, B} and {B}, both fitting only B, once shared a class and the
         # first member's penalty: CP-SAT proved OPTIMAL a placement 2 below the best.)
-        Key = tuple[bool, int, tuple[str, ...], tuple[str, ...]]
+        # Likewise a per-job charge on each type (offload_term.py) is part of the key.
+        Key = tuple[bool, int, tuple[str, ...], tuple[str, ...], tuple[int, ...]]
         members: dict[Key, list[int]] = defaultdict(list)
+        charge = scorer.charge
         for j, ts in types_of.items():
             share = jobs[j].gpu_milli < FULL_GPU
             size = jobs[j].gpu_milli if share else jobs[j].num_gpus
             allowed = tuple(sorted(jobs[j].gpu_types))
-            members[(share, size, tuple(ts), allowed)].append(j)
+            costs = tuple(charge(jobs[j], t) for t in ts) if charge is not None else ()
+            members[(share, size, tuple(ts), allowed, costs)].append(j)
         out = []
-        for (share, size, ts, _), js in sorted(members.items()):
+        for (share, size, ts, _, _), js in sorted(members.items()):
             js.sort(key=lambda j: (-scorer.value(j, ts[0]), j))
             out.append(JobClass(share, size, ts, tuple(js)))
         return out

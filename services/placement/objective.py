@@ -19,7 +19,7 @@ spread over nodes of several types runs at the slowest type's speed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from services.placement.frag import Workload
@@ -50,8 +50,11 @@ class Scorer:
         weights: ObjectiveWeights,
         workload: Workload,
         pressure: Mapping[str, float] | None = None,
+        charge: Callable[[JobRequest, str], int] | None = None,
     ) -> None:
         self.jobs = jobs
+        # extra cost of a job on a type (offload_term.py: migration slowdown), else none
+        self.charge = charge
         self.pressure = pressure or {}  # κ_t of each GPU type
         self.nodes = nodes
         self.speed = speed
@@ -75,13 +78,14 @@ class Scorer:
         """T_j,t: cost of taking type t's capacity, that type-restricted jobs will need,
         rather than that of the job's least pressed allowed type. Below V_j,t / 2."""
         job = self.jobs[j]
+        extra = self.charge(job, gpu_type) if self.charge is not None else 0
         allowed = [t for t in self.pressure if job.allows(t)]
         if not allowed:
-            return 0
+            return extra
         least = min(self._squash(t) for t in allowed)
         gpus = job.num_gpus * job.gpu_milli / 1000
-        extra = self._squash(gpu_type) - least
-        return round(self.weights.type_weight * self.weights.value_scale * gpus * extra)
+        press = self._squash(gpu_type) - least
+        return round(self.weights.type_weight * self.weights.value_scale * gpus * press) + extra
 
     def _squash(self, gpu_type: str) -> float:
         k = self.pressure.get(gpu_type, 0.0)

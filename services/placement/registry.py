@@ -10,7 +10,9 @@ from services.placement.milp import MilpConfig, MilpPlacer
 from shared.errors import UserError
 from shared.placement_api import Placer
 
-__all__ = ["PLACERS", "make_placer"]
+__all__ = ["OFFLOAD_SUFFIX", "PLACERS", "make_placer"]
+
+OFFLOAD_SUFFIX = "+offload"
 
 
 PLACERS: dict[str, Callable[[], Placer]] = {
@@ -29,7 +31,13 @@ REPRODUCIBLE_DETERMINISTIC_TIME = 0.05
 
 def make_placer(name: str, reproducible: bool = False) -> Placer:
     """A placer by name. `reproducible` (simulation): every answer depends only on the
-    inputs, never on the machine's speed or load (the MILP stops on deterministic time)."""
+    inputs, never on the machine's speed or load (the MILP stops on deterministic time).
+    `NAME+offload` (milp, greedy): the same placer charged with offloading jobs'
+    migration slowdown (offload_term.py)."""
+    if name.endswith(OFFLOAD_SUFFIX) and name.removesuffix(OFFLOAD_SUFFIX) in ("milp", "greedy"):
+        from services.placement.offload_term import OffloadAwarePlacer
+
+        return OffloadAwarePlacer(make_placer(name.removesuffix(OFFLOAD_SUFFIX), reproducible))
     if name == "milp" and reproducible:
         return MilpPlacer(MilpConfig(deterministic_time=REPRODUCIBLE_DETERMINISTIC_TIME))
     try:

@@ -12,6 +12,7 @@ from shared.cli.simulate import (
     check_outcome,
     load_run_cluster,
     load_run_jobs,
+    mark_offload,
     sim_config,
 )
 from shared.errors import UserError
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     out = _out_dir(args.out)
     cluster = load_run_cluster(args)
     stats = SkipStats()
-    jobs = load_run_jobs(args, cluster, stats)
+    jobs = mark_offload(args, load_run_jobs(args, cluster, stats))
     config = sim_config(args)
     console = Console(stderr=True)
     runs: list[PolicyRun] = []

@@ -24,6 +24,7 @@ __all__ = [
     "check_outcome",
     "load_run_cluster",
     "load_run_jobs",
+    "mark_offload",
     "register",
     "run",
     "sim_config",
@@ -61,7 +62,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--placer",
         default="milp",
-        help="placement: milp (default, OR-Tools CP-SAT), greedy, first-fit, best-fit, fgd",
+        help="placement: milp (default, OR-Tools CP-SAT), greedy, first-fit, best-fit, fgd; "
+        "milp+offload, greedy+offload: charged with offloading jobs' migration slowdown",
     )
     p.add_argument(
         "--window", type=int, default=128, help="jobs the policy hands placement per round"
@@ -74,6 +76,15 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         help="what a job that cannot start does to the jobs behind it: strict (nothing passes "
         "it), best-effort (later jobs that fit start, no reservation), easy (EASY backfill "
         "with a reservation from history estimates; the default)",
+    )
+    p.add_argument(
+        "--offload-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="mark a seeded fraction F of the jobs without a model size as training with "
+        "10Cache offload, sizes drawn from well-known models by GPU count (default 0: off; "
+        "the distribution is printed when used)",
     )
 
 
@@ -94,16 +105,19 @@ def run(args: argparse.Namespace) -> int:
     from services.placement.registry import make_placer
     from services.scoring.policies import make_policy
     from shared.sim import simulate, write_jobs_csv
+    from shared.sim.offload_jobs import describe_marking
 
     sim_config(args)  # flags checked before the trace is read
     cluster = load_run_cluster(args)
     policy = make_policy(args.policy)
     placer = make_placer(args.placer, reproducible=True)
     stats = SkipStats()
-    jobs = load_run_jobs(args, cluster, stats)
+    jobs = mark_offload(args, load_run_jobs(args, cluster, stats))
     with _LazyProgress(policy.label) as bar:
         result = simulate(jobs, cluster, policy, placer, sim_config(args), bar.tick)
     summary = result.summary()
+    if args.offload_fraction > 0:
+        summary["offload_marking"] = describe_marking(args.offload_fraction, args.seed)
     if args.jobs_out:
         write_jobs_csv(result.records, args.jobs_out)
     if args.json:
@@ -121,6 +135,19 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return check_outcome(policy.label, len(jobs), result.summary())
+
+
+def mark_offload(args: argparse.Namespace, jobs: list[TraceJob]) -> list[TraceJob]:
+    """`--offload-fraction`: mark jobs as offloading (seeded), saying how on stderr."""
+    from shared.sim.offload_jobs import describe_marking, mark_offloading
+
+    if not args.offload_fraction:
+        return jobs
+    marked = mark_offloading(jobs, args.offload_fraction, args.seed)
+    n = sum(1 for j in marked if j.param_bytes)
+    print(f"{describe_marking(args.offload_fraction, args.seed)}; {n} of {len(marked)} "
+          "jobs offload", file=sys.stderr)  # fmt: skip
+    return marked
 
 
 def sim_config(args: argparse.Namespace) -> SimConfig:

@@ -37,6 +37,8 @@ from services.placement.checker import inversions
 from services.placement.ordered import OrderedPlacer
 from shared.cluster import ClusterSpec
 from shared.metrics import JobRecord, Segment, summarize
+from shared.offload_metrics import offload_summary
+from shared.offload_signal import OffloadPart, offload_part
 from shared.placement_api import (
     DISCIPLINES,
     FULL_GPU,
@@ -49,6 +51,8 @@ from shared.placement_api import (
 from shared.policy_api import History, Policy, PolicyContext, QueuedJob
 from shared.sim.admit import admit_reason
 from shared.sim.observe import SimObservation, WaitingIndex
+from shared.sim.offload_cost import StepCost
+from shared.sim.offload_state import OffloadRecord, OffloadState
 from shared.sim.preempt import Preemptor
 from shared.sim.state import Claim, ClusterState
 from shared.speeds import speed_of
@@ -88,12 +92,20 @@ class SimResult:
     discipline: str = "easy"
     priority_inversions: int = 0  # checker.inversions over every round
     order_fallbacks: int = 0  # rounds where the placer's answer broke the order (replaced)
+    offload: dict[str, OffloadRecord] = field(default_factory=dict)  # offloading jobs by id
+
+    def offload_part(self) -> OffloadPart:
+        """The RL reward's offload part over this run's offloading jobs (offload_signal.py)."""
+        return offload_part((r.run_s, r.unhidden_s, r.hit_rate) for r in self.offload.values())
 
     def summary(self) -> dict[str, object]:
-        return summarize(
+        out = summarize(
             self.records, self.total_gpus, self.placement_ms, self.rejected,
             self.discipline, self.priority_inversions,
         )  # fmt: skip
+        if self.offload:  # only runs with offloading jobs carry the offload keys
+            out.update(offload_summary(self.records))
+        return out
 
 
 class _Run:
@@ -102,11 +114,17 @@ class _Run:
     __slots__ = (
         "claim",
         "epoch",
+        "factor",
+        "finish_at",
         "job",
+        "mark",
         "nodes",
+        "offload",
         "seg_start",
+        "seg_unhidden",
         "segments",
         "speed",
+        "step",
         "types",
         "work",
     )
@@ -121,6 +139,13 @@ class _Run:
         self.types = ""
         self.nodes = ""
         self.segments: list[Segment] = []
+        # offloading jobs only (offload_state.py): slowdown now, since when, due finish
+        self.offload: OffloadRecord | None = None
+        self.factor = 1.0
+        self.mark = 0.0
+        self.finish_at = -1.0
+        self.seg_unhidden = 0.0
+        self.step: StepCost | None = None  # its step cost at the current rate
 
 
 def simulate(
@@ -177,6 +202,9 @@ class Simulator:
         self.result = SimResult(
             records=[], total_gpus=cluster.total_gpus, discipline=config.discipline
         )
+        self.offload = OffloadState(cluster)
+        if hasattr(inner, "offload_view"):
+            inner.offload_view = self.offload  # an offload-aware placer reads it
         policy.reset(PolicyContext(cluster, self.history, config.seed, self._true_run_s))
 
     def _true_run_s(self, job: QueuedJob) -> float:
@@ -210,10 +238,12 @@ class Simulator:
             self.obs.now = now
             freed = ticked = False
             while events and events[0][0] <= now:
-                _, kind, seq, epoch = heapq.heappop(events)
+                t_ev, kind, seq, epoch = heapq.heappop(events)
                 run = self.runs[seq]
                 if epoch != run.epoch:
                     continue
+                if kind == _FINISH and run.offload is not None and t_ev != run.finish_at:
+                    continue  # an offloading job's rate changed: a later finish replaced it
                 if kind == _FINISH:
                     self._finish(run, now)
                     freed = True
@@ -241,6 +271,7 @@ class Simulator:
             self.progress(n, n)
         self.result.order_fallbacks = self.placer.fallbacks
         self.result.records = [self._record(r) for r in self.runs]
+        self.result.offload = {r.job.job_id: r.offload for r in self.runs if r.offload is not None}
         self.result.wall_s = time.perf_counter() - t0
         return self.result
 
@@ -254,6 +285,9 @@ class Simulator:
         )  # fmt: skip
         run = _Run(job, tj.duration_s if tj.duration_s is not None else 0.0)
         self.runs.append(run)
+        if tj.param_bytes:
+            run.offload = OffloadRecord(tj.job_id, tj.param_bytes)
+            self.offload.add_job(seq, tj.job_id, tj.param_bytes, tj.num_gpus)
         reason = admit_reason(tj, job, self.cluster, self.state)
         if reason is not None:
             self.result.rejected[reason] += 1
@@ -395,10 +429,45 @@ class Simulator:
         run.nodes = ";".join(f"{st.node_ids[i]}:{'+'.join(map(str, g))}" for i, g in claim)
         job.runs += 1
         self._hold(job, job.gpus)
-        finish = now + run.work * self.ref_speed / run.speed
-        heapq.heappush(self.events, (finish, _FINISH, job.seq, run.epoch))
+        if run.offload is not None:
+            run.mark, run.seg_unhidden = now, 0.0
+            self._rerate(self.offload.start(job.seq, _parts(claim)), now)
+        else:
+            finish = now + run.work * self.ref_speed / run.speed
+            heapq.heappush(self.events, (finish, _FINISH, job.seq, run.epoch))
         if self.preemptor is not None:
             self.preemptor.started(run, now)
+
+    # ---- offloading jobs: rates that change with who streams on their nodes ----------
+    def _bank(self, run: _Run, now: float) -> None:
+        """Credit an offloading job's progress since its last rate change."""
+        dt = now - run.mark
+        if dt > 0:
+            run.work -= dt * run.speed / (self.ref_speed * run.factor)
+            run.seg_unhidden += dt * (1.0 - 1.0 / run.factor)
+            rec = run.offload
+            assert rec is not None
+            cost = run.step
+            assert cost is not None
+            rec.run_s += dt
+            rec.unhidden_s += dt * (1.0 - 1.0 / run.factor)
+            rec.hits_weighted += dt * cost.hit_rate
+            rec.latency_weighted += dt * cost.migration_ms
+            steps = dt * 1e3 / cost.step_ms if cost.step_ms > 0 else 0.0
+            rec.bytes_moved += steps * self.offload.demand_of(run.job.seq).traffic.bytes_moved
+        run.mark = now
+
+    def _rerate(self, seqs: set[int], now: float) -> None:
+        """New slowdowns for the offloading jobs in `seqs` (all running), finish moved."""
+        for seq in sorted(seqs):
+            run = self.runs[seq]
+            self._bank(run, now)
+            run.step = self.offload.step(seq)
+            run.factor = run.step.slowdown
+            assert run.offload is not None
+            run.offload.slowdowns.append(run.factor)
+            run.finish_at = now + max(run.work, 0.0) * self.ref_speed * run.factor / run.speed
+            heapq.heappush(self.events, (run.finish_at, _FINISH, seq, run.epoch))
 
     def _finish(self, run: _Run, now: float) -> None:
         job = run.job
@@ -415,7 +484,12 @@ class Simulator:
             del self.release_keys[bisect_left(self.release_keys, (rel.time_s, job.seq))]
         self.state.release(run.claim, job.gpu_milli)
         self._hold(job, -job.gpus)
-        run.segments.append(Segment(run.seg_start, now, run.types, run.nodes))
+        unhidden = 0.0
+        if run.offload is not None:
+            self._bank(run, now)
+            unhidden, run.finish_at = run.seg_unhidden, -1.0
+            self._rerate(self.offload.stop(job.seq), now)
+        run.segments.append(Segment(run.seg_start, now, run.types, run.nodes, unhidden))
         job.attained_gpu_s += job.gpus * (now - run.seg_start)
         run.claim = ()
         if self.preemptor is not None:
@@ -428,8 +502,9 @@ class Simulator:
 
     def preempt(self, run: _Run, now: float) -> None:
         """Stop a running job and put it back in the queue with the work it has left."""
-        run.work -= (now - run.seg_start) * run.speed / self.ref_speed
-        self._stop(run, now)
+        if run.offload is None:
+            run.work -= (now - run.seg_start) * run.speed / self.ref_speed
+        self._stop(run, now)  # an offloading job's progress is banked there
         run.epoch += 1
         self.result.preemptions += 1
         self._enqueue(run.job)
@@ -437,7 +512,15 @@ class Simulator:
 
     def _record(self, run: _Run) -> JobRecord:
         j = run.job
-        return JobRecord(j.job_id, j.vc, j.submit_s, j.num_gpus, j.gpu_milli, tuple(run.segments))
+        pbytes = run.offload.param_bytes if run.offload is not None else 0
+        return JobRecord(
+            j.job_id, j.vc, j.submit_s, j.num_gpus, j.gpu_milli, tuple(run.segments), pbytes
+        )
+
+
+def _parts(claim: Claim) -> list[tuple[int, int]]:
+    """(node index, GPUs) of a claim."""
+    return [(i, len(g)) for i, g in claim]
 
 
 class _Releases(Collection[Release]):

@@ -27,6 +27,8 @@ HEADER = (
     "gpu_milli",
     "gpu_type",
     "nodes",
+    "param_bytes",  # offloading jobs: model size (empty: no offload)
+    "offload_s",  # run time of the segment added by migrations compute did not hide
 )
 
 
@@ -36,12 +38,14 @@ def write_jobs_csv(records: Iterable[JobRecord], path: str | Path) -> None:
     w.writerow(HEADER)
     for r in records:
         sub = repr(r.submit_s)
+        pb = r.param_bytes or ""
         if not r.segments:
-            w.writerow((r.job_id, r.vc, sub, "", "", r.num_gpus, r.gpu_milli, "", ""))
+            w.writerow((r.job_id, r.vc, sub, "", "", r.num_gpus, r.gpu_milli, "", "", pb, ""))
         for s in r.segments:
+            off = repr(s.offload_s) if r.param_bytes else ""
             w.writerow(
                 (r.job_id, r.vc, sub, repr(s.start_s), repr(s.finish_s), r.num_gpus, r.gpu_milli,
-                 s.gpu_type, s.nodes)
+                 s.gpu_type, s.nodes, pb, off)
             )  # fmt: skip
     try:
         Path(path).write_text(buf.getvalue())
@@ -58,13 +62,14 @@ def read_jobs_csv(path: str | Path) -> list[JobRecord]:
             if rec is None:
                 rec = JobRecord(
                     row["job_id"], row["vc"], float(row["submit_s"]), int(row["num_gpus"]),
-                    int(row["gpu_milli"] or 1000),
+                    int(row["gpu_milli"] or 1000), (), int(row.get("param_bytes") or 0),
                 )  # fmt: skip
             if row["start_s"]:
                 seg = Segment(
-                    float(row["start_s"]), float(row["finish_s"]), row["gpu_type"], row["nodes"]
-                )
+                    float(row["start_s"]), float(row["finish_s"]), row["gpu_type"], row["nodes"],
+                    float(row.get("offload_s") or 0.0),
+                )  # fmt: skip
                 rec = JobRecord(rec.job_id, rec.vc, rec.submit_s, rec.num_gpus, rec.gpu_milli,
-                                (*rec.segments, seg))  # fmt: skip
+                                (*rec.segments, seg), rec.param_bytes)  # fmt: skip
             out[rec.job_id] = rec
     return list(out.values())

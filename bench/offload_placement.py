@@ -1,0 +1,149 @@
+"""`rltune bench offload_placement`: placers with and without the offload term, side
+by side on one trace slice with a seeded share of the jobs offloading.
+
+Every placer runs the same jobs (the same marking: `--fraction`, `--seed`, the
+distribution of shared/sim/offload_jobs.py, printed) under the same policy and
+discipline. Printed per placer: avg JCT of all jobs and of the offloading ones,
+their mean migration time and `offload_slowdown` (run time added by migrations
+compute did not hide / run time without it), priority inversions; then each
+offload-aware placer against its unaware twin. `--out DIR` writes the table as
+JSON and a bar plot (offload_placement.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress, TaskID
+from rich.table import Table
+
+from services.placement.registry import OFFLOAD_SUFFIX, make_placer
+from services.scoring.policies import make_policy
+from shared.cli.common import write_json
+from shared.cluster import load_cluster
+from shared.errors import UserError
+from shared.sim import SimConfig, load_jobs, simulate
+from shared.sim.offload_jobs import describe_marking, mark_offloading
+from shared.traces import SkipStats
+
+__all__ = ["main"]
+
+KEYS = (
+    "avg_jct_s",
+    "others_avg_jct_s",
+    "offload_avg_jct_s",
+    "offload_migration_s",
+    "offload_slowdown",
+)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="rltune bench offload_placement", description=__doc__)
+    p.add_argument("--trace", default="../shared/traces/philly/philly-sep-oct.csv")
+    p.add_argument("--format", default="philly")
+    p.add_argument("--cluster", default="clusters/philly.yaml")
+    p.add_argument("--limit", type=int, default=8000, help="first N jobs by submit time")
+    p.add_argument("--fraction", type=float, default=0.3, help="share of jobs offloading")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policy", default="fifo")
+    p.add_argument("--discipline", default="easy")
+    p.add_argument("--placers", default="greedy,greedy+offload,milp,milp+offload")
+    p.add_argument("--out", default=None, help="directory for the JSON and the plot")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    a = _parse(argv)
+    placers = [n.strip() for n in a.placers.split(",") if n.strip()]
+    for name in placers:
+        make_placer(name)  # every name checked before the long runs
+    console = Console(stderr=True)
+    cluster = load_cluster(a.cluster)
+    jobs = load_jobs(a.trace, a.format, cluster, SkipStats(), a.limit)
+    jobs = mark_offloading(jobs, a.fraction, a.seed)
+    marking = describe_marking(a.fraction, a.seed)
+    console.print(marking)
+    config = SimConfig(seed=a.seed, discipline=a.discipline)
+    rows: dict[str, dict[str, Any]] = {}
+    with Progress(console=console, transient=True) as bar:
+        for name in placers:
+            task = bar.add_task(f"{a.policy} / {name}", total=len(jobs))
+
+            def tick(done: int, _total: int, task: TaskID = task) -> None:
+                bar.update(task, completed=done)
+
+            placer = make_placer(name, reproducible=True)
+            res = simulate(jobs, cluster, make_policy(a.policy), placer, config, tick)
+            s = res.summary()
+            if not s.get("offload_jobs"):
+                raise UserError("no offloading job finished: raise --fraction or --limit")
+            others = [r.jct_s for r in res.records if r.finished and not r.param_bytes]
+            s["others_avg_jct_s"] = sum(others) / len(others) if others else 0.0
+            rows[name] = {k: s[k] for k in (*KEYS, "offload_jobs", "priority_inversions")}
+            rows[name]["wall_s"] = round(res.wall_s, 1)
+    result = {"marking": marking, "trace": a.trace, "limit": a.limit, "policy": a.policy,
+              "discipline": a.discipline, "cluster": a.cluster, "placers": rows,
+              "versus": _versus(rows)}  # fmt: skip
+    print_table(console, result)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(result, str(out / "offload_placement.json"))
+        _plot(rows, out / "offload_placement.png", f"{a.policy}, {a.discipline}, {a.limit} jobs")
+    return 0
+
+
+def _versus(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each aware placer against its unaware twin: relative change of every key."""
+    out = {}
+    for name, r in rows.items():
+        twin = name.removesuffix(OFFLOAD_SUFFIX)
+        if name != twin and twin in rows:
+            base = rows[twin]
+            out[f"{name} vs {twin}"] = {k: round(r[k] / base[k] - 1, 4) for k in KEYS if base[k]}
+    return out
+
+
+def print_table(console: Console, result: dict[str, Any]) -> None:
+    t = Table(title=f"offload placement ({result['policy']}, {result['discipline']})")
+    for col in ("placer", "avg JCT s", "others avg JCT s", "offloading avg JCT s",
+                "migration s / job", "offload slowdown", "inversions"):  # fmt: skip
+        t.add_column(col, justify="right", no_wrap=col == "placer")
+    for name, r in result["placers"].items():
+        t.add_row(
+            name, f"{r['avg_jct_s']:.0f}", f"{r['others_avg_jct_s']:.0f}",
+            f"{r['offload_avg_jct_s']:.0f}",
+            f"{r['offload_migration_s']:.0f}", f"{r['offload_slowdown']:.3f}",
+            str(r["priority_inversions"]),
+        )  # fmt: skip
+    t.caption = "   ".join(
+        f"{pair}: slowdown {v['offload_slowdown']:+.1%}, avg JCT {v['avg_jct_s']:+.1%} "
+        f"(others {v['others_avg_jct_s']:+.1%}, offloading {v['offload_avg_jct_s']:+.1%})"
+        for pair, v in result["versus"].items()
+    )
+    Console(width=132).print(t)
+
+
+def _plot(rows: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rows)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for ax, key, label in zip(
+        axes, ("offload_slowdown", "offload_avg_jct_s", "avg_jct_s"),
+        ("migration slowdown (offloading jobs)", "avg JCT s, offloading jobs", "avg JCT s, all"),
+        strict=True,
+    ):  # fmt: skip
+        ax.bar(names, [rows[n][key] for n in names], color="tab:blue")
+        ax.set_title(label)
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
