@@ -17,7 +17,9 @@ async def test_soak_small(tmp_path: Path) -> None:
         assert e.answered_once == e.inputs == 600  # every input answered exactly once
         assert e.unanswered == e.answered_twice == e.accepted_twice == 0
         assert e.accepted > 0 and e.rejected > 0 and e.plans > 0 and e.dead_letters > 0
-    assert 0 < report.epochs[0].answered_at_kill < 300  # the kills came mid-stream
+    # the kills came mid-stream: after answers had begun and before the second half of
+    # the epoch was sent (a fast machine may have answered all of the first half by then)
+    assert 0 < report.epochs[0].answered_at_kill <= 300
     both = {"arrival": True, "profiler": True}
     assert report.unready_while_broker_down == [both]  # /readyz 503 while it was down
     assert report.ready_after_restart == [both]  # and 200 again after
