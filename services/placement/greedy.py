@@ -24,7 +24,7 @@ types, or one GPU with its share free): the fit test is exact.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, PlacementResult
 
@@ -123,6 +123,43 @@ class GreedyState:
                 if row[g] == FULL_GPU:
                     self.whole[i] += 1
                     self.whole_by_type[self.type[i]] += 1
+
+    def alternatives(self, job: JobRequest, avoid: frozenset[str]) -> Iterator[Allocation]:
+        """Other placements of `job` that spare the types in `avoid` (a typed EASY
+        head's; empty: any type) as far as they can, each taken when yielded and to be
+        `untake`n if refused: for a share, every GPU it fits on, partial ones and types
+        outside `avoid` first; for whole GPUs, all of the types outside `avoid` first,
+        then the rest from the others (fewest taken from the head's types)."""
+        types = self.allowed(job)
+        spare = [t for t in types if avoid and t not in avoid]
+        if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
+            m = job.gpu_milli
+            cands = [
+                (t not in spare, f == FULL_GPU, f, i, g)
+                for t in types
+                for i in self.by_type[t]
+                for g, f in enumerate(self.free[i])
+                if f >= m
+            ]
+            for *_, i, g in sorted(cands):
+                self._give(i, (g,), m)
+                yield Allocation(job.job_id, ((self.ids[i], (g,)),), m)
+            return
+        n = job.num_gpus
+        if not spare or sum(self.whole_by_type[t] for t in types) < n:
+            return
+        first = [i for t in spare for i in self.by_type[t]]
+        rest = [i for t in types if t not in spare for i in self.by_type[t]]
+        parts: list[tuple[str, tuple[int, ...]]] = []
+        for among in (first, rest):
+            for i in sorted(among, key=lambda i: (-self.whole[i], self.ids[i])):
+                k = min(self.whole[i], n)
+                if k:
+                    parts.append((self.ids[i], self._take(i, k)))
+                    n -= k
+                if n == 0:
+                    yield Allocation(job.job_id, tuple(sorted(parts)))
+                    return
 
     def _give(self, i: int, idx: Sequence[int], milli: int) -> None:
         row = self.free[i]

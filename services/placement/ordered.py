@@ -135,6 +135,13 @@ def _backfill(
     if a is None or res.allows(a, end):
         return a
     state.untake(a)
+    # greedy's choice (fastest type, tightest GPU) may take GPUs the head needs while
+    # another placement would spare them: the job may still start (the order rule asks
+    # whether it could start without delaying the head, not whether greedy's spot does)
+    for a in state.alternatives(job, res.head.gpu_types):
+        if res.allows(a, end):
+            return a
+        state.untake(a)
     return None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from services.placement.greedy import GreedyPlacer
@@ -58,6 +58,46 @@ def clusters(draw: st.DrawFn) -> dict:
 
 DISCIPLINE = st.sampled_from(DISCIPLINES)
 
+# Found by test_invariants (issue 8): at t=174 the EASY head wants 8 V100 and is
+# reserved at now; a 1-GPU job behind it fits on the P100 without touching the
+# head's GPUs, but the backfill only tried greedy's pick (a V100) and refused it,
+# while a 0-s job further back started: a real inversion in the scheduler.
+_ISSUE8 = [  # (submit_s, duration_s, num_gpus, gpu_types, vc)
+    *[(0, 0, g, (), "a") for g in (2, 1, 2, 2, 1, 1, 2, 1, 2)],
+    (0, 72, 9, (), "a"),
+    (0, 0, 2, (), "a"),
+    (0, 0, 2, (), "a"),
+    (0, 29, 9, (), "a"),
+    *[(0, 0, g, (), "a") for g in (1, 2, 2, 2)],
+    (1, 1, 1, (), "a"),
+    (37, 0, 2, (), "a"),
+    *[(0, 0, 2, (), "a")] * 3,
+    (0, 73, 8, (), "a"),
+    (0, 0, 9, (), "a"),
+    (0, 0, 1, (), "a"),
+    (1, 0, 8, ("V100",), "b"),
+    (0, 1, 1, (), "b"),
+    (1, 0, 2, (), "a"),
+    (0, 0, 8, (), "a"),
+    (0, 0, 1, (), "a"),
+    *[(0, 0, 2, (), "a")] * 3,
+    (0, 0, 9, (), "a"),
+    (174, 0, 1, (), "c"),
+    (0, 0, 1, (), "a"),
+]
+ISSUE8_JOBS = [
+    TraceJob(f"j{i}", float(s), float(d), g, gpu_types=t, vc=vc)
+    for i, (s, d, g, t, vc) in enumerate(_ISSUE8)
+]
+ISSUE8_CLUSTER = {
+    "nodes": [
+        {"name": "g0", "count": 1, "gpu_type": "P100", "gpus": 1},
+        {"name": "g1", "count": 2, "gpu_type": "V100", "gpus": 4},
+    ],
+    "speed": SPEED,
+    "reference": "P100",
+}
+
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
@@ -68,6 +108,7 @@ DISCIPLINE = st.sampled_from(DISCIPLINES)
     st.integers(1, 8),
     DISCIPLINE,
 )
+@example(ISSUE8_JOBS, ISSUE8_CLUSTER, "drf", False, 7, "easy")
 def test_invariants(
     jobs: list[TraceJob], spec: dict, policy: str, preempt: bool, window: int, discipline: str
 ) -> None:
