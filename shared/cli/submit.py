@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
 import time
 from pathlib import Path
@@ -139,8 +138,22 @@ async def _publish(
         return await _collect(consumer, settings, mine, timeout_s)
     finally:
         if consumer is not None:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+            await _stop_quietly(consumer)
+
+
+async def _stop_quietly(consumer: AIOKafkaConsumer) -> None:
+    """Stop the consumer whatever state the broker left it in. With the broker gone,
+    aiokafka's fetcher can end its own cancelled fetch task by re-raising
+    CancelledError out of `stop()`: swallowed here unless this task itself is being
+    cancelled (then it goes on up, as it must)."""
+    try:
+        await consumer.stop()
+    except Exception:
+        pass
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
 
 
 async def _collect(
