@@ -46,6 +46,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
@@ -257,6 +258,30 @@ async def _pause(stop: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stop.wait(), seconds)
 
 
+class _Client(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_Client)
+
+
+async def _started(client: _C, make: Callable[[], _C], stop: asyncio.Event, backoff: Backoff) -> _C:
+    """`client` started, retrying with backoff until `stop`. A client whose start failed
+    is stopped and not reused: `make` gives a fresh one for the next try."""
+    while not stop.is_set():
+        try:
+            await client.start()
+            return client
+        except (KafkaError, OSError) as exc:
+            BROKER.down(f"start: {exc}")
+            with contextlib.suppress(Exception):
+                await client.stop()
+            client = make()
+            await _pause(stop, backoff.next())
+    return client
+
+
 class _Stopped(Exception):
     """`stop` was set while waiting for the broker: leave the inputs uncommitted."""
 
@@ -359,26 +384,10 @@ class _Loop:
         start failed is not reused: a fresh one is made for the next try."""
         self.stop = stop
         backoff = Backoff()
-        while not stop.is_set():
-            try:
-                await self.producer.start()
-                break
-            except (KafkaError, OSError) as exc:
-                BROKER.down(f"start: {exc}")
-                with contextlib.suppress(Exception):
-                    await self.producer.stop()
-                self.producer = Producer(self.settings, client_id=self.spec.name)
-                await _pause(stop, backoff.next())
-        while not stop.is_set():
-            try:
-                await self.consumer.start()
-                break
-            except (KafkaError, OSError) as exc:
-                BROKER.down(f"start: {exc}")
-                with contextlib.suppress(Exception):
-                    await self.consumer.stop()
-                self.consumer = self._consumer()
-                await _pause(stop, backoff.next())
+        self.producer = await _started(
+            self.producer, lambda: Producer(self.settings, client_id=self.spec.name), stop, backoff
+        )
+        self.consumer = await _started(self.consumer, self._consumer, stop, backoff)
         if not stop.is_set():
             BROKER.ok()
             self.consumer.subscribe(list(self.spec.topics), listener=_Ownership(self))
