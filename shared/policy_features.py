@@ -12,7 +12,10 @@ Per job (JOB_FEATURES, one row each):
     (same user/VC and GPU count, else the user/VC, else every finished job),
     the bounded slowdown it would have if it started now, (wait + est) /
     max(est, 10 s), its wait relative to the estimate, and its estimated
-    GPU-seconds (all log10).
+    GPU-seconds (all log10); last, `offload_pressure` (OFFLOAD_FEATURES): the
+    job's offload demand against the free bandwidth of its allowed types
+    (shared/offload_signal.py), from an observation that offers
+    `offload_pressure(job)` (the simulator's), else 0.
 Per cluster, a fixed length whatever the GPU types (GLOBAL_FEATURES): free /
 total GPUs, waiting demand / total, fragmentation, log10 queue length, log10
 mean run of every finished job. `cluster_features` is the per-type variant.
@@ -37,6 +40,7 @@ __all__ = [
     "GLOBAL_FEATURES",
     "HISTORY_FEATURES",
     "JOB_FEATURES",
+    "OFFLOAD_FEATURES",
     "cluster_features",
     "encode",
     "encode_global",
@@ -47,8 +51,9 @@ JOB_FEATURES = (
     "log_mean_run_group_s", "has_group_history", "log_mean_run_who_s", "fits_now",
     "demand_over_free", "free_over_total", "fragmentation",
     "demand_over_total", "gpus_over_total", "log_est_run_s", "log_est_bsld",
-    "log_wait_over_est", "log_est_gpu_s",
+    "log_wait_over_est", "log_est_gpu_s", "offload_pressure",
 )  # fmt: skip
+OFFLOAD_FEATURES = ("offload_pressure",)  # only in the feature sets that ask for them
 HISTORY_FEATURES = (
     "log_mean_run_group_s", "has_group_history", "log_mean_run_who_s",
     "log_est_run_s", "log_est_bsld", "log_wait_over_est", "log_est_gpu_s",
@@ -95,6 +100,7 @@ def encode(
     n_types = max(len(obs.gpu_types), 1)
     rows: list[tuple[float, ...]] = []
     nan = math.nan
+    pressure = getattr(obs, "offload_pressure", None)
     for job in jobs:
         over = by_types.get(job.gpu_types)
         if over is None:
@@ -106,11 +112,10 @@ def encode(
         rows.append((
             job.num_gpus, job.gpu_milli, job.submit_s, job.attained_gpu_s,
             nan if group is None else group, nan if who is None else who, *over,
-            job.gpus,
+            job.gpus, pressure(job) if pressure is not None else 0.0,
         ))  # fmt: skip
-    gpus_req, milli, submit, attained, group, who, free, total, demand, frag, allowed, gpus = (
-        np.array(rows, dtype=np.float64).T
-    )
+    (gpus_req, milli, submit, attained, group, who, free, total, demand, frag, allowed, gpus,
+     offload) = np.array(rows, dtype=np.float64).T  # fmt: skip
     wait = np.maximum(obs.now - submit, 0.0)
     has_group = ~np.isnan(group)
     est = np.where(has_group, group, np.where(np.isnan(who), np.nan, who))
@@ -139,6 +144,7 @@ def encode(
         np.where(has_est, np.log10(np.maximum((wait + est0) / floor, 1.0)), 0.0),
         np.where(has_est, np.log10(1.0 + wait / floor), 0.0),
         np.where(has_est, np.log10(1.0 + est0 * gpus), 0.0),
+        offload,
     )
     x[:n] = np.stack(cols, axis=1)
     return x, mask

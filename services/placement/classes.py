@@ -12,8 +12,12 @@ Two levels, because the two kinds of demand touch disjoint resources:
 
 A pattern is what one member of a class receives: for a node, a multiset of
 whole-GPU slot sizes (a size-1 slot may also be opened for sharing); for a GPU,
-a multiset of share sizes. The MILP picks how many members take each pattern,
-so the model grows with distinct shapes and window sizes, not with nodes.
+a multiset of share sizes. A whole-GPU slot of an offloading job is its own kind
+of slot, keyed k + STREAM (slot_gpus gives its k back), so a node pattern says how
+many of the GPUs it fills will stream (offload_term.py charges what they cost each
+other); without offloading jobs every key is plain. The MILP picks how many
+members take each pattern, so the model grows with distinct shapes and window
+sizes, not with nodes.
 """
 
 from __future__ import annotations
@@ -26,15 +30,23 @@ from dataclasses import dataclass
 from shared.placement_api import FULL_GPU, NodeFree
 
 __all__ = [
+    "STREAM",
     "ClassIndex",
     "GpuRef",
     "PatternCache",
     "enumerate_patterns",
     "index_classes",
+    "slot_gpus",
     "used_capacity",
 ]
 
 GpuRef = tuple[int, int]  # (node position in the input, GPU index on that node)
+STREAM = 1 << 16  # slot key offset of a whole-GPU slot taken by an offloading job
+
+
+def slot_gpus(key: int) -> int:
+    """GPUs (or milli) a slot of this key takes: a streaming slot's key less STREAM."""
+    return key % STREAM
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +138,11 @@ def _enumerate(
             if left < capacity:  # non-empty
                 out.append(tuple(counts))
             return
-        top = min(max_counts[i], left // sizes[i]) if sizes[i] > 0 else 0
+        size = slot_gpus(sizes[i])
+        top = min(max_counts[i], left // size) if size > 0 else 0
         for c in range(top + 1):
             counts[i] = c
-            rec(i + 1, left - c * sizes[i])
+            rec(i + 1, left - c * size)
         counts[i] = 0
 
     rec(0, capacity)
@@ -149,4 +162,4 @@ def _select(
 
 
 def used_capacity(p: tuple[int, ...], sizes: Sequence[int]) -> int:
-    return sum(c * s for c, s in zip(p, sizes, strict=True))
+    return sum(c * slot_gpus(s) for c, s in zip(p, sizes, strict=True))

@@ -43,6 +43,10 @@ Objective (objective.py; all coefficients integers)
     π_j = 1 + position_weight·(|J| − i_j)/|J|        (head of the window is worth more)
     P^node, P^gpu: the node and GPU terms of the ATC'23 fragmentation F_n (frag.py),
     so the penalty is exactly the fragmentation the placement adds.
+    With a same-window contention (place_charged; offload_term.py), an offloading
+    job's whole slots are a slot kind of their own (size k + STREAM, classes.py)
+    and each node pattern's coefficient also carries − S_t(p), what the streaming
+    slots it holds cost each other; Scorer.evaluate charges the same per node.
 
 Multi-node jobs (more GPUs than any allowed node has whole free) take parts:
     y_{j,t} ∈ {0,1}, r_{j,t,s} ∈ Z+ parts of s GPUs (s: the whole-free counts of
@@ -82,7 +86,7 @@ from services.placement.frag import Workload
 from services.placement.greedy import greedy_allocations
 from services.placement.milp_hint import class_greedy_hint
 from services.placement.milp_model import WindowModel
-from services.placement.objective import ObjectiveWeights, Scorer
+from services.placement.objective import Contention, ObjectiveWeights, Scorer
 from services.placement.state import apply_allocations
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, PlacementResult
 
@@ -121,6 +125,7 @@ class MilpPlacer:
         # else, and one-job windows of a few shapes recur all through a simulation
         self._pens: dict[object, dict[tuple[str, tuple[int, ...]], int]] = {}
         self._charge: Callable[[JobRequest, str], int] | None = None  # place_charged's
+        self._contention: Contention | None = None  # place_charged's
 
     def scorer(
         self,
@@ -137,7 +142,8 @@ class MilpPlacer:
             free_by_type[n.gpu_type] = free_by_type.get(n.gpu_type, 0.0) + sum(n.free_milli)
         pressure = workload.pressure(free_by_type)
         kept = relevant_nodes(jobs, nodes) if reduce else nodes
-        return Scorer(jobs, kept, speed, self.config.weights, workload, pressure, self._charge)
+        w = self.config.weights
+        return Scorer(jobs, kept, speed, w, workload, pressure, self._charge, self._contention)
 
     def place_charged(
         self,
@@ -145,14 +151,16 @@ class MilpPlacer:
         nodes: Sequence[NodeFree],
         speed: Mapping[str, float],
         charge: Callable[[JobRequest, str], int],
+        contention: Contention | None = None,
     ) -> PlacementResult:
         """`place` with `charge(job, type)` added to the objective's per-job, per-type
-        cost T (offload_term.py)."""
-        self._charge = charge
+        cost T, and what jobs started together on one node cost each other
+        (`contention`, objective.py) (offload_term.py)."""
+        self._charge, self._contention = charge, contention
         try:
             return self.place(jobs, nodes, speed)
         finally:
-            self._charge = None
+            self._charge, self._contention = None, None
 
     def place(
         self,

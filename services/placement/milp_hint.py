@@ -104,7 +104,7 @@ def class_greedy_hint(wm: WindowModel) -> None:
         job = wm.jobs[j]
         choice: tuple[int, str, list[tuple[_Level, Option]]] | None = None
         for t in wm.types_of[j]:
-            steps = _steps(job.gpu_milli, job.num_gpus, t, nodes, gpus)
+            steps = _steps(job.gpu_milli, wm.scorer.slot_key(job), t, nodes, gpus)
             if steps is None:
                 continue
             gain = wm.jv.value[(j, wm.jv.group[t])] - wm.scorer.type_pen(j, t)
@@ -129,7 +129,8 @@ def class_greedy_hint(wm: WindowModel) -> None:
 def _steps(
     milli: int, k: int, t: str, nodes: _Level, gpus: _Level
 ) -> list[tuple[_Level, Option]] | None:
-    """How one job would go on type t: the options to apply, best first; None if it cannot."""
+    """How one job would go on type t (k: its whole-GPU slot key): the options to apply,
+    best first; None if it cannot."""
     if milli >= FULL_GPU:
         whole = nodes.best(t, k)
         return None if whole is None else [(nodes, whole)]

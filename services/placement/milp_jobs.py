@@ -32,7 +32,7 @@ __all__ = ["JobClass", "JobVars", "MultiVars"]
 @dataclass(frozen=True, slots=True)
 class JobClass:
     share: bool  # a single-GPU sharing job class
-    size: int  # whole GPUs per job, or milli of the share
+    size: int  # slot key: whole GPUs per job (+ STREAM if it streams), or milli of the share
     types: tuple[str, ...]  # GPU types its jobs may use and could fit on
     members: tuple[int, ...]  # window positions, most valuable first
 
@@ -88,7 +88,7 @@ class JobVars:
         charge = scorer.charge
         for j, ts in types_of.items():
             share = jobs[j].gpu_milli < FULL_GPU
-            size = jobs[j].gpu_milli if share else jobs[j].num_gpus
+            size = scorer.slot_key(jobs[j])  # a streaming job's slots are their own kind
             allowed = tuple(sorted(jobs[j].gpu_types))
             costs = tuple(charge(jobs[j], t) for t in ts) if charge is not None else ()
             members[(share, size, tuple(ts), allowed, costs)].append(j)

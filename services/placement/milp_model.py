@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from services.placement.classes import ClassIndex, GpuRef, PatternCache
+from services.placement.classes import STREAM, ClassIndex, GpuRef, PatternCache, slot_gpus
 from services.placement.milp_jobs import JobVars, MultiVars
 from services.placement.objective import Scorer
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
@@ -76,7 +76,7 @@ class WindowModel:
         self.share_sizes: dict[str, Counter[int]] = defaultdict(Counter)  # t -> milli -> jobs
         for j, ts in self.types_of.items():
             sizes = self.share_sizes if jobs[j].gpu_milli < FULL_GPU else self.whole_sizes
-            size = jobs[j].gpu_milli if jobs[j].gpu_milli < FULL_GPU else jobs[j].num_gpus
+            size = scorer.slot_key(jobs[j])  # its share, its GPUs, or a streaming slot
             for t in ts:
                 sizes[t][size] += 1
         multi_types, part_sizes = self._multi_parts(multi)
@@ -155,6 +155,9 @@ class WindowModel:
         pen = self.scorer.node_pen if node else self.scorer.gpu_pen
         # fragmentation the pattern adds: penalty of what it leaves − penalty of before
         coef = [pen(t, cap) - pen(t, cap - u) for u in used]
+        if node and any(k > STREAM for k in keys):  # and what its streaming slots cost
+            charged = zip(coef, pats, strict=True)
+            coef = [c - self.scorer.pattern_charge(t, keys, p) for c, p in charged]
         return _ClassVars(t, cap, keys, pats, count, coef)
 
     def _node_classes(self) -> dict[tuple[str, int], _ClassVars]:
@@ -264,7 +267,7 @@ class WindowModel:
                 continue
             placed[j] = t
             if a.gpu_milli >= FULL_GPU:
-                node_use[n][len(idx)] += 1
+                node_use[n][self.scorer.slot_key(self.jobs[j])] += 1
                 continue
             if self.nodes[n].free_milli[idx[0]] >= FULL_GPU and not gpu_use[(n, idx[0])]:
                 node_use[n][1] += 1  # a whole free GPU opened to sharing
@@ -381,10 +384,11 @@ class WindowModel:
                 for _ in range(value(var)):
                     n = next(node_iter)
                     idx, at = self.classes.whole_idx[n], 0
-                    for c, k in sorted(zip(p, cv.sizes, strict=True), key=lambda x: -x[1]):
+                    keys = sorted(zip(p, cv.sizes, strict=True), key=lambda x: -slot_gpus(x[1]))
+                    for c, k in keys:
                         for _ in range(c):
-                            slots[(t, k)].append((n, idx[at : at + k]))
-                            at += k
+                            slots[(t, k)].append((n, idx[at : at + slot_gpus(k)]))
+                            at += slot_gpus(k)
         return slots
 
     def _share_slots(

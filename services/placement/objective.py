@@ -4,6 +4,7 @@ scores a placement (the MILP's greedy comparison, the benchmark, the tests).
     objective = Σ_{placed j on type t} (V_j,t − T_j,t)             (throughput)
               − Σ_n (P_n(after) − P_n(before))                     (fragmentation)
               − spread_weight · Σ_j (nodes of j − 1)               (spread)
+              − Σ_n S_n                                            (same-round streams)
 
     V_j,t = round(value_scale · g_j · w_j · π_j · speed_t)
     g_j   = num_gpus_j · gpu_milli_j / 1000       GPUs the job holds
@@ -14,19 +15,38 @@ scores a placement (the MILP's greedy comparison, the benchmark, the tests).
     P_n   = round(frag_weight · node term) + Σ_g round(frag_weight · GPU term)
 
 with the node and GPU terms of the ATC'23 fragmentation F_n (frag.py). A job
-spread over nodes of several types runs at the slowest type's speed.
+spread over nodes of several types runs at the slowest type's speed. S_n is 0
+unless a `Contention` is given (offload_term.py): then the whole-GPU slots of
+offloading jobs are their own slot kind (classes.STREAM) and S_n charges what
+the single-node offloading jobs started together on node n cost each other.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
+from services.placement.classes import STREAM
 from services.placement.frag import Workload
 from services.placement.state import apply_allocations
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
 
-__all__ = ["ObjectiveWeights", "Scorer"]
+__all__ = ["Contention", "ObjectiveWeights", "Scorer"]
+
+
+class Contention(Protocol):
+    """What jobs placed together on one node in one window cost each other."""
+
+    def streams(self, job: JobRequest) -> bool:
+        """Whether the job's whole-GPU slots are streaming slots (it offloads)."""
+        ...
+
+    def cost(self, gpu_type: str, slots: Sequence[tuple[int, int]]) -> int:
+        """S_n of one node of `gpu_type` given (GPUs per slot, slots) of the streaming
+        slots it receives this window; 0 for a single slot."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +71,13 @@ class Scorer:
         workload: Workload,
         pressure: Mapping[str, float] | None = None,
         charge: Callable[[JobRequest, str], int] | None = None,
+        contention: Contention | None = None,
     ) -> None:
         self.jobs = jobs
         # extra cost of a job on a type (offload_term.py: migration slowdown), else none
         self.charge = charge
+        # cost of streaming slots sharing a node (offload_term.py), else none
+        self.contention = contention
         self.pressure = pressure or {}  # κ_t of each GPU type
         self.nodes = nodes
         self.speed = speed
@@ -86,6 +109,21 @@ class Scorer:
         gpus = job.num_gpus * job.gpu_milli / 1000
         press = self._squash(gpu_type) - least
         return round(self.weights.type_weight * self.weights.value_scale * gpus * press) + extra
+
+    def slot_key(self, job: JobRequest) -> int:
+        """The slot kind the job fills: its share (milli), its GPUs, or its GPUs +
+        STREAM when it streams (classes.py)."""
+        if job.gpu_milli < FULL_GPU:
+            return job.gpu_milli
+        streams = self.contention is not None and self.contention.streams(job)
+        return job.num_gpus + (STREAM if streams else 0)
+
+    def pattern_charge(self, gpu_type: str, sizes: Sequence[int], pattern: Sequence[int]) -> int:
+        """S_n of a node pattern (counts over slot keys `sizes`)."""
+        if self.contention is None:
+            return 0
+        slots = [(k - STREAM, c) for k, c in zip(sizes, pattern, strict=True) if c and k > STREAM]
+        return self.contention.cost(gpu_type, slots) if slots else 0
 
     def _squash(self, gpu_type: str) -> float:
         k = self.pressure.get(gpu_type, 0.0)
@@ -122,7 +160,11 @@ class Scorer:
         value = 0
         spread = 0
         touched: set[str] = set()
+        streaming: dict[str, list[tuple[int, int]]] = defaultdict(list)  # node -> slots
         for a in allocs:
+            job = self.jobs[self._pos[a.job_id]]
+            if len(a.gpus) == 1 and self.slot_key(job) > STREAM:
+                streaming[a.gpus[0][0]].append((job.num_gpus, 1))
             types = [by_id[n].gpu_type for n in a.node_ids]
             slowest = min(types, key=lambda t: self.speed.get(t, 1.0))
             value += self.value(self._pos[a.job_id], slowest)
@@ -131,4 +173,9 @@ class Scorer:
             touched.update(a.node_ids)
         after = {n.node_id: n for n in apply_allocations(self.nodes, allocs)}
         frag = sum(self.node_penalty(after[n]) - self.node_penalty(by_id[n]) for n in touched)
-        return value - frag - round(self.weights.spread_weight * spread)
+        same = sum(
+            self.contention.cost(by_id[n].gpu_type, slots)
+            for n, slots in streaming.items()
+            if self.contention is not None
+        )
+        return value - frag - round(self.weights.spread_weight * spread) - same

@@ -68,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
     targs = Args(**values)
     validate(targs)
     console = Console(stderr=True)
+    if targs.offload_fraction:
+        from shared.sim.offload_jobs import describe_marking
+
+        console.print(describe_marking(targs.offload_fraction, targs.seed))
     start = time.perf_counter()
     columns = (
         TextColumn("PPO"),

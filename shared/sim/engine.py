@@ -203,6 +203,7 @@ class Simulator:
             records=[], total_gpus=cluster.total_gpus, discipline=config.discipline
         )
         self.offload = OffloadState(cluster)
+        self.obs.offload = self.offload  # the policy's offload_pressure feature reads it
         if hasattr(inner, "offload_view"):
             inner.offload_view = self.offload  # an offload-aware placer reads it
         policy.reset(PolicyContext(cluster, self.history, config.seed, self._true_run_s))

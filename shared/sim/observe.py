@@ -5,10 +5,14 @@ and the index of waiting demand it keeps for that and for its fit test.
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from shared.placement_api import FULL_GPU
 from shared.policy_api import History, QueuedJob
 from shared.sim.state import ClusterState
+
+if TYPE_CHECKING:
+    from shared.sim.offload_state import OffloadState
 
 __all__ = ["SimObservation", "WaitingIndex"]
 
@@ -71,6 +75,7 @@ class SimObservation:
         self._state = state
         self._waiting = waiting
         self._vc_held = vc_held
+        self.offload: OffloadState | None = None  # the simulator's, once it has one
 
     @property
     def gpu_types(self) -> tuple[str, ...]:
@@ -101,3 +106,10 @@ class SimObservation:
 
     def queue_length(self) -> int:
         return self._waiting.count
+
+    def offload_pressure(self, job: QueuedJob) -> float:
+        """The job's offload demand against the free PCIe bandwidth of its allowed
+        types (shared/offload_signal.py); 0 for a job that does not offload."""
+        if self.offload is None or self.offload.job(job.job_id) is None:
+            return 0.0
+        return self.offload.pressure(job.job_id, job.gpu_types)

@@ -75,6 +75,10 @@ class OffloadState:
         self.by_id: dict[str, int] = {}  # job id -> seq (offloading jobs)
         self.placed: dict[int, dict[int, int]] = {}  # running seq -> node index -> GPUs
         self._demand: dict[tuple[int, int, int, int], JobDemand] = {}
+        self.version = 0  # bumped at every start and stop (what free_gbps depends on)
+        self._free: dict[frozenset[str], float] = {}  # free_gbps at `_free_version`
+        self._free_version = -1
+        self._gbps: dict[str, float] = {}  # demand_gbps by job id
 
     # ---- what a job asks -------------------------------------------------------------
     def add_job(self, seq: int, job_id: str, param_bytes: int, gpus: int) -> None:
@@ -125,6 +129,7 @@ class OffloadState:
         whose rate changes (itself included)."""
         placed = dict(nodes)
         self.placed[seq] = placed
+        self.version += 1
         touched: set[int] = set()
         for i, g in placed.items():
             self.streams[i] += g
@@ -134,6 +139,7 @@ class OffloadState:
 
     def stop(self, seq: int) -> set[int]:
         placed = self.placed.pop(seq)
+        self.version += 1
         touched: set[int] = set()
         for i, g in placed.items():
             self.streams[i] -= g
@@ -171,10 +177,14 @@ class OffloadState:
         spec = self.job(job_id)
         if spec is None:
             return 0.0
-        pbytes, gpus = spec
-        cost = self._alone(pbytes, gpus, 0)
-        d = self.demand(pbytes, gpus, 0)
-        return gpus * d.traffic.bytes_moved / cost.step_ms / 1e6 if cost.step_ms else 0.0
+        got = self._gbps.get(job_id)
+        if got is None:
+            pbytes, gpus = spec
+            cost = self._alone(pbytes, gpus, 0)
+            d = self.demand(pbytes, gpus, 0)
+            got = gpus * d.traffic.bytes_moved / cost.step_ms / 1e6 if cost.step_ms else 0.0
+            self._gbps[job_id] = got
+        return got
 
     def _alone(self, pbytes: int, gpus: int, node: int) -> StepCost:
         n = self.nodes[node]
@@ -183,6 +193,14 @@ class OffloadState:
 
     def free_gbps(self, types: frozenset[str]) -> float:
         """Σ over nodes of the types (empty: all) of PCIe GB/s not streamed now."""
+        if self._free_version != self.version:
+            self._free, self._free_version = {}, self.version
+        got = self._free.get(types)
+        if got is None:
+            got = self._free[types] = self._free_gbps(types)
+        return got
+
+    def _free_gbps(self, types: frozenset[str]) -> float:
         used = [0.0] * len(self.nodes)
         for seq, placed in self.placed.items():
             for i, g in placed.items():

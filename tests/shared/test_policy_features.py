@@ -47,3 +47,37 @@ def test_encode_by_hand() -> None:
     assert not np.any(x[2])
     c = cluster_features(obs)
     np.testing.assert_allclose(c, [6 / 8, 4.5 / 8, 2 / 6, 1.0, 0.5 / 8, 0.0, 2 / 1000], rtol=1e-6)
+
+
+def test_offload_pressure_column() -> None:
+    """`offload_pressure`: d / (d + free) from the simulator's OffloadState for an
+    offloading job, computed here from its parts (demand_gbps, free_gbps) and the
+    definition; 0 for a job that does not offload and on an observation without it."""
+    from shared.sim.offload_jobs import BYTES_PER_PARAM
+    from shared.sim.offload_state import OffloadState
+
+    spec = parse_cluster(
+        {"nodes": [{"name": "v", "count": 2, "gpu_type": "V100", "gpus": 4, "pcie_gbps": 16}]}
+    )
+    state = ClusterState(spec)
+    waiting, history = WaitingIndex(), History()
+    a = QueuedJob(0, "a", 0.0, 1)
+    b = QueuedJob(1, "b", 0.0, 2)
+    obs = SimObservation(state, waiting, history, {})
+    col = JOB_FEATURES.index("offload_pressure")
+    x, _ = encode([a, b], obs, max_jobs=2)
+    assert x[0, col] == 0.0 and x[1, col] == 0.0  # no offload state: 0
+    off = OffloadState(spec)
+    off.add_job(0, "a", int(2.85e9 * BYTES_PER_PARAM), 1)  # T5-3B on one GPU
+    off.add_job(2, "r", int(2.85e9 * BYTES_PER_PARAM), 1)
+    obs.offload = off
+    d = off.demand_gbps("a")
+    assert d > 0
+    x, _ = encode([a, b], obs, max_jobs=2)
+    assert math.isclose(x[0, col], d / (d + 2 * 16.0), rel_tol=1e-6)  # nothing streams yet
+    assert x[1, col] == 0.0  # b does not offload
+    off.start(2, [(0, 1)])  # another offloading job streams on v-0: less free bandwidth
+    free = off.free_gbps(frozenset())
+    assert free < 2 * 16.0
+    x, _ = encode([a, b], obs, max_jobs=2)
+    assert math.isclose(x[0, col], d / (d + free), rel_tol=1e-6)

@@ -9,16 +9,18 @@ import itertools
 from dataclasses import dataclass
 
 from shared.errors import UserError
-from shared.policy_features import HISTORY_FEATURES, JOB_FEATURES
+from shared.policy_features import HISTORY_FEATURES, JOB_FEATURES, OFFLOAD_FEATURES
 from shared.traces._io import parse_time
 
 __all__ = ["ARG_DOCS", "FEATURE_SETS", "HEURISTICS", "OBJECTIVES", "Args", "validate", "when"]
 
 OBJECTIVES = ("bsld", "queue", "jct", "util")
 
+_BASE = tuple(f for f in JOB_FEATURES if f not in OFFLOAD_FEATURES)
 FEATURE_SETS = {
-    "all": JOB_FEATURES,
-    "no-history": tuple(f for f in JOB_FEATURES if f not in HISTORY_FEATURES),
+    "all": _BASE,  # every feature but the offload one
+    "no-history": tuple(f for f in _BASE if f not in HISTORY_FEATURES),
+    "offload": JOB_FEATURES,  # all, and the job's offload pressure
 }
 HEURISTICS = ("fifo", "sjf-est", "f1", "multifactor", "smallest")  # none knows run times
 
@@ -66,7 +68,7 @@ class Args:
     window: int = 128
     """jobs the policy ranks per round"""
     features: str = "all"
-    """feature set: all, or no-history (the ablation)"""
+    """feature set: all, no-history (the ablation), or offload (all + offload_pressure)"""
     hidden: int = 32
     """width of the network"""
     context: bool = True
@@ -101,6 +103,11 @@ class Args:
     """validation episodes"""
     log: str = ""
     """CSV of every iteration's scalars (default: `out` with .csv)"""
+    offload_fraction: float = 0.0
+    """mark this seeded share of the jobs as offloading (sizes as `simulate`; 0: none)"""
+    offload_reward: float = 0.0
+    """weight of the reward's offload part (shared/offload_signal.py) against the
+    objective's gain: + W x (part under the policy - part under the baseline)"""
 
 
 def _arg_docs() -> dict[str, str]:
@@ -128,6 +135,10 @@ def validate(args: Args) -> None:
             raise UserError(f"--{name.replace('_', '-')} must be positive")
     if args.workers < 0:
         raise UserError("--workers must be 0 or more")
+    if not 0.0 <= args.offload_fraction <= 1.0:
+        raise UserError("--offload-fraction must be between 0 and 1")
+    if args.offload_reward < 0:
+        raise UserError("--offload-reward must be 0 or more")
     if not 0 < args.load_lo <= args.load_hi:
         raise UserError("--load-lo must be positive and at most --load-hi")
     when(args.until)

@@ -13,6 +13,11 @@ switch (the prefix is the same in both, so those are the same jobs).
 Objectives (`OBJECTIVES`): avg bounded slowdown (default), avg queueing
 delay, avg JCT (lower is better), and GPU utilisation over the episode's
 submission span (higher is better).
+
+With `offload_reward` W > 0 the reward also has the offload part of
+shared/offload_signal.py over the offloading jobs among those same jobs:
+W · (part under the policy − part under the baseline), the part being
+− share of GPU time lost to unhidden migrations − 0.1 · (1 − hit rate).
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from services.scoring.rl.network import ScoreNet
 from services.scoring.rl.policy import RLPolicy, Step
 from shared.cluster import ClusterSpec
 from shared.metrics import JobRecord
+from shared.offload_signal import OffloadPart, offload_part
 from shared.policy_api import Observation, Policy, PolicyContext, QueuedJob
-from shared.sim import SimConfig, simulate
+from shared.sim import SimConfig, SimResult, simulate
 from shared.speeds import speed_of
 from shared.traces import TraceJob
 
@@ -59,6 +65,7 @@ class EpisodeConfig:
     objective: str = "bsld"
     placer: str = "greedy"
     window: int = 128
+    offload_reward: float = 0.0  # W of the offload part (module doc); 0: off
 
 
 @dataclass(frozen=True)
@@ -240,13 +247,27 @@ def run_episode(
     b = objective(base.records, cfg.objective, todo, cluster.total_gpus)
     p = objective(run.records, cfg.objective, todo, cluster.total_gpus)
     steps = keep.finish()
+    reward = max(relative_gain(cfg.objective, p, b), -1.0)  # a disaster counts as -100%
+    extra: dict[str, float] = {}
+    if cfg.offload_reward > 0:
+        ids = {base.records[i].job_id for i in todo}
+        pb, pp = _offload_part(base, ids), _offload_part(run, ids)
+        extra = {"offload_part": pp.value, "offload_part_baseline": pb.value}
+        reward += cfg.offload_reward * (pp.value - pb.value)
     return EpisodeResult(
         spec,
         steps,
-        max(relative_gain(cfg.objective, p, b), -1.0),  # a disaster counts as -100%
+        reward,
         p,
         b,
         jobs=len(jobs),
         decisions=keep.rounds,
         sim_s=base.wall_s + run.wall_s,
+        extra=extra,
     )
+
+
+def _offload_part(res: SimResult, ids: set[str]) -> OffloadPart:
+    """The reward's offload part over the offloading jobs among `ids`."""
+    recs = (r for job_id, r in res.offload.items() if job_id in ids)
+    return offload_part((r.run_s, r.unhidden_s, r.hit_rate) for r in recs)

@@ -45,6 +45,7 @@ from shared.cluster import ClusterSpec, load_cluster
 from shared.errors import UserError
 from shared.policy_features import GLOBAL_FEATURES
 from shared.sim import load_jobs
+from shared.sim.offload_jobs import describe_marking, mark_offloading
 from shared.traces import SkipStats, TraceJob
 
 __all__ = ["FEATURE_SETS", "Args", "IterationLog", "load_world", "train"]
@@ -72,6 +73,8 @@ def load_world(args: Args) -> tuple[list[TraceJob], list[ClusterSpec], list[Trac
         raise UserError("give at least one --cluster to train on")
     clusters = [load_cluster(c) for c in args.clusters]
     jobs = load_jobs(args.trace, args.format, clusters[0], SkipStats())
+    if args.offload_fraction:
+        jobs = mark_offloading(jobs, args.offload_fraction, args.seed)
     until, val_from = when(args.until), when(args.val_from)
     end = until if until is not None else math.inf
     split = val_from if val_from is not None else end
@@ -240,7 +243,7 @@ def train(
     features = FEATURE_SETS[args.features]
     cfg = EpisodeConfig(
         args.prefix, args.jobs, args.load_lo, args.load_hi, args.baseline, args.objective,
-        args.placer, args.window,
+        args.placer, args.window, args.offload_reward,
     )  # fmt: skip
     train_jobs, clusters, val_jobs = load_world(args)
     # ---- the network, the optimizer, or both from a checkpoint ----
@@ -271,6 +274,8 @@ def train(
         "train_jobs": len(train_jobs),
         "val_jobs": len(val_jobs),
     }
+    if args.offload_fraction:
+        meta["offload_marking"] = describe_marking(args.offload_fraction, args.seed)
     # ---- rollout workers; validation episodes and the best heuristic on them ----
     rollouts = Rollouts(functools.partial(_train_world, args), args.workers)
     val = Rollouts(functools.partial(_val_world, args), 0) if val_jobs else None

@@ -4,7 +4,7 @@ the timeout and fallback paths, and a real-cluster window."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
@@ -119,6 +119,56 @@ def test_objective_equals_brute_force(cluster: list[NodeFree], window: list[JobR
     scorer = Scorer(window, cluster, SPEED, ref.weights, ref.workload, ref.pressure)
     assert res.objective == scorer.evaluate(res.allocations)
     assert res.objective == _best(window, cluster, scorer)
+
+
+class _Toy:
+    """A same-window contention (objective.py's Contention): jobs whose id ends in an
+    even digit stream; a node of type t receiving streaming slots pays
+    w_t · Σ_slots k · (o − k), o its streaming GPUs in all."""
+
+    def __init__(self, w: dict[str, int] | None = None) -> None:
+        self.w = w or {"A": 300, "B": 170}
+
+    def streams(self, job: JobRequest) -> bool:
+        return job.job_id[-1] in "02468"
+
+    def cost(self, gpu_type: str, slots: Sequence[tuple[int, int]]) -> int:
+        o = sum(k * c for k, c in slots)
+        return self.w.get(gpu_type, 90) * sum(c * k * (o - k) for k, c in slots)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes(max_nodes=3, max_gpus=4), jobs(max_jobs=5, max_gpus=4))
+def test_objective_with_same_window_contention_equals_brute_force(
+    cluster: list[NodeFree], window: list[JobRequest]
+) -> None:
+    """Streaming slots as their own slot kind, each node pattern charged what its
+    streaming slots cost each other: still the exact optimum of the objective that
+    Scorer.evaluate computes for a concrete placement (brute force over placements)."""
+    _, multi = _split(window, cluster)
+    assume(not multi)
+    placer = MilpPlacer(MilpConfig(time_limit_s=5.0, enumerate_single=False))
+    res = placer.place_charged(window, cluster, SPEED, lambda j, t: 0, _Toy())
+    assert res.status == "OPTIMAL"
+    assert violations(window, cluster, res.allocations) == []
+    ref = placer.scorer(window, cluster, SPEED)
+    scorer = Scorer(window, cluster, SPEED, ref.weights, ref.workload, ref.pressure, None, _Toy())
+    assert res.objective == scorer.evaluate(res.allocations)
+    assert res.objective == _best(window, cluster, scorer)
+
+
+def test_contention_moves_streaming_jobs_apart() -> None:
+    """Two 1-GPU streaming jobs and two 2-GPU nodes of one type: packing (least
+    fragmentation) puts both on one node; a contention dearer than the fragmentation
+    saved puts them on two, a cheap one does not."""
+    cluster = [NodeFree("m", "A", (1000, 1000)), NodeFree("n", "A", (1000, 1000))]
+    window = [JobRequest("j0", 1), JobRequest("j2", 1)]
+    placer = MilpPlacer(MilpConfig(time_limit_s=5.0))
+    assert len({a.node_ids for a in placer.place(window, cluster, SPEED).allocations}) == 1
+    res = placer.place_charged(window, cluster, SPEED, lambda j, t: 0, _Toy({"A": 100_000}))
+    assert sorted(a.node_ids for a in res.allocations) == [("m",), ("n",)]
+    res = placer.place_charged(window, cluster, SPEED, lambda j, t: 0, _Toy({"A": 0}))
+    assert len({a.node_ids for a in res.allocations}) == 1
 
 
 def _window() -> tuple[list[JobRequest], list[NodeFree]]:

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 class View:
     """Node `busy` already has one offloading GPU: a job there runs 2x slower and
-    slows the one there by 0.5; elsewhere it runs alone at 1.25x."""
+    slows the one there by 0.5; elsewhere it runs alone at 1.25x, and beside another
+    one placed in the same window 2x slower, slowing that one by 0.5."""
 
     def __init__(self, offloading: set[str]) -> None:
         self.offloading = offloading
@@ -65,18 +66,35 @@ def test_offloading_job_avoids_the_busy_node(inner: object) -> None:
     assert _wrapped(inner, set()).place([job], NODES, SPEED).allocations == plain.allocations
 
 
+class Pairs(View):
+    """As View, but on `busy` a job runs 1.6x slower and slows the one there by 0.4."""
+
+    def estimate(
+        self, param_bytes: int, gpus: int, node_id: str, take: int, extra: int = 0
+    ) -> tuple[float, float]:
+        if node_id == "busy":
+            return 1.6, 0.4
+        return (2.0, 0.5) if extra else (1.25, 0.0)
+
+
 @pytest.mark.parametrize("inner", [GreedyPlacer(), MilpPlacer(MilpConfig(time_limit_s=5.0))])
-def test_two_offloading_jobs_do_not_share_when_they_need_not(inner: object) -> None:
-    """Two 1-GPU offloading jobs, one GPU on `busy` and two on `idle`: both start,
-    the MILP and greedy put both on `idle` rather than one on `busy`: cost
-    2 · (1 − 1/1.25) = 0.4 against (1 − 1/2) + 0.5 + 0.2 = 1.2."""
+def test_two_offloading_jobs_of_one_window_are_charged_for_each_other(inner: object) -> None:
+    """Two 1-GPU offloading jobs, one GPU free on `busy` and two on `idle`. Together on
+    `idle` they cost each other: x = (1 − 1/2) + 0.5 = 1.0 each, 2.0 in all; one on
+    `busy` (x = 1 − 1/1.6 + 0.4 = 0.775) and one alone on `idle` (x = 0.2) cost 0.975.
+    Both placers split them (the MILP through the charge on the node pattern with two
+    streaming slots); without the same-window charge the MILP put both on `idle`."""
     jobs = [JobRequest("a", 1), JobRequest("b", 1)]
-    res = _wrapped(inner, {"a", "b"}).place(jobs, NODES, SPEED)
+    p = OffloadAwarePlacer(inner)  # type: ignore[arg-type]
+    p.offload_view = Pairs({"a", "b"})
+    res = p.place(jobs, NODES, SPEED)
     assert sorted(a.job_id for a in res.allocations) == ["a", "b"]
-    if isinstance(inner, MilpPlacer):
-        assert {a.node_ids for a in res.allocations} == {("idle",)}
-    else:  # greedy: one at a time, the second sees the first (extra) on idle: 2.0 vs 2.0
-        assert res.allocations[0].node_ids == ("idle",)
+    assert sorted(a.node_ids for a in res.allocations) == [("busy",), ("idle",)]
+    # the same two jobs, one of them not offloading: nothing to share, both on `idle`
+    # for the MILP (the offloading one avoids `busy`; packing keeps the other beside it)
+    p.offload_view = Pairs({"a"})
+    res = p.place(jobs, NODES, SPEED)
+    assert dict((a.job_id, a.node_ids) for a in res.allocations)["a"] == ("idle",)
 
 
 def test_offload_cost_of_a_job_that_does_not_offload_is_zero() -> None:

@@ -82,6 +82,7 @@ def test_train_ablation_features(tmp_path: Path) -> None:
         (["--features", "oracle"], "--features 'oracle'"),
         (["--iterations", "0"], "--iterations must be positive"),
         (["--until", "yesterday"], "cannot read time 'yesterday'"),
+        (["--offload-fraction", "1.5"], "--offload-fraction must be between 0 and 1"),
     ],
 )
 def test_train_user_errors_are_one_line(
@@ -101,3 +102,14 @@ def test_resume_from_other_features_is_refused(
     assert main([*argv, "--resume", str(tmp_path / "h.last.pt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "trained on feature set all, not no-history" in err[0]
+
+
+def test_train_with_offload_reward_and_feature(tmp_path: Path) -> None:
+    """`--offload-fraction` marks jobs (stated in the checkpoint), `--features offload`
+    adds the offload pressure column, `--offload-reward` weights the reward's part."""
+    argv = _train(tmp_path, "o.pt", "--iterations", "1", "--features", "offload")
+    assert main([*argv, "--offload-fraction", "0.5", "--offload-reward", "1.0"]) == 0
+    ckpt = load_checkpoint(tmp_path / "o.pt")
+    assert ckpt.features[-1] == "offload_pressure" and ckpt.net.cfg.n_job == len(ckpt.features)
+    assert "50% of jobs" in ckpt.meta["offload_marking"]
+    assert ckpt.meta["args"]["offload_reward"] == 1.0
