@@ -7,7 +7,12 @@ discipline. Printed per placer: avg JCT of all jobs and of the offloading ones,
 their mean migration time and `offload_slowdown` (run time added by migrations
 compute did not hide / run time without it), priority inversions; then each
 offload-aware placer against its unaware twin. `--out DIR` writes the table as
-JSON and a bar plot (offload_placement.png).
+JSON and a bar plot (offload_placement.png). `--policies` runs every placer under
+each policy (rows "policy / placer"; a learned one as `rl:PATH`), `--since` /
+`--until` pick the slice as `rltune simulate` does, and `--jobs-out DIR` writes
+each run's per-job CSV and summary JSON (as `simulate --jobs-out`, `--json`): every
+figure of the table is recomputed from the CSV (tests/shared/sim/jobs_check.py,
+../shared/tools/check_jobs.py).
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from rich.table import Table
 from services.placement.registry import OFFLOAD_SUFFIX, make_placer
 from services.scoring.policies import make_policy
 from shared.cli.common import write_json
+from shared.cli.simulate import load_run_jobs
 from shared.cluster import load_cluster
 from shared.errors import UserError
-from shared.sim import SimConfig, load_jobs, simulate
+from shared.sim import SimConfig, simulate, write_jobs_csv
 from shared.sim.offload_jobs import describe_marking, mark_offloading
 from shared.traces import SkipStats
 
@@ -46,9 +52,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--format", default="philly")
     p.add_argument("--cluster", default="clusters/philly.yaml")
     p.add_argument("--limit", type=int, default=8000, help="first N jobs by submit time")
+    p.add_argument("--since", default="", help="only jobs submitted from then (as simulate)")
+    p.add_argument("--until", default="", help="only jobs submitted before then")
+    p.add_argument("--jobs-out", default=None, help="directory for each run's per-job CSV")
     p.add_argument("--fraction", type=float, default=0.3, help="share of jobs offloading")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--policy", default="fifo")
+    p.add_argument("--policies", default="fifo", help="comma-separated; each runs every placer")
     p.add_argument("--discipline", default="easy")
     p.add_argument("--placers", default="greedy,greedy+offload,milp,milp+offload")
     p.add_argument("--out", default=None, help="directory for the JSON and the plot")
@@ -58,41 +67,52 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     a = _parse(argv)
     placers = [n.strip() for n in a.placers.split(",") if n.strip()]
+    policies = [n.strip() for n in a.policies.split(",") if n.strip()]
     for name in placers:
         make_placer(name)  # every name checked before the long runs
+    for name in policies:
+        make_policy(name)
     console = Console(stderr=True)
     cluster = load_cluster(a.cluster)
-    jobs = load_jobs(a.trace, a.format, cluster, SkipStats(), a.limit)
+    jobs = load_run_jobs(a, cluster, SkipStats())
     jobs = mark_offloading(jobs, a.fraction, a.seed)
     marking = describe_marking(a.fraction, a.seed)
     console.print(marking)
     config = SimConfig(seed=a.seed, discipline=a.discipline)
     rows: dict[str, dict[str, Any]] = {}
+    runs = [(pol, name) for pol in policies for name in placers]
     with Progress(console=console, transient=True) as bar:
-        for name in placers:
-            task = bar.add_task(f"{a.policy} / {name}", total=len(jobs))
+        for pol, name in runs:
+            label = name if len(policies) == 1 else f"{pol} / {name}"
+            task = bar.add_task(f"{pol} / {name}", total=len(jobs))
 
             def tick(done: int, _total: int, task: TaskID = task) -> None:
                 bar.update(task, completed=done)
 
             placer = make_placer(name, reproducible=True)
-            res = simulate(jobs, cluster, make_policy(a.policy), placer, config, tick)
+            res = simulate(jobs, cluster, make_policy(pol), placer, config, tick)
             s = res.summary()
             if not s.get("offload_jobs"):
                 raise UserError("no offloading job finished: raise --fraction or --limit")
             others = [r.jct_s for r in res.records if r.finished and not r.param_bytes]
             s["others_avg_jct_s"] = sum(others) / len(others) if others else 0.0
-            rows[name] = {k: s[k] for k in (*KEYS, "offload_jobs", "priority_inversions")}
-            rows[name]["wall_s"] = round(res.wall_s, 1)
-    result = {"marking": marking, "trace": a.trace, "limit": a.limit, "policy": a.policy,
-              "discipline": a.discipline, "cluster": a.cluster, "placers": rows,
-              "versus": _versus(rows)}  # fmt: skip
+            rows[label] = {k: s[k] for k in (*KEYS, "offload_jobs", "priority_inversions")}
+            rows[label]["wall_s"] = round(res.wall_s, 1)
+            if a.jobs_out:
+                Path(a.jobs_out).mkdir(parents=True, exist_ok=True)
+                safe = "".join(c if c.isalnum() or c in "+-." else "_" for c in label)
+                write_jobs_csv(res.records, Path(a.jobs_out) / f"{safe}.csv")
+                write_json(res.summary(), str(Path(a.jobs_out) / f"{safe}.json"))
+    result = {"marking": marking, "trace": a.trace, "limit": a.limit, "since": a.since,
+              "until": a.until, "policies": policies, "discipline": a.discipline,
+              "cluster": a.cluster, "placers": rows, "versus": _versus(rows)}  # fmt: skip
     print_table(console, result)
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         write_json(result, str(out / "offload_placement.json"))
-        _plot(rows, out / "offload_placement.png", f"{a.policy}, {a.discipline}, {a.limit} jobs")
+        title = f"{', '.join(policies)}, {a.discipline}, {len(jobs)} jobs"
+        _plot(rows, out / "offload_placement.png", title)
     return 0
 
 
@@ -100,7 +120,7 @@ def _versus(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Each aware placer against its unaware twin: relative change of every key."""
     out = {}
     for name, r in rows.items():
-        twin = name.removesuffix(OFFLOAD_SUFFIX)
+        twin = name.removesuffix(OFFLOAD_SUFFIX)  # "policy / placer": the same policy
         if name != twin and twin in rows:
             base = rows[twin]
             out[f"{name} vs {twin}"] = {k: round(r[k] / base[k] - 1, 4) for k in KEYS if base[k]}
@@ -108,7 +128,8 @@ def _versus(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def print_table(console: Console, result: dict[str, Any]) -> None:
-    t = Table(title=f"offload placement ({result['policy']}, {result['discipline']})")
+    pols = ", ".join(result["policies"])
+    t = Table(title=f"offload placement ({pols}, {result['discipline']})")
     for col in ("placer", "avg JCT s", "others avg JCT s", "offloading avg JCT s",
                 "migration s / job", "offload slowdown", "inversions"):  # fmt: skip
         t.add_column(col, justify="right", no_wrap=col == "placer")

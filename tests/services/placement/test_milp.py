@@ -137,7 +137,7 @@ class _Toy:
         return self.w.get(gpu_type, 90) * sum(c * k * (o - k) for k, c in slots)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes(max_nodes=3, max_gpus=4), jobs(max_jobs=5, max_gpus=4))
 def test_objective_with_same_window_contention_equals_brute_force(
     cluster: list[NodeFree], window: list[JobRequest]
