@@ -56,7 +56,7 @@ def _simulate(tmp: Path, cluster: Path, policy: str, placer: str) -> Path:
     return out
 
 
-@pytest.mark.parametrize(("policy", "bad_input"), [("fifo", False), ("sjf-est", True)])
+@pytest.mark.parametrize(("policy", "bad_input"), [("rl", False), ("sjf-est", True)])
 async def test_lockstep_same_start_times_as_simulate(
     bus: BusSettings, tmp_path: Path, policy: str, bad_input: bool
 ) -> None:
