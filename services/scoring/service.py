@@ -167,7 +167,7 @@ class ScoringHandler:
         except msgspec.MsgspecError:
             self.stats.extra["ignored_bad_placement"] += 1  # its executor dead-letters it
             return
-        self.state.placed([a.job_id for a in batch.assignments])
+        self.state.placed([a.job_id for a in batch.assignments], batch.round_id)
 
     def _rewards(self, rec: Record) -> None:
         try:
@@ -240,8 +240,11 @@ async def _ticker(
     next_report = time.monotonic() + 5.0
     async with Producer(settings, client_id=f"{NAME}-rounds") as producer:
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), conf.tick_s)
+            if handler.state.full:  # a backlog: the next K at once (placement paces it)
+                await asyncio.sleep(0)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), conf.tick_s)
             if time.monotonic() >= next_report:  # a round stuck on a missing input: say so
                 next_report = time.monotonic() + 5.0
                 for req in list(handler.state.rounds.pending.values())[:1]:
