@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import asyncio
+import gc
 import importlib
 import logging
 import os
