@@ -14,7 +14,10 @@ job of the trace on `jobs.submit` when the simulator's clock reaches it (a
 deployment with no other replay). A round not answered in `resend_s`
 is asked again (same round_id), so a restarted scoring or placement service
 picks it up. At the end it writes `--json` and `--jobs-out` exactly as
-`rltune simulate` does, and stops if `exit_when_done`.
+`rltune simulate` does, and stops if `exit_when_done`. Offloading jobs (from the
+trace, or marked with `--offload-fraction` as `simulate` marks them) publish
+`OffloadStats` from the simulator's cost model (shared/sim/offload_*.py) whenever
+their rate changes, with the next round: the reward's offload terms in simulation.
 
 Restart (after a crash, SIGKILL included): the simulator is deterministic given
 the answers to its rounds, and those answers are on the topics. At start the
@@ -62,6 +65,7 @@ from shared.errors import UserError
 from shared.messages import (
     JobEvent,
     NodeStatus,
+    OffloadStats,
     PlacementBatch,
     PriorityBatch,
     RoundRequest,
@@ -97,6 +101,7 @@ class SimSettings:
     jobs_out: str | None = None
     exit_when_done: bool = False
     replay: bool = False  # submit the trace's jobs to jobs.submit as they arrive
+    offload_fraction: float = 0.0  # as simulate's --offload-fraction (seeded marking)
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -111,6 +116,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--discipline", default="easy", choices=DISCIPLINES, help="as placement's")
     p.add_argument("--lockstep", action="store_true", help="virtual time, round by round")
     p.add_argument("--speedup", type=float, default=1000.0, help="virtual s per wall s")
+    p.add_argument(
+        "--offload-fraction",
+        type=float,
+        default=0.0,
+        help="mark this share of the jobs without a model size as offloading (as simulate)",
+    )
     p.add_argument(
         "--resend", type=float, default=5.0, help="ask a round again after this many s unanswered"
     )
@@ -129,6 +140,8 @@ def from_args(args: argparse.Namespace) -> SimSettings:
         raise UserError(f"--speedup must be positive, got {args.speedup}")
     if args.window <= 0:
         raise UserError(f"--window must be positive, got {args.window}")
+    if not 0.0 <= args.offload_fraction <= 1.0:
+        raise UserError(f"--offload-fraction must be within [0, 1], got {args.offload_fraction}")
     if args.resend <= 0:
         raise UserError(f"--resend must be positive, got {args.resend}")
     return SimSettings(
@@ -137,7 +150,7 @@ def from_args(args: argparse.Namespace) -> SimSettings:
         discipline=args.discipline,
         lockstep=args.lockstep, speedup=args.speedup, json_out=args.json_out,
         jobs_out=args.jobs_out, exit_when_done=args.exit_when_done, replay=args.replay,
-        resend_s=args.resend,
+        resend_s=args.resend, offload_fraction=args.offload_fraction,
     )  # fmt: skip
 
 
@@ -207,10 +220,13 @@ class BusChannel:
 
     # called from the simulator thread
     def score(
-        self, req: RoundRequest, nodes: list[NodeStatus], events: list[JobEvent]
+        self,
+        req: RoundRequest,
+        nodes: list[NodeStatus],
+        events: list[JobEvent],
+        offload: list[OffloadStats],
     ) -> PriorityBatch:
-        outs = [Outgoing(self.t.jobs_events, e.job_id, encode(e)) for e in events]
-        outs += [Outgoing(self.t.cluster_nodes, n.node_id, encode(n)) for n in nodes]
+        outs = self._outs(events, nodes, offload)
         if self.replay is not None:  # this round's arrivals, submitted as a user would
             for jid in req.arrived:
                 tj = self.replay.pop(jid, None)
@@ -223,10 +239,24 @@ class BusChannel:
     def place(self, req: RoundRequest) -> PlacementBatch:
         return self._call(self._ask(req, [], self.waits.place))
 
-    def publish(self, events: Sequence[JobEvent], nodes: Sequence[NodeStatus]) -> None:
+    def publish(
+        self,
+        events: Sequence[JobEvent],
+        nodes: Sequence[NodeStatus],
+        offload: Sequence[OffloadStats],
+    ) -> None:
+        self._call(self._publish(self._outs(events, nodes, offload)))
+
+    def _outs(
+        self,
+        events: Sequence[JobEvent],
+        nodes: Sequence[NodeStatus],
+        offload: Sequence[OffloadStats],
+    ) -> list[Outgoing]:
         outs = [Outgoing(self.t.jobs_events, e.job_id, encode(e)) for e in events]
         outs += [Outgoing(self.t.cluster_nodes, n.node_id, encode(n)) for n in nodes]
-        self._call(self._publish(outs))
+        outs += [Outgoing(self.t.offload_stats, o.job_id, encode(o)) for o in offload]
+        return outs
 
     def _call(self, coro: Any) -> Any:
         fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -339,6 +369,11 @@ async def serve(
     cluster = load_cluster(conf.cluster)
     skipped = SkipStats()
     jobs = load_jobs(conf.trace, conf.format, cluster, skipped, conf.limit)
+    if conf.offload_fraction:
+        from shared.sim.offload_jobs import describe_marking, mark_offloading
+
+        jobs = mark_offloading(jobs, conf.offload_fraction, conf.seed)
+        log.info("%s", describe_marking(conf.offload_fraction, conf.seed))
     stats = ServiceStats()
     handler = Handler(settings, stats)
     t = settings.topics
