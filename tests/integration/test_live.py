@@ -17,8 +17,9 @@ from services.placement import service as placement
 from services.scoring import service as scoring
 from services.telemetry import service as telemetry
 from shared.bus import Producer, Record, read_back
+from shared.cli import main
 from shared.config import BusSettings
-from shared.messages import JobEvent, JobSpec, KillRequest, MetricsSnapshot, encode
+from shared.messages import JobEvent, JobSpec, MetricsSnapshot, encode
 from tests.integration.streaming import services
 
 NODES = {"host-a": ("V100", 2), "host-b": ("P100", 4)}
@@ -82,8 +83,9 @@ async def test_two_agents_run_placed_jobs_with_their_gpus(bus: BusSettings, tmp_
                 if pids.exists() and len(pids.read_text().split()) == 2:
                     break
                 await asyncio.sleep(0.5)
-            kill = KillRequest("sleeper", reason="test")
-            await (await p.send(bus.topics.jobs_kill, "sleeper", encode(kill)))
+            argv = ["submit", "--kill", "sleeper", "--reason", "test"]
+            argv += ["--bootstrap", bus.bootstrap, "--topic-prefix", bus.topic_prefix]
+            assert await asyncio.to_thread(main, argv) == 0  # a KillRequest on jobs.kill
             await (await p.send(bus.topics.jobs_kill, "sleeper", b"{not json"))  # rejected
         ended: dict[str, JobEvent] = {}
         for _ in range(240):
