@@ -52,6 +52,7 @@ from offload_agent.optim import (
     clip_coefficient,
     state_id,
 )
+from offload_agent.precision import MASTER_KIND, PRECISIONS, LossScale, LossScaler, unscaled
 from offload_agent.profiler import Recorder
 from offload_agent.residency import TensorSpec
 from offload_agent.stats import CacheStats
@@ -77,6 +78,10 @@ class EngineConfig:
     accumulation_steps: int = 1
     # clip the gradients to this global 2-norm (torch.nn.utils.clip_grad_norm_)
     max_grad_norm: float | None = None
+    # fp32 | bf16 | fp16: the dtype the model computes with (bf16/fp16: fp32
+    # master weights and states in the slow tiers, working copies in the fast one)
+    precision: str = "fp32"
+    loss_scale: LossScale = dataclasses.field(default_factory=LossScale)  # fp16 only
 
 
 class OffloadEngine:
@@ -96,6 +101,8 @@ class OffloadEngine:
             raise ValueError(f"accumulation_steps must be >= 1, not {config.accumulation_steps}")
         if config.max_grad_norm is not None and not config.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0, not {config.max_grad_norm}")
+        if config.precision not in PRECISIONS:
+            raise ValueError(f"precision {config.precision!r}: choose from {', '.join(PRECISIONS)}")
         self.model, self.config = model, config
         self.device, self.store, self.io = device, store, io
         self.budgets = Budgets(config.fast_budget, config.host_budget)
@@ -106,8 +113,23 @@ class OffloadEngine:
         # every name a parameter has in `model.state_dict()` (tied ones have two)
         self.aliases = {n: self.names[p] for n, p in model.named_parameters(remove_duplicate=False)}
         self.optim = Optimizer(list(self.params), optim)
-        self._keep_grads = config.accumulation_steps > 1 or config.max_grad_norm is not None
-        self.specs = specs_of(model, accumulate=self._keep_grads)
+        self.working = PRECISIONS[config.precision]
+        self.scaler = (
+            LossScaler(config.loss_scale, device.fast_device)
+            if config.precision == "fp16"
+            else None
+        )
+        # clipping and fp16's overflow check need every gradient before any step
+        self._step_at_end = config.max_grad_norm is not None or self.scaler is not None
+        self._keep_grads = config.accumulation_steps > 1 or self._step_at_end
+        self.specs = specs_of(model, accumulate=self._keep_grads, working=self.working)
+        self.masters = {  # parameter -> its fp32 master copy (mixed precision)
+            s.tensor_id.removesuffix(f"#{MASTER_KIND}"): s.tensor_id
+            for s in self.specs
+            if s.kind == MASTER_KIND
+        }
+        self._dtypes = {n: p.dtype for n, p in self.params.items()}  # as the model had them
+        self.skipped_steps = 0  # fp16 steps skipped on an inf/NaN gradient
         self.cache: TensorCache | None = None
         self.setup_name = ""
         self.last_error = ""
@@ -130,7 +152,9 @@ class OffloadEngine:
     def start(self) -> None:
         """Allocate buffers, write swap files, install hooks (safe default layout)."""
         self._store_ok = self._prepare_store()
-        self._binder.make_placeholders(self.device.fast_device)
+        self._binder.make_placeholders(
+            self.device.fast_device, {s.tensor_id: s.dtype for s in self.specs if s.kind == "param"}
+        )
         setup = initial_setup(self.config, self.specs, self.budgets, store_ok=self._store_ok)
         try:
             self._install(setup, (self._initial(spec) for spec in self.specs))
@@ -151,7 +175,18 @@ class OffloadEngine:
         copy of the model is made), zeros for optimizer states."""
         if spec.kind == "param":
             return spec, self.params[spec.tensor_id].detach()
+        if spec.kind == MASTER_KIND:  # listed before its parameter: still the model's value
+            return spec, self.params[spec.tensor_id.removesuffix(f"#{MASTER_KIND}")].detach()
         return spec, torch.zeros(spec.shape, dtype=spec.dtype)
+
+    def _value(self, name: str) -> torch.Tensor:
+        """A parameter's current value in the dtype the model gave it: its fp32
+        master under mixed precision (a frozen one: its working copy, converted)."""
+        cache = self._cache()
+        master = self.masters.get(name)
+        if master is not None:
+            return cache.materialize(master).to(self._dtypes[name])
+        return cache.materialize(name).to(self._dtypes[name])
 
     def _real_values(
         self, module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any
@@ -164,7 +199,7 @@ class OffloadEngine:
         for key in state:
             tid = self.aliases.get(key.removeprefix(prefix))
             if tid is not None:
-                state[key] = self.cache.materialize(tid)
+                state[key] = self._value(tid)
 
     def close(self, *, restore: bool = True) -> None:
         """Wait for copies in flight, remove the hooks and (by default) give every
@@ -179,7 +214,7 @@ class OffloadEngine:
             self.cache.drain()
             if restore:
                 for name, param in self.params.items():
-                    param.data = self.cache.materialize(name)
+                    param.data = self._value(name)
         except Exception as exc:  # shutting down: report and go on
             log.warning("offload engine closed with an I/O error: %s", exc)
 
@@ -330,7 +365,7 @@ class OffloadEngine:
                 total.add_(grad)
         del grad
         cache = self._cache()
-        if seen == k and self.config.max_grad_norm is None:
+        if seen == k and not self._step_at_end:
             self._adamw(tensor_id, total)
         else:  # backward is done with the parameter (its gradient is complete)
             cache.release(tensor_id, all_pins=True)
@@ -338,12 +373,11 @@ class OffloadEngine:
         cache.release(total_id, all_pins=True)
 
     def _finish_gradients(self) -> None:
-        """The step's end: clip and step every kept gradient (clipping), or step the
-        parameters that missed some micro-batches (an expert no token was routed
-        to) on the sum they got, as `torch.optim` would."""
+        """The step's end: check (fp16), clip and step every kept gradient, or step
+        the parameters that missed some micro-batches (an expert no token was
+        routed to) on the sum they got, as `torch.optim` would."""
         cache = self._cache()
-        max_norm = self.config.max_grad_norm
-        if max_norm is None:
+        if not self._step_at_end:
             for tensor_id, seen in self._backwards.items():
                 if seen < self.config.accumulation_steps:
                     total_id = state_id(tensor_id, GRAD_KIND)
@@ -353,28 +387,74 @@ class OffloadEngine:
         ids = [t for t in self.params if t in self._backwards]  # parameter order
         if not ids:
             return
-        norms = []
-        for tid in ids:  # first pass: every gradient's norm, before any step
-            grad = self.use(state_id(tid, GRAD_KIND))
-            norms.append(torch.linalg.vector_norm(grad, 2.0))
+        inv = self.scaler.inv_scale() if self.scaler is not None else None
+        max_norm = self.config.max_grad_norm
+        norms, finite = [], True
+        for tid in ids:  # first pass: every gradient's norm and inf/NaN check, no step
+            grad = self._grad(tid, inv)
+            if inv is not None:
+                finite = finite and bool(torch.isfinite(grad).all())
+            if max_norm is not None:
+                norms.append(torch.linalg.vector_norm(grad, 2.0))
             cache.release(state_id(tid, GRAD_KIND), all_pins=True)
-        self.last_grad_norm, coef = clip_coefficient(norms, max_norm)
+        if not finite:  # fp16 overflow: skip the whole step, as GradScaler.step does
+            assert self.scaler is not None
+            self.skipped_steps += 1
+            self.last_grad_norm = float("inf")
+            log.info("fp16 step %d skipped: inf/NaN gradient at loss scale %g", self.steps,
+                     self.scaler.value)  # fmt: skip
+            self.scaler.update(found_inf=True)
+            return
+        coef = None
+        if max_norm is not None:
+            self.last_grad_norm, coef = clip_coefficient(norms, max_norm)
         for tid in ids:
-            grad = self.use(state_id(tid, GRAD_KIND))
-            with torch.no_grad():
-                grad.mul_(coef)
+            grad = self._grad(tid, inv)
+            if coef is not None:
+                with torch.no_grad():
+                    grad.mul_(coef)
             self._adamw(tid, grad)
             cache.release(state_id(tid, GRAD_KIND), all_pins=True)
+        if self.scaler is not None:
+            self.scaler.update(found_inf=False)
+
+    def _grad(self, tensor_id: str, inv_scale: torch.Tensor | None) -> torch.Tensor:
+        """A parameter's kept gradient, fetched and pinned: the cached sum itself in
+        fp32 training, an unscaled fp32 copy of it under mixed precision."""
+        kept = self.use(state_id(tensor_id, GRAD_KIND))
+        return unscaled(kept, inv_scale) if tensor_id in self.masters else kept
 
     def _adamw(self, tensor_id: str, grad: torch.Tensor) -> None:
+        """One AdamW step; under mixed precision on the fp32 master, whose rounding
+        then becomes the working copy."""
         self._stepped.add(tensor_id)
         p = self.use(tensor_id)
         m, v = (self.use(state_id(tensor_id, k)) for k in STATE_KINDS)
-        self.optim.step(tensor_id, p, grad, m, v)
+        master = self.masters.get(tensor_id)
+        ids = [tensor_id, *(state_id(tensor_id, k) for k in STATE_KINDS)]
+        if master is None:
+            self.optim.step(tensor_id, p, grad, m, v)
+        else:
+            w = self.use(master)
+            g = grad if grad.dtype == torch.float32 else unscaled(grad, None)
+            self.optim.step(tensor_id, w, g, m, v)
+            with torch.no_grad():
+                p.copy_(w)
+            ids.append(master)
         cache = self._cache()
-        for tid in (tensor_id, *(state_id(tensor_id, k) for k in STATE_KINDS)):
+        for tid in ids:
             cache.mark_dirty(tid)
             cache.release(tid, all_pins=True)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call `backward()` on: multiplied by the loss scale under
+        fp16 (as `GradScaler.scale`), the loss itself otherwise."""
+        return self.scaler.scale(loss) if self.scaler is not None else loss
+
+    @property
+    def loss_scale(self) -> float:
+        """The current fp16 loss scale (1.0 without one)."""
+        return self.scaler.value if self.scaler is not None else 1.0
 
     def set_lr(self, lr: float | Sequence[float]) -> None:
         """The learning rate for the next steps: one for every parameter group, or
@@ -427,21 +507,19 @@ class OffloadEngine:
         return {s.tensor_id: cache.materialize(s.tensor_id) for s in self.specs}
 
     def state_dict(self) -> dict[str, Any]:
-        """Parameters, optimizer states and step counts as CPU tensors and numbers,
-        read one tensor at a time (`torch.save` it; `load_state_dict` resumes
-        bit-exactly, under any strategy and budget)."""
+        """Parameters (in the dtype the model gave them: the fp32 masters under
+        mixed precision), optimizer states, step counts and the loss scale, as
+        CPU tensors and numbers read one tensor at a time (`torch.save` it;
+        `load_state_dict` resumes bit-exactly, under any strategy and budget)."""
         cache = self._cache()
         cache.drain()
-        trained = [s.tensor_id for s in self.specs if s.kind == STATE_KINDS[0]]
-        return {
-            "params": {n: cache.materialize(n) for n in self.params},
+        trained = [n for n in self.params if state_id(n, STATE_KINDS[0]) in cache.residency]
+        state: dict[str, Any] = {
+            "params": {n: self._value(n) for n in self.params},
             "state": {
-                n.removesuffix(f"#{STATE_KINDS[0]}"): {
-                    "step": self.optim.steps.get(n.removesuffix(f"#{STATE_KINDS[0]}"), 0),
-                    **{
-                        k: cache.materialize(state_id(n.removesuffix(f"#{STATE_KINDS[0]}"), k))
-                        for k in STATE_KINDS
-                    },
+                n: {
+                    "step": self.optim.steps.get(n, 0),
+                    **{k: cache.materialize(state_id(n, k)) for k in STATE_KINDS},
                 }
                 for n in trained
             },
@@ -451,29 +529,38 @@ class OffloadEngine:
             ],
             "steps": self.steps,
         }
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Put back what `state_dict` gave (after `start()`, between steps)."""
+        """Put back what `state_dict` gave (after `start()`, between steps). A
+        checkpoint of fp32 training loads into a mixed-precision engine and back:
+        parameters are stored in the model's own dtype either way."""
         cache = self._cache()
         if self._in_step:
             raise RuntimeError("load_state_dict inside `with engine.step():`")
         params, states = state["params"], state["state"]
-        want = {s.tensor_id: s for s in self.specs if s.kind != GRAD_KIND}
-        got = {n: v for n, v in params.items()}
+        want = {s.tensor_id: s for s in self.specs if s.kind not in (GRAD_KIND, MASTER_KIND)}
+        got = dict(params)
         got.update({state_id(n, k): st[k] for n, st in states.items() for k in STATE_KINDS})
         if set(got) != set(want):
             diff = sorted(set(got) ^ set(want))
             raise ValueError(f"state dict does not match the model: {diff[:3]} ({len(diff)})")
         for tid, value in got.items():
             spec = want[tid]
-            if tuple(value.shape) != spec.shape or value.dtype != spec.dtype:
+            dtype = self._dtypes.get(tid, spec.dtype)  # parameters: as the model had them
+            if tuple(value.shape) != spec.shape or value.dtype != dtype:
                 raise ValueError(
                     f"state dict: {tid} is {tuple(value.shape)} {value.dtype}, "
-                    f"the model has {spec.shape} {spec.dtype}"
+                    f"the model has {spec.shape} {dtype}"
                 )
         cache.drain()
         for tid, value in got.items():
-            cache.overwrite(tid, value)
+            master = self.masters.get(tid)
+            if master is not None:
+                cache.overwrite(master, value.to(torch.float32))
+            cache.overwrite(tid, value.to(want[tid].dtype))
         self.optim.steps = {n: int(st["step"]) for n, st in states.items() if st["step"]}
         self.optim.groups = [
             ParamGroup(
@@ -483,6 +570,8 @@ class OffloadEngine:
             for g in state["groups"]
         ]
         self.steps = int(state["steps"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
 
     def stats_message(self) -> OffloadStats:
         """What this process measured, as published on `offload.stats`."""

@@ -46,6 +46,7 @@ __all__ = [
     "build_plan",
     "check_plan",
     "in_use_floor",
+    "lru_layout",
     "size_class",
     "step_group",
 ]
@@ -113,6 +114,49 @@ def in_use_floor(size: int, group: int = MIN_INUSE - 1) -> int:
     step (`group` tensors), plus (small classes, where LayerNorm weight and bias
     share one) a weight held by backward."""
     return group + 1 if size <= SMALL else group
+
+
+def lru_layout(
+    classes: Sequence[int], fast: int, group: int, *, strict: bool = True
+) -> tuple[dict[int, int], dict[int, int]]:
+    """The `lru` strategy's fast buffers for tensors of these size classes (one
+    entry per tensor), and the class each size class's tensors take buffers
+    from. The only floor: the buffers one parameter's optimizer step and
+    backward hold at once (`in_use_floor` of the largest class), given from the
+    largest class down (one more of a smaller class where the larger has no
+    more tensors); the rest of the budget goes to every class in proportion to
+    its bytes. A class left with no buffer uses the next larger class that has
+    one (the engine, out of buffers of a class, also borrows larger ones).
+    No floor per class: a model with many tensor sizes (ResNet) would need a
+    multiple of its largest tensors for floors alone. `strict=False` (replays
+    of a budget too small to start) keeps the floor over the budget."""
+    by_class = Counter(classes)
+    if not by_class:
+        return {}, {}
+    sizes = sorted(by_class, reverse=True)
+    need = in_use_floor(sizes[0], group)
+    layout = dict.fromkeys(sizes, 0)
+    for c in sizes:
+        take = min(need, by_class[c])
+        layout[c], need = take, need - take
+        if need == 0:
+            break
+    spare = fast - _bytes(layout)
+    if spare < 0 and not strict:
+        spare = 0
+    if spare < 0:
+        raise ValueError(f"fast budget {fast} B is below the {fast - spare} B minimum")
+    total = sum(c * n for c, n in by_class.items())
+    for c in sizes:  # largest first: rounding leaves the small classes their share
+        extra = min(by_class[c] - layout[c], int(spare * (c * by_class[c] / total)) // c)
+        layout[c] += extra
+    serve: dict[int, int] = {}
+    bigger_with_buffers = sizes[0]
+    for c in sizes:
+        if layout[c]:
+            bigger_with_buffers = c
+        serve[c] = bigger_with_buffers
+    return {c: n for c, n in layout.items() if n}, serve
 
 
 def stream_classes(sizes: dict[str, int], streamed: set[str]) -> dict[str, int]:
