@@ -40,19 +40,12 @@ from torch import nn
 
 from offload_agent.cache import TensorCache
 from offload_agent.device import Device
+from offload_agent.gradients import GradientSteps
 from offload_agent.hooks import LooseParams, install_hooks, saved_tensor_refs
 from offload_agent.layout import ParamBinder, build_cache
 from offload_agent.nvme import NvmeStore, SwapPathError
-from offload_agent.optim import (
-    GRAD_KIND,
-    STATE_KINDS,
-    AdamW,
-    Optimizer,
-    ParamGroup,
-    clip_coefficient,
-    state_id,
-)
-from offload_agent.precision import MASTER_KIND, PRECISIONS, LossScale, LossScaler, unscaled
+from offload_agent.optim import GRAD_KIND, STATE_KINDS, AdamW, Optimizer, ParamGroup, state_id
+from offload_agent.precision import MASTER_KIND, PRECISIONS, LossScale, LossScaler
 from offload_agent.profiler import Recorder
 from offload_agent.residency import TensorSpec
 from offload_agent.stats import CacheStats
@@ -119,17 +112,28 @@ class OffloadEngine:
             if config.precision == "fp16"
             else None
         )
-        # clipping and fp16's overflow check need every gradient before any step
-        self._step_at_end = config.max_grad_norm is not None or self.scaler is not None
-        self._keep_grads = config.accumulation_steps > 1 or self._step_at_end
-        self.specs = specs_of(model, accumulate=self._keep_grads, working=self.working)
+        keep = (
+            config.accumulation_steps > 1
+            or config.max_grad_norm is not None
+            or self.scaler is not None
+        )
+        self.specs = specs_of(model, accumulate=keep, working=self.working)
         self.masters = {  # parameter -> its fp32 master copy (mixed precision)
             s.tensor_id.removesuffix(f"#{MASTER_KIND}"): s.tensor_id
             for s in self.specs
             if s.kind == MASTER_KIND
         }
         self._dtypes = {n: p.dtype for n, p in self.params.items()}  # as the model had them
-        self.skipped_steps = 0  # fp16 steps skipped on an inf/NaN gradient
+        self.grads = GradientSteps(
+            self.optim,
+            order=list(self.params),
+            masters=self.masters,
+            scaler=self.scaler,
+            accumulation_steps=config.accumulation_steps,
+            max_grad_norm=config.max_grad_norm,
+            use=self.use,
+            cache=self._cache,
+        )
         self.cache: TensorCache | None = None
         self.setup_name = ""
         self.last_error = ""
@@ -141,11 +145,8 @@ class OffloadEngine:
         self._handles: list[object] = []
         self._binder = ParamBinder(self.params)
         self.loose: set[str] = set()  # parameters read outside their modules' forward
-        self._stepped: set[str] = set()  # parameters stepped in this step
-        self._backwards: dict[str, int] = {}  # this step's gradients per parameter
         self._watch_loose = True  # the first step looks for them; later ones if any
         self._in_step = False
-        self.last_grad_norm: float | None = None  # before clipping, of the last step
 
     # ---- lifecycle ---------------------------------------------------------
 
@@ -260,8 +261,7 @@ class OffloadEngine:
         if warmup:
             self.recorder.start()
         t0 = time.perf_counter()
-        self._backwards.clear()
-        self._stepped.clear()
+        self.grads.begin()
         self._in_step = True
         try:
             with ExitStack() as stack:
@@ -270,12 +270,12 @@ class OffloadEngine:
                     stack.enter_context(LooseParams(self.names, self))
                 cache.begin_step()
                 yield
-                self._finish_gradients()
+                self.grads.finish(self.steps)
         finally:
             self._in_step = False
             for entry in cache.residency:
                 entry.pins = 0
-        warmup = warmup and bool(self._stepped)  # an evaluation step records nothing
+        warmup = warmup and bool(self.grads.stepped)  # an evaluation step records nothing
         # Watching every op costs ~7% of a small model's CPU step; a model that
         # read no parameter loosely in its first step does not pay it again.
         self._watch_loose = bool(self.loose)
@@ -330,7 +330,7 @@ class OffloadEngine:
 
     def optimizer_step(self, tensor_id: str, param: nn.Parameter) -> None:
         """A parameter's gradient is complete: step it now, or (accumulation,
-        clipping) add it to the step's sum and step at the end."""
+        clipping, fp16) add it to the step's sum and step at the end."""
         grad = param.grad
         assert grad is not None
         param.grad = None
@@ -339,112 +339,17 @@ class OffloadEngine:
                 f"backward reached {tensor_id} outside `with engine.step():`; run every "
                 "forward and backward inside it"
             )
-        k = self.config.accumulation_steps
-        if not self._keep_grads:
-            if tensor_id in self._stepped:
-                raise RuntimeError(
-                    f"{tensor_id} got a second gradient in one backward pass (a module reused "
-                    "under reentrant activation checkpointing?): use use_reentrant=False, "
-                    "or set max_grad_norm so gradients are summed before the step"
-                )
-            self._adamw(tensor_id, grad)
-            return
-        seen = self._backwards.get(tensor_id, 0) + 1
-        if k > 1 and seen > k:
-            raise RuntimeError(
-                f"{tensor_id} got gradient {seen} in one step, but accumulation_steps is {k}: "
-                "run that many backward passes per `with engine.step():`"
-            )
-        self._backwards[tensor_id] = seen
-        total_id = state_id(tensor_id, GRAD_KIND)
-        total = self.use(total_id)
-        with torch.no_grad():  # the order PyTorch sums `.grad` in: ((g1 + g2) + g3) ...
-            if seen == 1:
-                total.copy_(grad)
-            else:
-                total.add_(grad)
-        del grad
-        cache = self._cache()
-        if seen == k and not self._step_at_end:
-            self._adamw(tensor_id, total)
-        else:  # backward is done with the parameter (its gradient is complete)
-            cache.release(tensor_id, all_pins=True)
-        cache.mark_dirty(total_id)
-        cache.release(total_id, all_pins=True)
+        self.grads.on_gradient(tensor_id, grad)
 
-    def _finish_gradients(self) -> None:
-        """The step's end: check (fp16), clip and step every kept gradient, or step
-        the parameters that missed some micro-batches (an expert no token was
-        routed to) on the sum they got, as `torch.optim` would."""
-        cache = self._cache()
-        if not self._step_at_end:
-            for tensor_id, seen in self._backwards.items():
-                if seen < self.config.accumulation_steps:
-                    total_id = state_id(tensor_id, GRAD_KIND)
-                    self._adamw(tensor_id, self.use(total_id))
-                    cache.release(total_id, all_pins=True)
-            return
-        ids = [t for t in self.params if t in self._backwards]  # parameter order
-        if not ids:
-            return
-        inv = self.scaler.inv_scale() if self.scaler is not None else None
-        max_norm = self.config.max_grad_norm
-        norms, finite = [], True
-        for tid in ids:  # first pass: every gradient's norm and inf/NaN check, no step
-            grad = self._grad(tid, inv)
-            if inv is not None:
-                finite = finite and bool(torch.isfinite(grad).all())
-            if max_norm is not None:
-                norms.append(torch.linalg.vector_norm(grad, 2.0))
-            cache.release(state_id(tid, GRAD_KIND), all_pins=True)
-        if not finite:  # fp16 overflow: skip the whole step, as GradScaler.step does
-            assert self.scaler is not None
-            self.skipped_steps += 1
-            self.last_grad_norm = float("inf")
-            log.info("fp16 step %d skipped: inf/NaN gradient at loss scale %g", self.steps,
-                     self.scaler.value)  # fmt: skip
-            self.scaler.update(found_inf=True)
-            return
-        coef = None
-        if max_norm is not None:
-            self.last_grad_norm, coef = clip_coefficient(norms, max_norm)
-        for tid in ids:
-            grad = self._grad(tid, inv)
-            if coef is not None:
-                with torch.no_grad():
-                    grad.mul_(coef)
-            self._adamw(tid, grad)
-            cache.release(state_id(tid, GRAD_KIND), all_pins=True)
-        if self.scaler is not None:
-            self.scaler.update(found_inf=False)
+    @property
+    def last_grad_norm(self) -> float | None:
+        """The global gradient norm of the last step, before clipping (clipping only)."""
+        return self.grads.last_grad_norm
 
-    def _grad(self, tensor_id: str, inv_scale: torch.Tensor | None) -> torch.Tensor:
-        """A parameter's kept gradient, fetched and pinned: the cached sum itself in
-        fp32 training, an unscaled fp32 copy of it under mixed precision."""
-        kept = self.use(state_id(tensor_id, GRAD_KIND))
-        return unscaled(kept, inv_scale) if tensor_id in self.masters else kept
-
-    def _adamw(self, tensor_id: str, grad: torch.Tensor) -> None:
-        """One AdamW step; under mixed precision on the fp32 master, whose rounding
-        then becomes the working copy."""
-        self._stepped.add(tensor_id)
-        p = self.use(tensor_id)
-        m, v = (self.use(state_id(tensor_id, k)) for k in STATE_KINDS)
-        master = self.masters.get(tensor_id)
-        ids = [tensor_id, *(state_id(tensor_id, k) for k in STATE_KINDS)]
-        if master is None:
-            self.optim.step(tensor_id, p, grad, m, v)
-        else:
-            w = self.use(master)
-            g = grad if grad.dtype == torch.float32 else unscaled(grad, None)
-            self.optim.step(tensor_id, w, g, m, v)
-            with torch.no_grad():
-                p.copy_(w)
-            ids.append(master)
-        cache = self._cache()
-        for tid in ids:
-            cache.mark_dirty(tid)
-            cache.release(tid, all_pins=True)
+    @property
+    def skipped_steps(self) -> int:
+        """fp16 steps skipped on an inf/NaN gradient."""
+        return self.grads.skipped_steps
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss to call `backward()` on: multiplied by the loss scale under

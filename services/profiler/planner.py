@@ -13,7 +13,9 @@ budgets of the fast tier (GPU) and the pinned host tier. Steps:
    two of AdamW and the gradient sum when gradients are accumulated, plus one
    held by backward in small classes). A streamed class may borrow
    the buffers of a class at most `MERGE` times bigger, so a few idle buffers
-   serve several sizes. The window shrinks until these take at most
+   serve several sizes; when even the floors do not fit, or leave no room for
+   one buffer of lead, classes up to 2x, 4x apart, or one class for all
+   (`MERGES`, the factor is in the plan) are tried in turn. The window shrinks until these take at most
    `stream_share` of the fast budget: measured on the benchmark, a prefetch
    lead of a few tensors is worth more than keeping a few more resident.
 3. Residents: the rest of the fast budget keeps tensors there for good,
@@ -55,6 +57,10 @@ ALIGN = 4096  # equal to offload_agent.device.ALIGN (a test keeps them equal)
 MIN_INUSE = 4
 SMALL = 1 << 16  # classes up to this size get one more in-use buffer
 MERGE = 1.34  # a streamed class may use buffers of a class up to this much bigger
+# when the in-use floors of the streamed classes do not fit the fast budget (a
+# model with many tensor sizes, ResNet), fewer, larger classes: the last is one
+# class for everything streamed, ZeRO-Infinity's buffers
+MERGES = (MERGE, 2.0, 4.0, 1e12)
 TIERS = ("gpu", "host", "nvme")
 
 
@@ -159,13 +165,15 @@ def lru_layout(
     return {c: n for c, n in layout.items() if n}, serve
 
 
-def stream_classes(sizes: dict[str, int], streamed: set[str]) -> dict[str, int]:
+def stream_classes(
+    sizes: dict[str, int], streamed: set[str], merge: float = MERGE
+) -> dict[str, int]:
     """The buffer class each streamed tensor uses: its own size class, or a larger
-    streamed class at most MERGE times bigger (fewer classes, fewer idle buffers)."""
+    streamed class at most `merge` times bigger (fewer classes, fewer idle buffers)."""
     own = sorted({size_class(sizes[t]) for t in streamed}, reverse=True)
     target: dict[int, int] = {}
     for c in own:
-        bigger = [target[b] for b in own if b > c and target[b] <= c * MERGE]
+        bigger = [target[b] for b in own if b > c and target[b] <= c * merge]
         target[c] = min(bigger) if bigger else c
     return {t: target[size_class(sizes[t])] for t in streamed}
 
@@ -203,11 +211,25 @@ def build_plan(
     for i, t in enumerate(profile.order):
         first.setdefault(t, i)
     ranked = sorted(sizes, key=lambda t: (-uses[t] / cls[t], first.get(t, 1 << 60), cls[t]))
-    resident, window = _choose(
-        profile.order, ranked, cls, sizes, budgets.fast, window, stream_share, group
-    )
+    error: PlanError | None = None
+    fits: list[tuple[set[str], int, float]] = []
+    for m in MERGES:  # fewer, larger classes only when they buy a plan or a lead
+        try:
+            r, w = _choose(
+                profile.order, ranked, cls, sizes, budgets.fast, window, stream_share, group, m
+            )
+        except PlanError as exc:
+            error = error or exc
+            continue
+        fits.append((r, w, m))
+        if w > 0:
+            break
+    if not fits:
+        assert error is not None
+        raise error
+    resident, window, merge = max(fits, key=lambda f: f[1] > 0)  # the first with a lead
     streamed = set(sizes) - resident
-    bufcls = stream_classes(sizes, streamed)
+    bufcls = stream_classes(sizes, streamed, merge)
     stream = _stream_layout(profile.order, bufcls, window, group)
     placement, host_counts = _homes(ranked, cls, resident, budgets.host)
     buffers: dict[int, dict[str, int]] = {}
@@ -225,6 +247,7 @@ def build_plan(
         placement=placement,
         prefetch=[t for t in profile.order if t not in resident],
         window=window,
+        merge=merge,
     )
 
 
@@ -237,6 +260,7 @@ def _choose(
     window: int,
     share: float,
     group: int,
+    merge: float,
 ) -> tuple[set[str], int]:
     """The largest window whose streaming buffers, next to the residents chosen for
     it, take at most `share` of the budget; else the smallest window of at
@@ -247,7 +271,7 @@ def _choose(
     lead: tuple[set[str], int] | None = None
     for w in range(max(0, window), -1, -1):
         resident, stream_bytes, total = _choose_residents(
-            ranked, cls, sizes, order, budget, w, group
+            ranked, cls, sizes, order, budget, w, group, merge
         )
         if total > budget:
             continue
@@ -261,7 +285,7 @@ def _choose(
             return resident, w
     if lead is not None:
         return lead
-    floor = _bytes(_stream_layout(order, stream_classes(sizes, set(sizes)), 0, group))
+    floor = _bytes(_stream_layout(order, stream_classes(sizes, set(sizes), merge), 0, group))
     raise PlanError(
         f"fast budget {budget} B cannot hold the {floor} B of buffers that streaming "
         "this job's tensors needs; raise the budget"
@@ -276,6 +300,7 @@ def _choose_residents(
     budget: int,
     window: int,
     group: int,
+    merge: float = MERGE,
 ) -> tuple[set[str], int, int]:
     """Greedy by accesses per byte: keep a tensor for good while the residents plus
     the streaming buffers the others still need fit the fast budget. Returns the
@@ -286,11 +311,11 @@ def _choose_residents(
     tensor becomes resident); the exact layout is then recomputed, and the
     last-chosen residents are given back while it does not fit."""
     resident: set[str] = set()
-    cheap = _cheap(order, sizes, window, group)
+    cheap = _cheap(order, sizes, window, group, merge)
     streamed = set(sizes) - cheap
-    if sum(cls[t] for t in cheap) + _exact(order, sizes, streamed, window, group) <= budget:
+    if sum(cls[t] for t in cheap) + _exact(order, sizes, streamed, window, group, merge) <= budget:
         resident = set(cheap)
-    bufcls = stream_classes(sizes, set(sizes) - resident)
+    bufcls = stream_classes(sizes, set(sizes) - resident, merge)
     layout = _stream_layout(order, bufcls, window, group)
     members = Counter(bufcls.values())
     used = sum(cls[t] for t in resident) + _bytes(layout)
@@ -308,7 +333,7 @@ def _choose_residents(
             if refund:
                 layout.pop(c)
     while True:
-        stream = _exact(order, sizes, set(sizes) - resident, window, group)
+        stream = _exact(order, sizes, set(sizes) - resident, window, group, merge)
         total = sum(cls[t] for t in resident) + stream
         if total <= budget or not chosen:
             return resident, stream, total
@@ -316,17 +341,24 @@ def _choose_residents(
 
 
 def _exact(
-    order: Sequence[str], sizes: dict[str, int], streamed: set[str], window: int, group: int
+    order: Sequence[str],
+    sizes: dict[str, int],
+    streamed: set[str],
+    window: int,
+    group: int,
+    merge: float = MERGE,
 ) -> int:
     if not streamed:
         return 0
-    return _bytes(_stream_layout(order, stream_classes(sizes, streamed), window, group))
+    return _bytes(_stream_layout(order, stream_classes(sizes, streamed, merge), window, group))
 
 
-def _cheap(order: Sequence[str], sizes: dict[str, int], window: int, group: int) -> set[str]:
+def _cheap(
+    order: Sequence[str], sizes: dict[str, int], window: int, group: int, merge: float = MERGE
+) -> set[str]:
     """Tensors of classes with no more members than streaming them would need
     buffers: keeping all of them costs no more bytes, and every access hits."""
-    bufcls = stream_classes(sizes, set(sizes))
+    bufcls = stream_classes(sizes, set(sizes), merge)
     layout = _stream_layout(order, bufcls, window, group)
     members = Counter(bufcls.values())
     return {t for t, c in bufcls.items() if members[c] <= layout[c]}
@@ -384,7 +416,7 @@ def buffer_classes(plan: PrefetchPlan, sizes: dict[str, int]) -> dict[str, int]:
     class, streamed tensors the class `stream_classes` gives (engine and check agree)."""
     streamed = {t for t, tier in plan.placement.items() if tier != "gpu"}
     out = {t: size_class(sizes[t]) for t, tier in plan.placement.items() if tier == "gpu"}
-    out.update(stream_classes(sizes, streamed))
+    out.update(stream_classes(sizes, streamed, plan.merge))
     return out
 
 

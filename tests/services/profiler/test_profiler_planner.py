@@ -59,6 +59,29 @@ def test_hand_solved_plan() -> None:
     check_plan(plan, profile, Budgets(fast, host))
 
 
+def test_many_sizes_merge_into_fewer_classes_rather_than_refuse() -> None:
+    """ResNet's shape: eight sizes, each half the next, three tensors each (a
+    parameter and its two states), one step's order. At 1.34x merging every
+    size is its own class and the floors alone (3 buffers each) need
+    3 x (sum of the sizes) ~ 6 x the largest; a budget of 4.5 x the largest
+    must still plan, with a prefetch lead: into fewer classes, within the
+    budget, and checked."""
+    sizes = [(1 << 20) >> i for i in range(8)]
+    tensors = [(f"s{i}k{k}", n, "float32", kind) for i, n in enumerate(sizes)
+               for k, kind in enumerate(("param", "exp_avg", "exp_avg_sq"))]  # fmt: skip
+    order = [t[0] for t in tensors]
+    profile = TensorProfile(job_id="j", tensors=tensors, order=order)
+    budgets = Budgets(int(4.5 * (1 << 20)), 0)
+    floors_apart = 3 * sum(_class(n) for n in sizes)
+    assert floors_apart > budgets.fast  # what a 1.34x merge would need for floors
+    plan = build_plan(profile, budgets, window=1)
+    assert plan.merge > MERGE and plan.window == 1
+    check_plan(plan, profile, budgets)
+    bufcls = buffer_classes(plan, dict((t, n) for t, n, _d, _k in tensors))
+    for t, n, _d, _k in tensors:
+        assert _class(n) <= bufcls[t] <= _class(n) * plan.merge
+
+
 # The test's own reading of the planner docstring (not the planner's helpers):
 # a size class is the bytes rounded up to ALIGN; a streamed buffer class keeps
 # in use a parameter's optimizer step (the parameter and each kind of state,
@@ -177,7 +200,7 @@ def test_plans_respect_every_budget(case: tuple[TensorProfile, Budgets, int, flo
     # streams, the in-use floor plus its accesses in any `window` streamed ones.
     bufcls = buffer_classes(plan, sizes)
     for t in streamed:
-        assert cls[t] <= bufcls[t] <= cls[t] * MERGE
+        assert cls[t] <= bufcls[t] <= cls[t] * plan.merge
     seq = [bufcls[t] for t in profile.order if t in streamed]
     for c in set(cls.values()) | set(bufcls.values()):
         want = sum(1 for t in resident if cls[t] == c)
