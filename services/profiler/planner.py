@@ -15,9 +15,10 @@ budgets of the fast tier (GPU) and the pinned host tier. Steps:
    the buffers of a class at most `MERGE` times bigger, so a few idle buffers
    serve several sizes; when even the floors do not fit, or leave no room for
    one buffer of lead, classes up to 2x, 4x apart, or one class for all
-   (`MERGES`, the factor is in the plan) are tried in turn. The window shrinks until these take at most
-   `stream_share` of the fast budget: measured on the benchmark, a prefetch
-   lead of a few tensors is worth more than keeping a few more resident.
+   (`MERGES`, the factor is in the plan) are tried in turn. The window
+   shrinks until these take at most `stream_share` of the fast budget:
+   measured on the benchmark, a prefetch lead of a few tensors is worth more
+   than keeping a few more resident.
 3. Residents: the rest of the fast budget keeps tensors there for good,
    chosen by accesses per byte (ties: first used first) — every access to
    them is a hit and moves nothing. Small tensors go first at equal density.
