@@ -157,6 +157,11 @@ def lru_layout(
     for c in sizes:  # largest first: rounding leaves the small classes their share
         extra = min(by_class[c] - layout[c], int(spare * (c * by_class[c] / total)) // c)
         layout[c] += extra
+    left = fast - _bytes(layout)
+    for c in sizes:  # what rounding left: one more buffer where it still fits
+        while left >= c and layout[c] < by_class[c]:
+            layout[c] += 1
+            left -= c
     serve: dict[int, int] = {}
     bigger_with_buffers = sizes[0]
     for c in sizes:

@@ -302,3 +302,35 @@ def test_one_buffer_of_lead_beats_no_prefetch_when_large_tensors_eat_the_budget(
     policy = PlanPolicy(plan.prefetch, plan.window)
     policy.begin_step()
     assert [t for t, _ in policy.upcoming()] == plan.prefetch[: plan.window]  # ahead of use
+
+
+@settings(max_examples=150)
+@given(
+    st.lists(st.sampled_from([1, 2, 3, 16, 64, 300]), min_size=1, max_size=40),
+    st.floats(0.0, 1.2),
+)
+def test_lru_layout_within_budget_and_enough_for_one_step(mults: list[int], frac: float) -> None:
+    """`lru`'s buffers: within the budget, never more of a class than it has
+    tensors, at least the in-use floor's worth of buffers as large as the
+    largest tensor that can be in use, every class served by a class at least
+    as large that has buffers, and a budget below the floor refused."""
+    from services.profiler.planner import lru_layout
+
+    classes = [ALIGN * m for m in mults]
+    by_class = Counter(classes)
+    largest = max(classes)
+    floor_n = in_use_floor(largest, 3)
+    need, floor_bytes = floor_n, 0
+    for c in sorted(by_class, reverse=True):  # the test's own reading of the cascade
+        take = min(need, by_class[c])
+        floor_bytes, need = floor_bytes + take * c, need - take
+    fast = floor_bytes + int(frac * (sum(classes) - floor_bytes))
+    layout, serve = lru_layout(classes, fast, 3)
+    assert sum(c * n for c, n in layout.items()) <= fast
+    assert all(0 < n <= by_class[c] for c, n in layout.items())
+    assert sum(layout.values()) >= min(floor_n, len(classes))
+    for c in by_class:
+        assert serve[c] >= c and serve[c] in layout
+    if floor_bytes > ALIGN:
+        with pytest.raises(ValueError, match="minimum"):
+            lru_layout(classes, floor_bytes - ALIGN, 3)
