@@ -13,9 +13,11 @@ budgets of the fast tier (GPU) and the pinned host tier. Steps:
    two of AdamW and the gradient sum when gradients are accumulated, plus one
    held by backward in small classes). A streamed class may borrow
    the buffers of a class at most `MERGE` times bigger, so a few idle buffers
-   serve several sizes; when even the floors do not fit, or leave no room for
-   one buffer of lead, classes up to 2x, 4x apart, or one class for all
-   (`MERGES`, the factor is in the plan) are tried in turn. The window
+   serve several sizes. When the floors do not fit, or leave a lead shorter
+   than one parameter's optimizer step plus the next fetch (`group` + 1
+   accesses), classes up to 2x, 4x apart, then one class for all (`MERGES`)
+   are tried in turn, and the first with that lead (else the longest) is
+   taken; the factor travels in the plan. The window
    shrinks until these take at most `stream_share` of the fast budget:
    measured on the benchmark, a prefetch lead of a few tensors is worth more
    than keeping a few more resident.
@@ -217,9 +219,13 @@ def build_plan(
     for i, t in enumerate(profile.order):
         first.setdefault(t, i)
     ranked = sorted(sizes, key=lambda t: (-uses[t] / cls[t], first.get(t, 1 << 60), cls[t]))
+    # Fewer, larger classes free the in-use floors of the merged ones: taken
+    # only when the plan would otherwise not fit, or its lead would not cover
+    # one parameter's optimizer step (its `group` accesses) and the next fetch.
+    enough = min(window, group + 1)
     error: PlanError | None = None
     fits: list[tuple[set[str], int, float]] = []
-    for m in MERGES:  # fewer, larger classes only when they buy a plan or a lead
+    for m in MERGES:
         try:
             r, w = _choose(
                 profile.order, ranked, cls, sizes, budgets.fast, window, stream_share, group, m
@@ -228,12 +234,12 @@ def build_plan(
             error = error or exc
             continue
         fits.append((r, w, m))
-        if w > 0:
+        if w >= enough:
             break
     if not fits:
         assert error is not None
         raise error
-    resident, window, merge = max(fits, key=lambda f: f[1] > 0)  # the first with a lead
+    resident, window, merge = max(fits, key=lambda f: f[1])  # ties: the fewer merges
     streamed = set(sizes) - resident
     bufcls = stream_classes(sizes, streamed, merge)
     stream = _stream_layout(profile.order, bufcls, window, group)
