@@ -6,7 +6,7 @@
     for batch in data:
         engine.set_lr(schedule(engine.steps))   # optional: a learning-rate schedule
         with engine.step():             # the first step is the warm-up: it is recorded
-            loss = model(batch).backward()   # optimizer runs inside backward
+            engine.scale(model(batch)).backward()   # optimizer runs inside backward
         if engine.profile_ready:        # after warm-up: plan locally or via the agent
             engine.apply_plan(build_plan(engine.profile(), engine.budgets))
     torch.save(engine.state_dict(), path)   # parameters, optimizer states, step counts
@@ -16,7 +16,10 @@ Every use of the model's parameters (forward, backward, evaluation under
 parameters are placeholders and any use raises. With `max_grad_norm` set, or
 `accumulation_steps` > 1, gradients are kept (cached like the optimizer
 states) until the step's end; the global norm is computed over all of them
-before any parameter steps, as DeepSpeed does.
+before any parameter steps, as DeepSpeed does (`gradients.py`). With
+`precision="bf16"` or `"fp16"` the model computes with working copies in
+that dtype over fp32 masters and states (`precision.py`); fp16 keeps every
+gradient to the step's end for GradScaler's overflow check and skip.
 
 A plan that does not fit (other job, over budget, NVMe unusable) is refused
 with a clear message in `last_error` and a log line; training carries on with
