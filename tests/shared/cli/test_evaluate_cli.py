@@ -33,7 +33,13 @@ def test_eval_writes_table_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert all(int(r["jobs"]) + sum(
         int(x.split("=")[1]) for x in r["rejected"].split(";") if x
     ) == 960 for r in rows)  # fmt: skip
-    for name in ("jct_cdf.png", "queue_delay.png", "gpu_util.png", "jobs-fifo.csv"):
+    for name in (
+        "jct_cdf.png",
+        "queue_delay.png",
+        "gpu_util.png",
+        "queue_by_size.png",
+        "jobs-fifo.csv",
+    ):
         assert (out / name).stat().st_size > 1000
     assert (out / "jct_cdf.png").read_bytes()[:4] == b"\x89PNG"
 
