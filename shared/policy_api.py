@@ -9,12 +9,8 @@ share, allowed types), how long it has waited and been served, what its user
 and VC did before (`History`, learned online from finished jobs) and what the
 cluster looks like (`Observation`: free and total GPUs and waiting demand per
 type, fragmentation, GPUs held per VC). A job's true run time is not among them:
-only a policy that declares `oracle = True` is handed one, through an
-`OracleContext` (a `PolicyContext` with `true_run_s`) that the simulator builds
-for such a policy alone (`context_for`). Every other policy's context is a plain
-`PolicyContext`, which has no run-time field at all, so a non-oracle policy
-cannot reach a run time through what it is given (tests/shared/
-test_policy_api.py checks every baseline and the learned policy).
+only a policy that declares `oracle = True` is handed one, in an `OracleContext`
+(every other policy gets a `PolicyContext`, which has no such field).
 
 A learned policy implements the same protocol: keep the jobs in arrival order,
 encode the first N (features from `QueuedJob` + `Observation`), score them and
@@ -37,7 +33,7 @@ __all__ = [
     "Policy",
     "PolicyContext",
     "QueuedJob",
-    "context_for",
+    "policy_context",
 ]
 
 
@@ -169,7 +165,7 @@ class Observation(Protocol):
 
 @dataclass(frozen=True)
 class PolicyContext:
-    """What a policy is given at the start of a run: never a run time."""
+    """What a policy is given at the start of a run: never a job's true run time."""
 
     cluster: ClusterSpec
     history: History
@@ -177,24 +173,23 @@ class PolicyContext:
     options: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class OracleContext(PolicyContext):
-    """The context of an oracle policy (`oracle = True`) alone: it adds the true run
-    time of every job. Only `context_for` builds one, and only for such a policy."""
+    """A PolicyContext with the jobs' true run times, handed only to a policy that
+    declares `oracle = True` (shown as "(oracle)" wherever it is reported)."""
 
-    true_run_s: Callable[[QueuedJob], float]
+    true_run_s: Callable[[QueuedJob], float] = field(kw_only=True)
 
 
-def context_for(
+def policy_context(
     policy: Policy,
     cluster: ClusterSpec,
     history: History,
-    seed: int,
-    true_run_s: Callable[[QueuedJob], float] | None,
+    seed: int = 0,
+    true_run_s: Callable[[QueuedJob], float] | None = None,
 ) -> PolicyContext:
-    """The context `policy` may have: an `OracleContext` when it declares `oracle` and
-    run times exist (simulation), otherwise a plain `PolicyContext` without them."""
-    if getattr(policy, "oracle", False) is True and true_run_s is not None:
+    """The context `policy` may have: with `true_run_s` only if it is an oracle."""
+    if getattr(policy, "oracle", False) and true_run_s is not None:
         return OracleContext(cluster, history, seed, true_run_s=true_run_s)
     return PolicyContext(cluster, history, seed)
 
@@ -203,7 +198,7 @@ class Policy(Protocol):
     """Decides which waiting job goes next. Same object in simulation and in service."""
 
     name: str
-    oracle: bool  # reads true run times (given an OracleContext)
+    oracle: bool  # reads true run times (PolicyContext.true_run_s)
     time_invariant: bool  # the order of two waiting jobs changes only when a job finishes
 
     @property

@@ -20,7 +20,7 @@ from services.scoring.policies import BASELINES, make_policy
 from services.scoring.rl import RLPolicy
 from services.scoring.rl.network import NetConfig, ScoreNet
 from shared.cluster import parse_cluster
-from shared.policy_api import History, OracleContext, Policy, PolicyContext, context_for
+from shared.policy_api import History, OracleContext, Policy, PolicyContext, policy_context
 from shared.policy_features import GLOBAL_FEATURES, JOB_FEATURES
 from shared.sim import SimConfig, simulate
 from shared.traces import TraceJob
@@ -68,14 +68,14 @@ def test_only_oracles_are_handed_run_times(name: str) -> None:
     assert len(seen) == 1
     assert isinstance(seen[0], OracleContext) is policy.oracle
     assert hasattr(seen[0], "true_run_s") is policy.oracle
-    direct = context_for(policy, CLUSTER, History(), 0, lambda j: 1.0)
+    direct = policy_context(policy, CLUSTER, History(), 0, lambda j: 1.0)
     assert isinstance(direct, OracleContext) is policy.oracle
 
 
 def test_an_oracle_without_run_times_is_refused() -> None:
     policy = make_policy("sjf-oracle")
     with pytest.raises(ValueError, match="true run times"):
-        policy.reset(context_for(policy, CLUSTER, History(), 0, None))
+        policy.reset(policy_context(policy, CLUSTER, History(), 0, None))
 
 
 def _trace(scale: np.ndarray | None) -> list[TraceJob]:
