@@ -21,6 +21,7 @@ __all__ = [
     "JobEvent",
     "JobEventKind",
     "JobSpec",
+    "KillRequest",
     "MetricsSnapshot",
     "NodeStatus",
     "OffloadSpec",
@@ -193,6 +194,15 @@ class JobEvent(Struct, omit_defaults=True):
     detail: str = ""
 
 
+class KillRequest(Struct, omit_defaults=True):
+    """`jobs.kill` (public): stop a running job. The host agent running it terminates
+    its process group (SIGTERM, SIGKILL after a grace period) and reports `failed`
+    with the reason."""
+
+    job_id: JobId
+    reason: ShortStr = ""
+
+
 class MetricsSnapshot(Struct, omit_defaults=True):
     """Metric keys of DESIGN.md ("Cluster model and simulator"), per window."""
 
@@ -242,6 +252,9 @@ class PrefetchPlan(Struct):
     placement: dict[str, str]  # tensor_id -> tier ("gpu", "host", "nvme")
     prefetch: list[str]  # tensor ids in prefetch order
     window: int = 2
+    # a streamed tensor uses the buffers of a streamed class at most this many
+    # times its own size (services/profiler/planner.py: stream_classes)
+    merge: float = 1.34
 
 
 class OffloadStats(Struct, omit_defaults=True):
