@@ -9,7 +9,8 @@ share, allowed types), how long it has waited and been served, what its user
 and VC did before (`History`, learned online from finished jobs) and what the
 cluster looks like (`Observation`: free and total GPUs and waiting demand per
 type, fragmentation, GPUs held per VC). A job's true run time is not among them:
-only a policy that declares `oracle = True` is handed `PolicyContext.true_run_s`.
+only a policy that declares `oracle = True` is handed one, in an `OracleContext`
+(every other policy gets a `PolicyContext`, which has no such field).
 
 A learned policy implements the same protocol: keep the jobs in arrival order,
 encode the first N (features from `QueuedJob` + `Observation`), score them and
@@ -18,13 +19,22 @@ return the top `k` by score (`shared.policy_features.encode`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from shared.cluster import ClusterSpec
 
-__all__ = ["History", "Observation", "Policy", "PolicyContext", "QueuedJob"]
+__all__ = [
+    "History",
+    "Observation",
+    "OracleContext",
+    "Policy",
+    "PolicyContext",
+    "QueuedJob",
+    "policy_context",
+]
 
 
 @dataclass(slots=True, eq=False)
@@ -55,22 +65,30 @@ class QueuedJob:
 
 
 class History:
-    """Run times of finished jobs, learned online (running means)."""
+    """Run times of finished jobs, learned online (running means), and per (user or
+    VC, GPU count) group what a mean hides: the mean of log run times (a geometric
+    mean, which a few month-long jobs do not drag up), the share of runs under
+    `SHORT_S`, and the last run (users resubmit the same job)."""
 
     __slots__ = ("_all", "_group", "_who")
 
     DEFAULT_RUN_S = 3600.0  # the estimate before anything has finished
+    SHORT_S = 600.0  # a "short" run, for `short_share`
 
     def __init__(self) -> None:
-        self._group: dict[tuple[str, int], list[float]] = {}  # (who, gpus) -> [sum, count]
+        # (who, gpus) -> [sum, count, sum of log10(1 + run), runs < SHORT_S, last run]
+        self._group: dict[tuple[str, int], list[float]] = {}
         self._who: dict[str, list[float]] = {}
         self._all = [0.0, 0.0]  # every finished job: [sum, count]
 
     def record(self, job: QueuedJob, run_s: float) -> None:
         """`job` finished after holding its GPUs for `run_s` seconds."""
-        acc = self._group.setdefault((job.who, job.num_gpus), [0.0, 0.0])
+        acc = self._group.setdefault((job.who, job.num_gpus), [0.0, 0.0, 0.0, 0.0, 0.0])
         acc[0] += run_s
         acc[1] += 1.0
+        acc[2] += math.log10(1.0 + run_s)
+        acc[3] += run_s < self.SHORT_S
+        acc[4] = run_s
         acc = self._who.setdefault(job.who, [0.0, 0.0])
         acc[0] += run_s
         acc[1] += 1.0
@@ -81,6 +99,14 @@ class History:
         """Mean run time of `who`'s finished jobs of `num_gpus` GPUs; None if there are none."""
         acc = self._group.get((who, num_gpus))
         return acc[0] / acc[1] if acc else None
+
+    def group_stats(self, who: str, num_gpus: int) -> tuple[float, float, float, float] | None:
+        """(finished jobs, mean log10(1 + run s), share of runs < SHORT_S, last run s) of
+        `who`'s jobs of `num_gpus` GPUs; None if none has finished."""
+        acc = self._group.get((who, num_gpus))
+        if not acc:
+            return None
+        return acc[1], acc[2] / acc[1], acc[3] / acc[1], acc[4]
 
     def mean_run_any(self, who: str) -> float | None:
         """Mean run time of all of `who`'s finished jobs; None if there are none."""
@@ -139,13 +165,33 @@ class Observation(Protocol):
 
 @dataclass(frozen=True)
 class PolicyContext:
-    """What a policy is given at the start of a run."""
+    """What a policy is given at the start of a run: never a job's true run time."""
 
     cluster: ClusterSpec
     history: History
     seed: int = 0
-    true_run_s: Callable[[QueuedJob], float] | None = None  # only for oracle policies
     options: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OracleContext(PolicyContext):
+    """A PolicyContext with the jobs' true run times, handed only to a policy that
+    declares `oracle = True` (shown as "(oracle)" wherever it is reported)."""
+
+    true_run_s: Callable[[QueuedJob], float] = field(kw_only=True)
+
+
+def policy_context(
+    policy: Policy,
+    cluster: ClusterSpec,
+    history: History,
+    seed: int = 0,
+    true_run_s: Callable[[QueuedJob], float] | None = None,
+) -> PolicyContext:
+    """The context `policy` may have: with `true_run_s` only if it is an oracle."""
+    if getattr(policy, "oracle", False) and true_run_s is not None:
+        return OracleContext(cluster, history, seed, true_run_s=true_run_s)
+    return PolicyContext(cluster, history, seed)
 
 
 class Policy(Protocol):

@@ -12,10 +12,16 @@ Per job (JOB_FEATURES, one row each):
     (same user/VC and GPU count, else the user/VC, else every finished job),
     the bounded slowdown it would have if it started now, (wait + est) /
     max(est, 10 s), its wait relative to the estimate, and its estimated
-    GPU-seconds (all log10); last, `offload_pressure` (OFFLOAD_FEATURES): the
-    job's offload demand against the free bandwidth of its allowed types
-    (shared/offload_signal.py), from an observation that offers
-    `offload_pressure(job)` (the simulator's), else 0.
+    GPU-seconds (all log10); then what the drf and sjf-est heuristics know and
+    what a mean hides: its VC's GPUs held now / total GPUs and that share's rank
+    among the VCs in the window (0 = least served, 1 = most), the rank of its
+    estimate in the window (the same scale), and from its group's history the
+    number of finished jobs (log10, the estimate's confidence), the mean of
+    log10 run times (a geometric mean), the share of runs under 10 minutes
+    and the last run (log10);
+    last, `offload_pressure` (OFFLOAD_FEATURES): the job's offload demand against
+    the free bandwidth of its allowed types (shared/offload_signal.py), from an
+    observation that offers `offload_pressure(job)` (the simulator's), else 0.
 Per cluster, a fixed length whatever the GPU types (GLOBAL_FEATURES): free /
 total GPUs, waiting demand / total, fragmentation, log10 queue length, log10
 mean run of every finished job. `cluster_features` is the per-type variant.
@@ -51,12 +57,15 @@ JOB_FEATURES = (
     "log_mean_run_group_s", "has_group_history", "log_mean_run_who_s", "fits_now",
     "demand_over_free", "free_over_total", "fragmentation",
     "demand_over_total", "gpus_over_total", "log_est_run_s", "log_est_bsld",
-    "log_wait_over_est", "log_est_gpu_s", "offload_pressure",
+    "log_wait_over_est", "log_est_gpu_s",
+    "vc_share", "vc_share_rank", "est_rank", "log_group_runs", "group_log_run",
+    "group_short_share", "log_last_run_s", "offload_pressure",
 )  # fmt: skip
 OFFLOAD_FEATURES = ("offload_pressure",)  # only in the feature sets that ask for them
 HISTORY_FEATURES = (
     "log_mean_run_group_s", "has_group_history", "log_mean_run_who_s",
     "log_est_run_s", "log_est_bsld", "log_wait_over_est", "log_est_gpu_s",
+    "est_rank", "log_group_runs", "group_log_run", "group_short_share", "log_last_run_s",
 )  # fmt: skip
 GLOBAL_FEATURES = (
     "free_over_total", "demand_over_total", "fragmentation", "log_queue_length",
@@ -109,13 +118,17 @@ def encode(
             over = by_types[job.gpu_types] = (free, total, demand, frag, allowed)
         group = h.mean_run(job.who, job.num_gpus)
         who = h.mean_run_any(job.who)
+        st = h.group_stats(job.who, job.num_gpus) or (0.0, 0.0, 0.0, 0.0)
         rows.append((
             job.num_gpus, job.gpu_milli, job.submit_s, job.attained_gpu_s,
             nan if group is None else group, nan if who is None else who, *over,
-            job.gpus, pressure(job) if pressure is not None else 0.0,
+            job.gpus, obs.vc_gpus(job.vc), *st,
+            pressure(job) if pressure is not None else 0.0,
         ))  # fmt: skip
-    (gpus_req, milli, submit, attained, group, who, free, total, demand, frag, allowed, gpus,
-     offload) = np.array(rows, dtype=np.float64).T  # fmt: skip
+    (
+        gpus_req, milli, submit, attained, group, who, free, total, demand, frag, allowed,
+        gpus, vc_held, runs, log_run, short, last, offload,
+    ) = np.array(rows, dtype=np.float64).T  # fmt: skip
     wait = np.maximum(obs.now - submit, 0.0)
     has_group = ~np.isnan(group)
     est = np.where(has_group, group, np.where(np.isnan(who), np.nan, who))
@@ -144,10 +157,24 @@ def encode(
         np.where(has_est, np.log10(np.maximum((wait + est0) / floor, 1.0)), 0.0),
         np.where(has_est, np.log10(1.0 + wait / floor), 0.0),
         np.where(has_est, np.log10(1.0 + est0 * gpus), 0.0),
+        vc_held / max(obs.total_gpus(), 1),
+        _rank(vc_held),
+        _rank(np.nan_to_num(group)),  # sjf-est's key: no history ranks first
+        np.log10(1.0 + runs),
+        log_run,
+        short,
+        np.log10(1.0 + last),
         offload,
     )
     x[:n] = np.stack(cols, axis=1)
     return x, mask
+
+
+def _rank(v: np.ndarray) -> np.ndarray:
+    """Dense rank of each value among the distinct values, scaled to [0, 1] (all equal:
+    0): it depends on the set of jobs, not their order."""
+    uniq, inv = np.unique(v, return_inverse=True)
+    return inv / max(len(uniq) - 1, 1)
 
 
 def encode_global(obs: Observation) -> np.ndarray:

@@ -11,7 +11,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.metrics import JobRecord, jct_cdf, queue_delay_series, utilisation_series
+from shared.metrics import (
+    SIZE_BUCKETS,
+    JobRecord,
+    jct_cdf,
+    queue_by_size,
+    queue_delay_series,
+    utilisation_series,
+)
 
 __all__ = ["PolicyRun", "markdown_table", "write_csv", "write_plots"]
 
@@ -104,7 +111,8 @@ def _raw(v: object) -> object:
 
 
 def write_plots(runs: Sequence[PolicyRun], total_gpus: int, out: Path) -> list[Path]:
-    """jct_cdf.png, queue_delay.png, gpu_util.png in `out`; returns their paths."""
+    """jct_cdf.png, queue_delay.png, gpu_util.png, queue_by_size.png in `out`; returns
+    their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,6 +145,17 @@ def write_plots(runs: Sequence[PolicyRun], total_gpus: int, out: Path) -> list[P
     ax.set(xlabel="time (days)", ylabel="share of GPUs held", ylim=(0, 1.05),
            title=f"GPU utilisation per {bin_s / 3600:.1f} h")  # fmt: skip
     paths.append(_save(fig, ax, out / "gpu_util.png"))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    width = 0.8 / max(len(runs), 1)
+    for i, run in enumerate(runs):
+        by_size = queue_by_size(r for r in run.records if r.finished)
+        ys = [by_size[name]["avg_s"] / 3600 for name, _, _ in SIZE_BUCKETS]
+        ax.bar([k + i * width for k in range(len(ys))], ys, width, label=run.label)
+    names = [name for name, _, _ in SIZE_BUCKETS]
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(names))], names)
+    ax.set(xlabel="GPUs requested", ylabel="mean queueing delay (hours)",
+           title="Queueing delay by job size")  # fmt: skip
+    paths.append(_save(fig, ax, out / "queue_by_size.png"))
     return paths
 
 

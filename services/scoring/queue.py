@@ -86,7 +86,7 @@ class ScoringState:
         self.dirty = False
         self.inflight: dict[int, tuple[float, list[str]]] = {}  # free round -> (time, ids)
         self.full = False  # the last free round offered K new jobs
-        policy.reset(PolicyContext(self.view.cluster, self.history, seed, None))
+        policy.reset(PolicyContext(self.view.cluster, self.history, seed))
 
     # ---- inputs -------------------------------------------------------------------------
     def accepted(self, job: Job, free: bool) -> None:
@@ -257,7 +257,7 @@ class ScoringState:
 
     def swap_policy(self, policy: Policy, seed: int = 0) -> None:
         """Go on with `policy` (a newer checkpoint): it is told of every waiting job."""
-        policy.reset(PolicyContext(self.view.cluster, self.history, seed, None))
+        policy.reset(PolicyContext(self.view.cluster, self.history, seed))
         for q in sorted(self.queued.values(), key=lambda q: q.seq):
             policy.add(q)
         self.policy = policy

@@ -4,6 +4,7 @@ table (markdown + CSV) and PNG plots, written to `--out DIR`."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
                 label += " +preempt"
             runs.append(PolicyRun(label, result.summary(), result.records, result.wall_s))
             if not args.no_jobs:
-                write_jobs_csv(result.records, out / f"jobs-{name.replace(':', '_')}.csv")
+                write_jobs_csv(result.records, out / jobs_file(name))
     table = markdown_table(runs)
     (out / "summary.md").write_text(_preamble(args, len(jobs), stats, cluster.total_gpus) + table)
     write_csv(runs, out / "summary.csv")
@@ -85,6 +86,14 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"wrote {out / 'summary.md'}, summary.csv, " + ", ".join(p.name for p in plots))
     codes = [check_outcome(run.label, len(jobs), run.summary) for run in runs]
     return max(codes, default=0)
+
+
+def jobs_file(name: str) -> str:
+    """The per-job CSV of policy `name`: `jobs-fifo.csv`; `rl:PATH` by the checkpoint's
+    file stem (`rl:models/x.pt` -> `jobs-rl_x.csv`), never a path into other folders."""
+    if name.startswith("rl:"):
+        name = "rl:" + Path(name[3:]).stem
+    return "jobs-" + re.sub(r"[^A-Za-z0-9._-]+", "_", name) + ".csv"
 
 
 def _out_dir(path: str) -> Path:

@@ -60,6 +60,14 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "--until", default="", metavar="TIME", help="only jobs submitted before TIME (as --since)"
     )
     p.add_argument(
+        "--load",
+        type=float,
+        default=None,
+        metavar="L",
+        help="compress the submission times (every gap divided by one factor, printed) so "
+        "that sum(GPUs x duration) / (submission span x capacity) = L",
+    )
+    p.add_argument(
         "--placer",
         default="milp",
         help="placement: milp (default, OR-Tools CP-SAT), greedy, first-fit, best-fit, fgd; "
@@ -236,7 +244,9 @@ def load_run_jobs(
             ) from None
     since, until = bounds
     if since is None and until is None:
-        return load_jobs(args.trace, args.format, cluster, stats, args.limit)
+        return _compressed(
+            args, cluster, load_jobs(args.trace, args.format, cluster, stats, args.limit)
+        )
     jobs = [
         j
         for j in load_jobs(args.trace, args.format, cluster, stats)
@@ -244,7 +254,24 @@ def load_run_jobs(
     ]
     if not jobs:
         raise UserError(f"{args.trace}: no job submitted in [--since, --until)")
-    return jobs[: args.limit] if args.limit is not None else jobs
+    return _compressed(args, cluster, jobs[: args.limit] if args.limit is not None else jobs)
+
+
+def _compressed(
+    args: argparse.Namespace, cluster: ClusterSpec, jobs: list[TraceJob]
+) -> list[TraceJob]:
+    """The jobs, their arrivals compressed to `--load` if given (the factor on stderr)."""
+    if getattr(args, "load", None) is None:
+        return jobs
+    from shared.sim.load import compress_to_load, span_load
+
+    out, factor = compress_to_load(jobs, cluster, args.load)
+    print(
+        f"--load {args.load}: submission gaps divided by {factor:.1f}; of that demand, "
+        f"{span_load(out, cluster):.3f} x capacity falls inside the submission span",
+        file=sys.stderr,
+    )
+    return out
 
 
 def write_json(summary: dict[str, Any], out: str) -> None:

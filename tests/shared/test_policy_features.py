@@ -41,7 +41,12 @@ def test_encode_by_hand() -> None:
     assert math.isclose(f["demand_over_free"], (4 + 0.5) / 6, rel_tol=1e-6)  # a (P100) + b (any)
     assert math.isclose(f["free_over_total"], 6 / 8, rel_tol=1e-6)
     assert math.isclose(f["fragmentation"], 2 / 6, rel_tol=1e-6)  # 2 of 6 free P100 on a used node
+    assert f["vc_share"] == 0.0 and f["vc_share_rank"] == 0.0  # no VC holds a GPU
+    assert f["est_rank"] == 1.0 and math.isclose(f["log_group_runs"], math.log10(2), rel_tol=1e-6)
+    assert math.isclose(f["group_log_run"], 3.0, rel_tol=1e-6) and f["group_short_share"] == 0.0
+    assert math.isclose(f["log_last_run_s"], 3.0, rel_tol=1e-6)
     g = dict(zip(JOB_FEATURES, x[1].tolist(), strict=True))
+    assert g["est_rank"] == 0.0 and g["log_group_runs"] == 0.0  # no history: sjf-est's first
     assert g["share"] == 0.5 and g["types_allowed"] == 1.0 and g["has_group_history"] == 0
     assert math.isclose(g["log_attained_gpu_s"], 2.0, rel_tol=1e-6)
     assert not np.any(x[2])
@@ -81,3 +86,28 @@ def test_offload_pressure_column() -> None:
     assert free < 2 * 16.0
     x, _ = encode([a, b], obs, max_jobs=2)
     assert math.isclose(x[0, col], d / (d + free), rel_tol=1e-6)
+
+
+def test_vc_share_and_group_history() -> None:
+    """What drf reads (GPUs held per VC) and what a group's history holds beyond its mean."""
+    spec = parse_cluster({"nodes": [{"name": "p", "count": 2, "gpu_type": "P100", "gpus": 8}]})
+    history = History()
+    for run in (100.0, 10_000.0, 1000.0):  # x, 1 GPU: 1 of 3 runs under 600 s, last 1000 s
+        history.record(QueuedJob(9, "old", 0.0, 1, vc="x"), run)
+    jobs = [QueuedJob(0, "a", 0.0, 1, vc="x"), QueuedJob(1, "b", 0.0, 2, vc="y"),
+            QueuedJob(2, "c", 0.0, 1, vc="z")]  # fmt: skip
+    waiting = WaitingIndex()
+    for j in jobs:
+        waiting.add(j)
+    obs = SimObservation(ClusterState(spec), waiting, history, {"x": 8.0, "y": 2.0})
+    obs.now = 10.0
+    x, _ = encode(jobs, obs, max_jobs=3)
+    col = {name: x[:, i].tolist() for i, name in enumerate(JOB_FEATURES)}
+    assert col["vc_share"] == [0.5, 2 / 16, 0.0]
+    assert col["vc_share_rank"] == [1.0, 0.5, 0.0]  # z holds least, then y, then x
+    assert col["est_rank"] == [1.0, 0.0, 0.0]  # y and z have no history: tied first
+    assert np.allclose(col["log_group_runs"], [math.log10(4), 0.0, 0.0])
+    logs = [math.log10(101.0), math.log10(10_001.0), math.log10(1001.0)]
+    assert np.allclose(col["group_log_run"], [sum(logs) / 3, 0.0, 0.0])
+    assert np.allclose(col["group_short_share"], [1 / 3, 0.0, 0.0])
+    assert np.allclose(col["log_last_run_s"], [math.log10(1001.0), 0.0, 0.0])

@@ -12,7 +12,16 @@ from shared.errors import UserError
 from shared.policy_features import HISTORY_FEATURES, JOB_FEATURES, OFFLOAD_FEATURES
 from shared.traces._io import parse_time
 
-__all__ = ["ARG_DOCS", "FEATURE_SETS", "HEURISTICS", "OBJECTIVES", "Args", "validate", "when"]
+__all__ = [
+    "ARG_DOCS",
+    "FEATURE_SETS",
+    "HEURISTICS",
+    "OBJECTIVES",
+    "TEACHERS",
+    "Args",
+    "validate",
+    "when",
+]
 
 OBJECTIVES = ("bsld", "queue", "jct", "util")
 
@@ -22,7 +31,9 @@ FEATURE_SETS = {
     "no-history": tuple(f for f in _BASE if f not in HISTORY_FEATURES),
     "offload": JOB_FEATURES,  # all, and the job's offload pressure
 }
-HEURISTICS = ("fifo", "sjf-est", "f1", "multifactor", "smallest")  # none knows run times
+# none knows run times; `las` is `fifo` without preemption, so it is not run twice
+HEURISTICS = ("fifo", "sjf-est", "f1", "multifactor", "smallest", "drf")
+TEACHERS = ("sjf-est", "drf", "drf-sjf")  # rankings the warm start can imitate
 
 
 @dataclass
@@ -59,8 +70,10 @@ class Args:
     """lowest demand / capacity of an episode"""
     load_hi: float = 1.2
     """highest demand / capacity of an episode"""
-    baseline: str = "sjf-est"
+    baseline: str = "drf"
     """the heuristic of the prefix and of the reward"""
+    teacher: str = "drf"
+    """the heuristic ranking the warm start imitates: sjf-est, drf or drf-sjf"""
     objective: str = "bsld"
     """what the reward improves: bsld, queue, jct or util"""
     placer: str = "greedy"
@@ -74,7 +87,9 @@ class Args:
     context: bool = True
     """score each job with the window's pooled summary (False: the plain kernel)"""
     warm_start: int = 10
-    """epochs imitating sjf-est's ranking before PPO starts (0: start from random)"""
+    """epochs imitating the teacher's ranking per warm-start iteration (0: none)"""
+    warm_iterations: int = 1
+    """iterations spent imitating the teacher (on the states the policy visits) before PPO"""
     learning_rate: float = 3e-4
     """Adam's learning rate"""
     gamma: float = 1.0
@@ -128,6 +143,8 @@ def validate(args: Args) -> None:
     """UserError (one line) for the first argument that cannot work."""
     if args.objective not in OBJECTIVES:
         raise UserError(f"--objective {args.objective!r}: choose from {', '.join(OBJECTIVES)}")
+    if args.teacher not in TEACHERS:
+        raise UserError(f"--teacher {args.teacher!r}: choose from {', '.join(TEACHERS)}")
     if args.features not in FEATURE_SETS:
         raise UserError(f"--features {args.features!r}: choose from {', '.join(FEATURE_SETS)}")
     for name in ("iterations", "episodes", "prefix", "jobs", "window", "minibatch_steps"):

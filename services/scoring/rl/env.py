@@ -38,7 +38,7 @@ from shared.metrics import JobRecord
 from shared.offload_signal import OffloadPart, offload_part
 from shared.policy_api import Observation, Policy, PolicyContext, QueuedJob
 from shared.sim import SimConfig, SimResult, simulate
-from shared.speeds import speed_of
+from shared.sim.load import capacity
 from shared.traces import TraceJob
 
 __all__ = [
@@ -87,12 +87,6 @@ class EpisodeResult:
     decisions: int  # rounds the policy ranked
     sim_s: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
-
-
-def capacity(cluster: ClusterSpec) -> float:
-    """GPUs in units of the reference type (a K80 counts 0.32 of a P100)."""
-    ref = speed_of(cluster.reference, cluster.speed) if cluster.reference else 1.0
-    return sum(n.gpus * speed_of(n.gpu_type, cluster.speed) / ref for n in cluster.nodes)
 
 
 def demand(jobs: Sequence[TraceJob]) -> float:

@@ -20,8 +20,9 @@ so that a short job deep in a long queue can still be seen. Within a group the
 scores differ only by age.
 
 What it cannot see: its inputs are `QueuedJob`s and the `Observation` (through
-`shared.policy_features`); `reset` keeps nothing of the `PolicyContext` but
-the seed, so the oracle's `true_run_s` never reaches it (tests check both).
+`shared.policy_features`), and it is not an oracle, so the context it is reset
+with is a plain `PolicyContext`, which carries no run time (only an oracle
+policy is handed an `OracleContext`); `reset` keeps nothing of it but the seed.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class RLPolicy:
 
     # ---- the waiting queue --------------------------------------------------------------
     def reset(self, ctx: PolicyContext) -> None:
-        """Forget every job; of `ctx` only the seed is kept (never `true_run_s`)."""
+        """Forget every job; of `ctx` only the seed is kept."""
         self.reset_state(ctx.seed)
 
     def reset_state(self, seed: int) -> None:

@@ -24,16 +24,36 @@ from shared.cluster import ClusterSpec
 from shared.policy_features import JOB_FEATURES
 from shared.traces import TraceJob
 
-__all__ = ["Batch", "Rollouts", "make_batch", "sjf_est_ranking"]
+__all__ = ["TEACHERS", "Batch", "Rollouts", "make_batch", "sjf_est_ranking", "teacher_ranking"]
 
 _GROUP_RUN = JOB_FEATURES.index("log_mean_run_group_s")
 _WAIT = JOB_FEATURES.index("log_wait_s")
+_VC_SHARE = JOB_FEATURES.index("vc_share")
 
 
 def sjf_est_ranking(x: np.ndarray) -> np.ndarray:
     """The `sjf-est` order of rows of all JOB_FEATURES: the group's mean run time
     (0 without history), then the longest wait first."""
     return np.lexsort((-x[:, _WAIT], x[:, _GROUP_RUN])).astype(np.int64)
+
+
+def drf_ranking(x: np.ndarray) -> np.ndarray:
+    """The `drf` order (queue weights 1): the VC holding the fewest GPUs first, then
+    the longest wait first."""
+    return np.lexsort((-x[:, _WAIT], x[:, _VC_SHARE])).astype(np.int64)
+
+
+def drf_sjf_ranking(x: np.ndarray) -> np.ndarray:
+    """`drf` across VCs, `sjf-est` within one."""
+    return np.lexsort((-x[:, _WAIT], x[:, _GROUP_RUN], x[:, _VC_SHARE])).astype(np.int64)
+
+
+TEACHERS = {"sjf-est": sjf_est_ranking, "drf": drf_ranking, "drf-sjf": drf_sjf_ranking}
+
+
+def teacher_ranking(name: str, x: np.ndarray) -> np.ndarray:
+    """The ranking heuristic `name` (a key of TEACHERS) gives the rows of `x`."""
+    return TEACHERS[name](x)
 
 
 _WORLD: dict[str, Any] = {}
@@ -105,7 +125,7 @@ class Batch:
     g: torch.Tensor  # [T, G] cluster features
     perm: torch.Tensor  # [T, N] the drawn ranking, empty slots last
     pulled: torch.Tensor  # [T] ranks the simulator read
-    teacher: torch.Tensor  # [T, N] sjf-est's ranking of the same jobs (the warm start)
+    teacher: torch.Tensor  # [T, N] the teacher heuristic's ranking of the same jobs
     rewards: np.ndarray  # [T] the episode's reward on its last step, else 0
     ends: np.ndarray  # [T] bool: last step of an episode
 
@@ -113,9 +133,12 @@ class Batch:
         return int(self.x.shape[0])
 
 
-def make_batch(results: Sequence[EpisodeResult], features: Sequence[str]) -> Batch | None:
+def make_batch(
+    results: Sequence[EpisodeResult], features: Sequence[str], teacher_name: str = "sjf-est"
+) -> Batch | None:
     """Stack the episodes' steps (an episode with none contributes nothing), keeping
-    the job-feature columns `features` (steps record all of JOB_FEATURES)."""
+    the job-feature columns `features` (steps record all of JOB_FEATURES), with the
+    `teacher_name` heuristic's ranking of each step (the warm start imitates it)."""
     steps = [(r, s) for r in results for s in r.steps]
     if not steps:
         return None
@@ -137,7 +160,7 @@ def make_batch(results: Sequence[EpisodeResult], features: Sequence[str]) -> Bat
         mask[i, :k] = True
         perm[i, :k] = s.perm[:k]
         pulled[i] = s.pulled
-        teacher[i, :k] = sjf_est_ranking(s.x)
+        teacher[i, :k] = teacher_ranking(teacher_name, s.x)
         if s is res.steps[-1]:
             ends[i] = True
             rewards[i] = res.reward

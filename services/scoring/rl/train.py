@@ -51,7 +51,7 @@ from shared.traces import SkipStats, TraceJob
 __all__ = ["FEATURE_SETS", "Args", "IterationLog", "load_world", "train"]
 
 WARM_START_LR = 3e-3
-LOSSES = ("policy", "value", "entropy", "kl", "clip")
+LOSSES = ("policy", "value", "entropy", "kl", "clip", "warm_start")
 
 
 @dataclass
@@ -171,9 +171,11 @@ def ppo_update(
 def warm_start(
     net: ScoreNet, opt: torch.optim.Optimizer, b: Batch, args: Args, gen: torch.Generator
 ) -> float:
-    """Imitate sjf-est's ranking on the first iteration's rounds (Plackett-Luce
+    """Imitate the teacher's ranking on an iteration's rounds (Plackett-Luce
     likelihood of its order over the ranks read), so PPO explores around a sound
-    heuristic instead of a random order. Returns the last minibatch's loss."""
+    heuristic instead of a random order. The rounds are those the current network
+    visited (DAgger's data), so later warm-start iterations correct the states its
+    own mistakes lead to. Returns the last minibatch's loss."""
     net.job_norm.update(b.x[b.mask].numpy())
     net.global_norm.update(b.g.numpy())
     loss = torch.zeros(())
@@ -184,7 +186,9 @@ def warm_start(
         for lo in range(0, len(b), args.minibatch_steps):
             mb = order[lo : lo + args.minibatch_steps]
             scores, _ = net(b.x[mb], b.mask[mb], b.g[mb])
-            loss = -pl_log_prob(scores, b.teacher[mb], b.pulled[mb]).mean()
+            # the teacher's order over at least its first 32 (what a round may read)
+            depth = torch.minimum(b.mask[mb].sum(1), b.pulled[mb].clamp(min=32))
+            loss = -pl_log_prob(scores, b.teacher[mb], depth).mean()
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
@@ -299,8 +303,8 @@ def train(
         writer.writerow(
             ["iteration", "time_s", "steps", "charts/episodic_reward", "charts/val_gain",
              "losses/policy", "losses/value", "losses/entropy", "losses/approx_kl",
-             "losses/clipfrac", "perf/rollout_s", "perf/update_s", "perf/decisions_per_s",
-             "perf/jobs_per_s"]
+             "losses/clipfrac", "losses/imitation", "perf/rollout_s", "perf/update_s",
+             "perf/decisions_per_s", "perf/jobs_per_s"]
         )  # fmt: skip
     try:
         for it in range(start_iter, args.iterations):
@@ -315,11 +319,11 @@ def train(
             rollout_s = time.perf_counter() - t0
             # ---- update ----
             t1 = time.perf_counter()
-            batch = make_batch(results, features)
+            batch = make_batch(results, features, args.teacher)
             gen = torch.Generator().manual_seed(args.seed * 1_000_003 + it)  # resumable
             losses: dict[str, float] = {}
-            if it == 0 and args.warm_start and batch is not None:
-                # these rounds were drawn by the untrained network: imitate, no PPO step
+            if it < args.warm_iterations and args.warm_start and batch is not None:
+                # the rounds the current network visited, ranked by the teacher: imitate
                 losses["warm_start"] = warm_start(net, opt, batch, args, gen)
             elif batch is not None:
                 losses = ppo_update(net, opt, batch, args, gen)

@@ -50,7 +50,7 @@ def _greedy(net: ScoreNet) -> float:
 
 
 def test_ppo_learns_shortest_first() -> None:
-    torch.manual_seed(4)
+    torch.manual_seed(1)  # an initial network that puts the long jobs first
     net = ScoreNet(NetConfig(len(JOB_FEATURES), len(GLOBAL_FEATURES), hidden=16))
     start = _greedy(net)
     assert start > OPTIMUM + 1.0  # the untrained network does not already know

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from shared.cli import main
+from shared.cli.evaluate import jobs_file
 from tests.paths import RLTUNE_TRACE
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -33,7 +34,13 @@ def test_eval_writes_table_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert all(int(r["jobs"]) + sum(
         int(x.split("=")[1]) for x in r["rejected"].split(";") if x
     ) == 960 for r in rows)  # fmt: skip
-    for name in ("jct_cdf.png", "queue_delay.png", "gpu_util.png", "jobs-fifo.csv"):
+    for name in (
+        "jct_cdf.png",
+        "queue_delay.png",
+        "gpu_util.png",
+        "queue_by_size.png",
+        "jobs-fifo.csv",
+    ):
         assert (out / name).stat().st_size > 1000
     assert (out / "jct_cdf.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -44,3 +51,11 @@ def test_eval_checks_every_policy_name_before_running(
     argv = ["eval", "--trace", "x.csv", "--format", "philly", "--cluster", "c.yaml"]
     assert main([*argv, "--policies", "fifo,sjf", "--out", str(tmp_path)]) == 2
     assert "unknown policy 'sjf'" in capsys.readouterr().err
+
+
+def test_jobs_file_names_stay_in_the_output_folder() -> None:
+    assert jobs_file("fifo") == "jobs-fifo.csv"
+    assert jobs_file("sjf-oracle") == "jobs-sjf-oracle.csv"
+    assert jobs_file("rl") == "jobs-rl.csv"
+    assert jobs_file("rl:models/rl.pt") == "jobs-rl_rl.csv"
+    assert jobs_file("rl:/tmp/a b/x.v2.pt") == "jobs-rl_x.v2.csv"

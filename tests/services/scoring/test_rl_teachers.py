@@ -1,0 +1,47 @@
+"""The warm start's teacher rankings, computed from the encoded features, are the
+orders the real heuristic policies give (services.scoring.policies), on many
+random queues."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from services.scoring.policies import make_policy
+from services.scoring.rl.rollout import teacher_ranking
+from shared.cluster import parse_cluster
+from shared.policy_api import History, PolicyContext, QueuedJob
+from shared.policy_features import encode
+from shared.sim.observe import SimObservation, WaitingIndex
+from shared.sim.state import ClusterState
+
+CLUSTER = parse_cluster({"nodes": [{"name": "p", "count": 4, "gpu_type": "P100", "gpus": 8}]})
+
+
+@pytest.mark.parametrize("name", ["drf", "sjf-est"])
+def test_teacher_is_the_heuristic(name: str) -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        history = History()
+        for k in range(int(rng.integers(0, 12))):
+            who, gpus = str(rng.choice(["a", "b", "c", "d"])), int(rng.choice([1, 2, 4]))
+            history.record(QueuedJob(900 + k, "h", 0.0, gpus, vc=who), float(rng.integers(1, 9999)))
+        jobs = [
+            QueuedJob(i, f"j{i}", float(rng.integers(0, 900)), int(rng.choice([1, 2, 4])),
+                      vc=str(rng.choice(["a", "b", "c", "d"])))
+            for i in range(int(rng.integers(2, 40)))
+        ]  # fmt: skip
+        jobs.sort(key=lambda j: (j.submit_s, j.seq))  # the pool's order (RLPolicy.candidates)
+        held = {vc: float(rng.integers(0, 3)) * 4 for vc in "abcd"}
+        waiting = WaitingIndex()
+        for j in jobs:
+            waiting.add(j)
+        obs = SimObservation(ClusterState(CLUSTER), waiting, history, held)
+        obs.now = 1000.0
+        x, _ = encode(jobs, obs, len(jobs))
+        mine = [jobs[i].seq for i in teacher_ranking(name, x)]
+        policy = make_policy(name)
+        policy.reset(PolicyContext(CLUSTER, history))
+        for j in jobs:
+            policy.add(j)
+        assert mine == [j.seq for j in policy.window(len(jobs), obs)]
