@@ -74,7 +74,7 @@ from __future__ import annotations
 import gc
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.placement.classes import index_classes
@@ -107,6 +107,33 @@ class MilpConfig:
     enumerate_single: bool = True
 
 
+# windows remembered by a reproducible MILP placer (the memo is emptied when full)
+MEMO_SIZE = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Memo:
+    """A solved window by positions: (job, ((node, GPU indices), ...), milli) per
+    allocation, job and node positions in the window and in the kept nodes."""
+
+    allocations: tuple[tuple[int, tuple[tuple[int, tuple[int, ...]], ...], int], ...]
+    status: str
+    objective: float
+    extra: dict[str, float]
+
+    @classmethod
+    def of(cls, r: PlacementResult, jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> _Memo:
+        jpos = {j.job_id: i for i, j in enumerate(jobs)}
+        npos = {n.node_id: i for i, n in enumerate(nodes)}
+        allocs = tuple(
+            (jpos[a.job_id], tuple((npos[n], idx) for n, idx in a.gpus), a.gpu_milli)
+            for a in r.allocations
+        )
+        timing = ("build_ms", "cpsat_ms")
+        extra = {k: v for k, v in r.extra.items() if k not in timing}
+        return cls(allocs, r.status, r.objective, extra)
+
+
 class MilpPlacer:
     """The CP-SAT placer. `workload` is the fragmentation target (default: the window)."""
 
@@ -121,6 +148,9 @@ class MilpPlacer:
         # else, and one-job windows of a few shapes recur all through a simulation
         self._pens: dict[object, dict[tuple[str, tuple[int, ...]], int]] = {}
         self._charge: Callable[[JobRequest, str], int] | None = None  # place_charged's
+        # reproducible solves by their inputs, names left out (_memo_key): a window seen
+        # before gets the answer the solve gave it, renamed
+        self._memo: dict[Hashable, _Memo] = {}
 
     def scorer(
         self,
@@ -193,6 +223,52 @@ class MilpPlacer:
             )
         scorer = self.scorer(jobs, nodes, speed)
         nodes = scorer.nodes
+        key = self._memo_key(jobs, scorer, speed)
+        if key is not None and key in self._memo:
+            return self._recall(self._memo[key], jobs, nodes, t0)
+        result = self._solve(jobs, nodes, speed, scorer, t0)
+        if key is not None:
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = _Memo.of(result, jobs, nodes)
+        return result
+
+    def _memo_key(
+        self, jobs: Sequence[JobRequest], scorer: Scorer, speed: Mapping[str, float]
+    ) -> Hashable | None:
+        """What a reproducible solve of this window depends on, node and job names left
+        out: job shapes and weights by window position, the kept nodes' types and free
+        GPUs in name order, each type's pressure, the speeds. None: not memoised (the
+        wall-clock budget, or a per-job charge)."""
+        if self.config.deterministic_time is None or self._charge is not None:
+            return None
+        return (
+            tuple((j.num_gpus, j.gpu_milli, j.gpu_types, j.weight) for j in jobs),
+            tuple((n.gpu_type, n.free_milli) for n in scorer.nodes),
+            tuple(sorted(scorer.pressure.items())),
+            tuple(sorted(speed.items())),
+        )
+
+    def _recall(
+        self, memo: _Memo, jobs: Sequence[JobRequest], nodes: Sequence[NodeFree], t0: float
+    ) -> PlacementResult:
+        allocs = tuple(
+            Allocation(jobs[j].job_id, tuple((nodes[n].node_id, idx) for n, idx in parts), milli)
+            for j, parts, milli in memo.allocations
+        )
+        ms = (time.perf_counter() - t0) * 1e3
+        extra = {**memo.extra, "memo": 1.0}
+        return PlacementResult(allocs, ms, memo.status, memo.objective, extra)
+
+    def _solve(
+        self,
+        jobs: Sequence[JobRequest],
+        nodes: Sequence[NodeFree],
+        speed: Mapping[str, float],
+        scorer: Scorer,
+        t0: float,
+    ) -> PlacementResult:
+        cfg = self.config
         single, multi = _split(jobs, nodes)
         classes = index_classes(nodes)
         self.cycles += 1

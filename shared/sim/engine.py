@@ -179,6 +179,8 @@ class Simulator:
         self.release_keys: list[tuple[float, int]] = []
         self.releases: dict[int, Release] = {}
         self.head_id: str | None = None  # the head of the last round's window (EASY)
+        self._reqs: dict[int, JobRequest] = {}  # waiting job -> its last window request
+        self._est: dict[tuple[str, int], float] = {}  # (who, GPUs) -> estimate until a finish
         self.node_type = {n.node_id: n.gpu_type for n in cluster.nodes}
         # a full collection scans every live job: only for placers that leave garbage cycles
         self._collect = bool(getattr(placer, "leaves_cycles", False))
@@ -314,8 +316,7 @@ class Simulator:
             cands = self._candidates()
         if not cands:
             return
-        est = self.history.estimate if self.easy else None
-        reqs = window_requests(cands, est)
+        reqs = self._requests(cands)
         by_id = {j.job_id: j for j in cands}
         ctx = self._context(now)
         nodes = self.state.free_nodes()
@@ -348,6 +349,30 @@ class Simulator:
             started += 1
         if started and self.waiting.count:
             self.settled = False  # jobs past the part of the window read may now be in it
+
+    def _requests(self, cands: Sequence[QueuedJob]) -> list[JobRequest]:
+        """The round's candidates as JobRequests in window order, scored by rank (the
+        first gets the window size K, the next K - 1, ...), with run-time estimates from
+        history under EASY. A job's request is made again only when its rank or its
+        estimate changed since the last round it was in."""
+        k = self.config.window
+        cache, est = self._reqs, self._est
+        out = []
+        for r, j in enumerate(cands):
+            e = 0.0
+            if self.easy:
+                key = (j.who, j.num_gpus)
+                e = est.get(key, -1.0)
+                if e < 0.0:
+                    e = est[key] = self.history.estimate(j)
+            score = float(k - r)
+            req = cache.get(j.seq)
+            if req is None or req.score != score or req.est_run_s != e:
+                req = cache[j.seq] = JobRequest(
+                    j.job_id, j.num_gpus, j.gpu_milli, j.gpu_types, j.weight, score, e
+                )
+            out.append(req)
+        return out
 
     def _context(self, now: float) -> RoundContext | None:
         """Running jobs' expected releases, for EASY's reservation."""
@@ -421,6 +446,7 @@ class Simulator:
             insort(self.release_keys, (end, job.seq))
         self.policy.remove(job)
         self.waiting.remove(job)
+        self._reqs.pop(job.seq, None)
         st = self.state
         types = sorted({st.node_type[i] for i, _ in claim})
         run.claim, run.seg_start = claim, now
@@ -475,6 +501,7 @@ class Simulator:
         run.work = 0.0
         run.epoch += 1  # its pending threshold checks are stale now
         self.history.record(job, sum(s.finish_s - s.start_s for s in run.segments))
+        self._est.clear()  # estimates learn from every finish
 
     def _stop(self, run: _Run, now: float) -> None:
         """End the current segment of a running job and give back its GPUs."""
@@ -539,34 +566,3 @@ class _Releases(Collection[Release]):
 
     def __contains__(self, item: object) -> bool:
         return any(r == item for r in self)
-
-
-def window_requests(
-    window: Sequence[QueuedJob], estimate: Callable[[QueuedJob], float] | None = None
-) -> list[JobRequest]:
-    """JobRequests in window order, scored by rank (first = highest score), with
-    run-time estimates from `estimate` (history) when given."""
-    n = len(window)
-    if estimate is not None:  # jobs of one user and size share an estimate: once per round
-        memo: dict[tuple[str, int], float] = {}
-        plain = estimate
-
-        def estimate(j: QueuedJob) -> float:
-            key = (j.who, j.num_gpus)
-            v = memo.get(key)
-            if v is None:
-                v = memo[key] = plain(j)
-            return v
-
-    return [
-        JobRequest(
-            j.job_id,
-            j.num_gpus,
-            j.gpu_milli,
-            j.gpu_types,
-            j.weight,
-            float(n - r),
-            estimate(j) if estimate is not None else 0.0,
-        )
-        for r, j in enumerate(window)
-    ]
