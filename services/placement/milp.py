@@ -118,7 +118,7 @@ class _Memo:
 
     allocations: tuple[tuple[int, tuple[tuple[int, tuple[int, ...]], ...], int], ...]
     status: str
-    objective: float
+    objective: float | None
     extra: dict[str, float]
 
     @classmethod
