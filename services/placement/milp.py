@@ -151,6 +151,7 @@ class MilpPlacer:
         # reproducible solves by their inputs, names left out (_memo_key): a window seen
         # before gets the answer the solve gave it, renamed
         self._memo: dict[Hashable, _Memo] = {}
+        self.memo_hits = 0  # windows answered from the memo
 
     def scorer(
         self,
@@ -225,6 +226,7 @@ class MilpPlacer:
         nodes = scorer.nodes
         key = self._memo_key(jobs, scorer, speed)
         if key is not None and key in self._memo:
+            self.memo_hits += 1
             return self._recall(self._memo[key], jobs, nodes, t0)
         result = self._solve(jobs, nodes, speed, scorer, t0)
         if key is not None:
