@@ -152,6 +152,7 @@ class MilpPlacer:
         # before gets the answer the solve gave it, renamed
         self._memo: dict[Hashable, _Memo] = {}
         self.memo_hits = 0  # windows answered from the memo
+        self._workloads: dict[tuple[tuple[int, int, frozenset[str]], ...], Workload] = {}
 
     def scorer(
         self,
@@ -162,13 +163,24 @@ class MilpPlacer:
     ) -> Scorer:
         """The objective this placer optimises for a window, over its relevant nodes
         (over all of `nodes` when not `reduce`)."""
-        workload = self.workload or Workload.of(jobs)
+        workload = self.workload or self._workload_of(jobs)
         free_by_type: dict[str, float] = {}
         for n in nodes:
             free_by_type[n.gpu_type] = free_by_type.get(n.gpu_type, 0.0) + sum(n.free_milli)
         pressure = workload.pressure(free_by_type)
         kept = relevant_nodes(jobs, nodes) if reduce else nodes
         return Scorer(jobs, kept, speed, self.config.weights, workload, pressure, self._charge)
+
+    def _workload_of(self, jobs: Sequence[JobRequest]) -> Workload:
+        """Workload.of(jobs), one per window composition (its fragmentation tables
+        are filled once, not per call)."""
+        key = tuple((j.num_gpus, j.gpu_milli, j.gpu_types) for j in jobs)
+        got = self._workloads.get(key)
+        if got is None:
+            if len(self._workloads) >= MEMO_SIZE:
+                self._workloads.clear()
+            got = self._workloads[key] = Workload.of(jobs)
+        return got
 
     def place_charged(
         self,
@@ -349,28 +361,35 @@ def _best_single(
     optimum; ties go to the first in node order."""
     best: tuple[int, Allocation] | None = None
     seen: set[tuple[str, tuple[int, ...], int]] = set()
-    gain = {t: scorer.value(0, t) - scorer.type_pen(0, t) for t in {n.gpu_type for n in nodes}}
+    shapes: set[tuple[str, tuple[int, ...]]] = set()  # whole-GPU job: node shapes scored
+    gain: dict[str, int] = {}
+    k, milli = job.num_gpus, job.gpu_milli
     for n in nodes:
-        if not job.allows(n.gpu_type):
+        t, free = n.gpu_type, n.free_milli
+        if not job.allows(t):
             continue
         options: list[tuple[int, tuple[int, ...]]] = []  # (free of the GPU taken, GPUs)
-        if job.gpu_milli < FULL_GPU:
-            options = [(f, (g,)) for g, f in enumerate(n.free_milli) if f >= job.gpu_milli]
-        else:
-            idx = tuple(g for g, f in enumerate(n.free_milli) if f >= FULL_GPU)[: job.num_gpus]
-            if len(idx) == job.num_gpus:
+        if milli < FULL_GPU:
+            options = [(f, (g,)) for g, f in enumerate(free) if f >= milli]
+        else:  # one place per node shape: the first whole free GPUs
+            if (t, free) in shapes:
+                continue
+            shapes.add((t, free))
+            idx = tuple(g for g, f in enumerate(free) if f >= FULL_GPU)[:k]
+            if len(idx) == k:
                 options = [(0, idx)]
         for key, idx in options:
-            if (n.gpu_type, n.free_milli, key) in seen:
+            if (t, free, key) in seen:
                 continue
-            seen.add((n.gpu_type, n.free_milli, key))
-            row = list(n.free_milli)
+            seen.add((t, free, key))
+            row = list(free)
             for g in idx:
-                row[g] -= job.gpu_milli
-            value = gain[n.gpu_type] - _pen(n.gpu_type, tuple(row), scorer, pens)
-            value += _pen(n.gpu_type, n.free_milli, scorer, pens)
+                row[g] -= milli
+            if t not in gain:
+                gain[t] = scorer.value(0, t) - scorer.type_pen(0, t)
+            value = gain[t] - _pen(t, tuple(row), scorer, pens) + _pen(t, free, scorer, pens)
             if best is None or value > best[0]:
-                best = (value, Allocation(job.job_id, ((n.node_id, idx),), job.gpu_milli))
+                best = (value, Allocation(job.job_id, ((n.node_id, idx),), milli))
     return [] if best is None else [best]
 
 
@@ -391,7 +410,7 @@ def _split(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> tuple[list[
     """Window positions of single-node candidates, and of multi-node jobs."""
     max_whole: dict[str, int] = {}
     for n in nodes:
-        max_whole[n.gpu_type] = max(max_whole.get(n.gpu_type, 0), n.whole_free)
+        max_whole[n.gpu_type] = max(max_whole.get(n.gpu_type, 0), n.free_milli.count(FULL_GPU))
     single: list[int] = []
     multi: list[int] = []
     for j, job in enumerate(jobs):

@@ -356,15 +356,10 @@ class Simulator:
         history under EASY. A job's request is made again only when its rank or its
         estimate changed since the last round it was in."""
         k = self.config.window
-        cache, est = self._reqs, self._est
+        cache, easy = self._reqs, self.easy
         out = []
         for r, j in enumerate(cands):
-            e = 0.0
-            if self.easy:
-                key = (j.who, j.num_gpus)
-                e = est.get(key, -1.0)
-                if e < 0.0:
-                    e = est[key] = self.history.estimate(j)
+            e = self._estimate(j) if easy else 0.0
             score = float(k - r)
             req = cache.get(j.seq)
             if req is None or req.score != score or req.est_run_s != e:
@@ -406,6 +401,8 @@ class Simulator:
         budget, exact = st.whole_total, True
         strict = self.config.discipline == "strict"
         head = not self.easy  # under easy: the head is still to be found
+        cut: tuple[float, int] | None = None  # the head's reservation time and spare GPUs
+        now = self.obs.now
         out = []
         for j in self.policy.window(self.config.window, self.obs):
             if limits and not self._queue_allows(j):
@@ -417,17 +414,63 @@ class Simulator:
                 ok = j.num_gpus <= budget
                 if ok and exact:
                     budget -= j.num_gpus
+            if (
+                ok
+                and cut is not None
+                and j.gpu_milli >= FULL_GPU
+                and j.num_gpus > cut[1]
+                and now + self._estimate(j) > cut[0]
+            ):
+                continue  # runs past the reservation on GPUs the head needs: refused
             if ok:
                 out.append(j)
             elif strict:
                 break  # nothing passes a job that cannot start
             elif not head:
+                if exact and not j.gpu_types and j.gpu_milli >= FULL_GPU:
+                    cut = self._reservation(j, out, budget)
                 out.append(j)
                 head = True
                 exact = False  # a backfill refused for the reservation takes nothing
             if budget <= 0 and not st.partial and head:
                 break  # no whole GPU left for anyone, no shared GPU with room
         return out
+
+    def _reservation(
+        self, head: QueuedJob, ahead: Sequence[QueuedJob], whole: int
+    ) -> tuple[float, int] | None:
+        """The reservation EASY will give `head`, an untyped whole-GPU job, when every
+        job `ahead` of it starts (untyped whole-GPU jobs that `whole`, the whole free
+        GPUs left after them, counts exactly): the time its GPUs come back and how many
+        whole GPUs beyond its own are expected free then. The same walk as
+        services.placement.reservation (running jobs' releases and the jobs ahead at
+        now + estimate, in time order, ties alike) on counts. A job behind the head
+        that ends after that time and needs more than the spare GPUs is refused there
+        whatever else starts (the spare only shrinks), so the round need not carry it.
+        None: no reservation (its GPUs never come back) or a share is released first."""
+        now = self.obs.now
+        mine = sorted(((now + self._estimate(a), a.num_gpus) for a in ahead), key=_first)
+        theirs = (
+            (max(r.time_s, now), sum(len(g) for _, g in r.alloc.gpus))
+            if r.alloc.gpu_milli >= FULL_GPU
+            else (max(r.time_s, now), -1)
+            for r in _Releases(self.release_keys, self.releases)
+        )
+        for t, gpus in heapq.merge(theirs, mine, key=_first):
+            if gpus < 0:
+                return None
+            whole += gpus
+            if whole >= head.num_gpus:
+                return t, whole - head.num_gpus
+        return None
+
+    def _estimate(self, j: QueuedJob) -> float:
+        """History's run-time estimate of `j`, once per (user, size) between finishes."""
+        key = (j.who, j.num_gpus)
+        e = self._est.get(key)
+        if e is None:
+            e = self._est[key] = self.history.estimate(j)
+        return e
 
     def _queue_allows(self, job: QueuedJob) -> bool:
         q = self.cluster.queues.get(self.cluster.queue_of(job.vc))
@@ -543,6 +586,10 @@ class Simulator:
         return JobRecord(
             j.job_id, j.vc, j.submit_s, j.num_gpus, j.gpu_milli, tuple(run.segments), pbytes
         )
+
+
+def _first(e: tuple[float, int]) -> float:
+    return e[0]
 
 
 def _parts(claim: Claim) -> list[tuple[int, int]]:
