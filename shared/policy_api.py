@@ -9,7 +9,8 @@ share, allowed types), how long it has waited and been served, what its user
 and VC did before (`History`, learned online from finished jobs) and what the
 cluster looks like (`Observation`: free and total GPUs and waiting demand per
 type, fragmentation, GPUs held per VC). A job's true run time is not among them:
-only a policy that declares `oracle = True` is handed `PolicyContext.true_run_s`.
+only a policy that declares `oracle = True` is handed one, in an `OracleContext`
+(every other policy gets a `PolicyContext`, which has no such field).
 
 A learned policy implements the same protocol: keep the jobs in arrival order,
 encode the first N (features from `QueuedJob` + `Observation`), score them and
@@ -24,7 +25,15 @@ from typing import Protocol
 
 from shared.cluster import ClusterSpec
 
-__all__ = ["History", "Observation", "Policy", "PolicyContext", "QueuedJob"]
+__all__ = [
+    "History",
+    "Observation",
+    "OracleContext",
+    "Policy",
+    "PolicyContext",
+    "QueuedJob",
+    "policy_context",
+]
 
 
 @dataclass(slots=True, eq=False)
@@ -139,13 +148,33 @@ class Observation(Protocol):
 
 @dataclass(frozen=True)
 class PolicyContext:
-    """What a policy is given at the start of a run."""
+    """What a policy is given at the start of a run: never a job's true run time."""
 
     cluster: ClusterSpec
     history: History
     seed: int = 0
-    true_run_s: Callable[[QueuedJob], float] | None = None  # only for oracle policies
     options: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OracleContext(PolicyContext):
+    """A PolicyContext with the jobs' true run times, handed only to a policy that
+    declares `oracle = True` (shown as "(oracle)" wherever it is reported)."""
+
+    true_run_s: Callable[[QueuedJob], float] = field(kw_only=True)
+
+
+def policy_context(
+    policy: Policy,
+    cluster: ClusterSpec,
+    history: History,
+    seed: int = 0,
+    true_run_s: Callable[[QueuedJob], float] | None = None,
+) -> PolicyContext:
+    """The context `policy` may have: with `true_run_s` only if it is an oracle."""
+    if getattr(policy, "oracle", False) and true_run_s is not None:
+        return OracleContext(cluster, history, seed, true_run_s=true_run_s)
+    return PolicyContext(cluster, history, seed)
 
 
 class Policy(Protocol):

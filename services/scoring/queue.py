@@ -76,7 +76,7 @@ class ScoringState:
         self.rounds = RoundState()
         self.counts: Counter[str] = Counter()
         self.dirty = False
-        policy.reset(PolicyContext(self.view.cluster, self.history, seed, None))
+        policy.reset(PolicyContext(self.view.cluster, self.history, seed))
 
     # ---- inputs -------------------------------------------------------------------------
     def accepted(self, job: Job, free: bool) -> None:
@@ -232,7 +232,7 @@ class ScoringState:
 
     def swap_policy(self, policy: Policy, seed: int = 0) -> None:
         """Go on with `policy` (a newer checkpoint): it is told of every waiting job."""
-        policy.reset(PolicyContext(self.view.cluster, self.history, seed, None))
+        policy.reset(PolicyContext(self.view.cluster, self.history, seed))
         for q in sorted(self.queued.values(), key=lambda q: q.seq):
             policy.add(q)
         self.policy = policy

@@ -48,7 +48,7 @@ from shared.placement_api import (
     Release,
     RoundContext,
 )
-from shared.policy_api import History, Policy, PolicyContext, QueuedJob
+from shared.policy_api import History, Policy, QueuedJob, policy_context
 from shared.sim.admit import admit_reason
 from shared.sim.observe import SimObservation, WaitingIndex
 from shared.sim.offload_cost import StepCost
@@ -207,7 +207,7 @@ class Simulator:
         self.offload = OffloadState(cluster)
         if hasattr(inner, "offload_view"):
             inner.offload_view = self.offload  # an offload-aware placer reads it
-        policy.reset(PolicyContext(cluster, self.history, config.seed, self._true_run_s))
+        policy.reset(policy_context(policy, cluster, self.history, config.seed, self._true_run_s))
 
     def _true_run_s(self, job: QueuedJob) -> float:
         return self.runs[job.seq].work

@@ -6,7 +6,7 @@ Shown as "sjf-oracle (oracle)" everywhere; it bounds what run-time knowledge can
 from __future__ import annotations
 
 from services.scoring.policies.base import Key, StaticKeyPolicy
-from shared.policy_api import PolicyContext, QueuedJob
+from shared.policy_api import OracleContext, PolicyContext, QueuedJob
 
 __all__ = ["SjfOracle"]
 
@@ -16,8 +16,8 @@ class SjfOracle(StaticKeyPolicy):
     oracle = True
 
     def reset(self, ctx: PolicyContext) -> None:
-        if ctx.true_run_s is None:
-            raise ValueError("sjf-oracle needs the true run times (PolicyContext.true_run_s)")
+        if not isinstance(ctx, OracleContext):
+            raise ValueError("sjf-oracle needs the true run times (an OracleContext)")
         super().reset(ctx)
         self._run_s = ctx.true_run_s
 

@@ -9,7 +9,7 @@ from services.scoring.policies.las import THRESHOLDS, Las
 from services.scoring.policies.multifactor import MAX_AGE_S, Multifactor
 from shared.cluster import parse_cluster
 from shared.errors import UserError
-from shared.policy_api import History, Policy, PolicyContext, QueuedJob
+from shared.policy_api import History, Policy, QueuedJob, policy_context
 
 CLUSTER = parse_cluster({"nodes": [{"name": "n", "count": 2, "gpu_type": "P100", "gpus": 8}]})
 
@@ -51,7 +51,7 @@ JOBS = [J(0, 0.0, 4, vc="a"), J(1, 1.0, 1, vc="b"), J(2, 2.0, 2, vc="a"), J(3, 3
 
 
 def order(policy: Policy, jobs: list[QueuedJob], obs: Obs, k: int = 10, seed: int = 0) -> list[int]:
-    policy.reset(PolicyContext(CLUSTER, obs.history, seed, lambda j: RUN_S[j.seq]))
+    policy.reset(policy_context(policy, CLUSTER, obs.history, seed, lambda j: RUN_S[j.seq]))
     for j in jobs:
         policy.add(j)
     return [j.seq for j in policy.window(k, obs)]  # type: ignore[arg-type]

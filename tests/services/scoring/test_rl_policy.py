@@ -18,7 +18,7 @@ from services.scoring.rl.network import NetConfig, ScoreNet
 from services.scoring.rl.policy import Step
 from shared.cluster import parse_cluster
 from shared.errors import UserError
-from shared.policy_api import History, PolicyContext, QueuedJob
+from shared.policy_api import History, OracleContext, PolicyContext, QueuedJob
 from shared.policy_features import GLOBAL_FEATURES, JOB_FEATURES
 from shared.sim import SimConfig, simulate
 from shared.sim.observe import SimObservation, WaitingIndex
@@ -118,11 +118,14 @@ class _Log:
 
 
 class _Leaky(RLPolicy):
-    """A deliberately broken policy: it adds the true run time to one feature."""
+    """A deliberately broken policy: it adds the true run time to one feature (it must
+    declare itself an oracle to be handed the run times at all)."""
+
+    oracle = True
 
     def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
-        self._true = ctx.true_run_s
+        self._true = ctx.true_run_s if isinstance(ctx, OracleContext) else None
 
     def window(self, k, obs):  # type: ignore[no-untyped-def]
         rec = self.recorder
@@ -170,7 +173,7 @@ def test_features_never_carry_the_true_run_time(policy_cls: type[RLPolicy], leak
 
 def test_policy_keeps_nothing_of_the_oracle() -> None:
     policy = RLPolicy(_net(), JOB_FEATURES)
-    policy.reset(PolicyContext(CLUSTER, History(), 0, lambda j: 123.0))
+    policy.reset(OracleContext(CLUSTER, History(), 0, true_run_s=lambda j: 123.0))
     assert not policy.oracle
     seen = [v for v in vars(policy).values() if callable(v) and not isinstance(v, torch.nn.Module)]
     assert seen == []
