@@ -19,6 +19,10 @@ thousands cheap, and changes no result:
   queue), none of them fits alone, and the policy's order does not drift with
   time: every older window job already failed against the same free GPUs.
 
+Under `easy`, a round also leaves out the jobs behind the head that the head's
+reservation refuses whatever else starts (`_reservation`): most of a loaded
+window, every round.
+
 Deterministic: ties are broken by submit order, never by hashing or the clock;
 only `placement_ms` (wall time of each solve) differs between identical runs.
 """
