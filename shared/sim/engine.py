@@ -405,34 +405,43 @@ class Simulator:
         budget, exact = st.whole_total, True
         strict = self.config.discipline == "strict"
         head = not self.easy  # under easy: the head is still to be found
-        cut: tuple[float, int] | None = None  # the head's reservation time and spare GPUs
+        # under easy, once the head is an untyped whole-GPU job behind exactly counted
+        # ones: its reservation time, the GPUs spare at it, and whether `budget` and
+        # `spare` still count exactly what the backfills kept so far leave (they do
+        # while every kept one is an untyped whole-GPU job; after that, upper bounds)
+        reserved, at, spare, tracked = False, 0.0, 0, False
         now = self.obs.now
         out = []
         for j in self.policy.window(self.config.window, self.obs):
             if limits and not self._queue_allows(j):
                 continue
-            if j.gpu_types or (j.gpu_milli < FULL_GPU and j.num_gpus == 1):
+            typed_or_share = bool(j.gpu_types) or (j.gpu_milli < FULL_GPU and j.num_gpus == 1)
+            if typed_or_share:
                 ok = fits(j.num_gpus, j.gpu_milli, j.gpu_types)
                 exact = False
             else:
                 ok = j.num_gpus <= budget
                 if ok and exact:
                     budget -= j.num_gpus
-            if (
-                ok
-                and cut is not None
-                and j.gpu_milli >= FULL_GPU
-                and j.num_gpus > cut[1]
-                and now + self._estimate(j) > cut[0]
-            ):
-                continue  # runs past the reservation on GPUs the head needs: refused
+            if ok and reserved and j.gpu_milli >= FULL_GPU:
+                # a backfill: EASY refuses it if it runs past the reservation on GPUs
+                # the head needs (the spare GPUs only shrink), else starts it if it fits
+                late = now + self._estimate(j) > at
+                if late and j.num_gpus > spare:
+                    continue
+                if tracked and not typed_or_share:
+                    budget -= j.num_gpus
+                    spare -= j.num_gpus if late else 0
             if ok:
                 out.append(j)
+                tracked &= not typed_or_share
             elif strict:
                 break  # nothing passes a job that cannot start
             elif not head:
                 if exact and not j.gpu_types and j.gpu_milli >= FULL_GPU:
-                    cut = self._reservation(j, out, budget)
+                    got = self._reservation(j, out, budget)
+                    if got is not None:
+                        (at, spare), reserved, tracked = got, True, True
                 out.append(j)
                 head = True
                 exact = False  # a backfill refused for the reservation takes nothing
