@@ -479,7 +479,7 @@ class Simulator:
 
     def _estimate(self, j: QueuedJob) -> float:
         """History's run-time estimate of `j`, once per (user, size) between finishes."""
-        key = (j.who, j.num_gpus)
+        key = (j.user or j.vc, j.num_gpus)  # QueuedJob.who, inline: called per candidate
         e = self._est.get(key)
         if e is None:
             e = self._est[key] = self.history.estimate(j)
