@@ -27,7 +27,7 @@ from shared.metrics import percentile
 __all__ = ["STAGES", "measure_rates"]
 
 STAGES = ("submit→accepted", "accepted→scored", "scored→placed", "submit→placed")
-NODES, GPUS = 2500, 8  # 20,000 GPUs: room for every job of the fastest run
+NODES, GPUS = 2560, 8  # 20,480 GPUs: room for every job of the fastest run (and the warm-up)
 
 
 async def _inventory(settings: BusSettings) -> None:

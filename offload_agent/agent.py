@@ -12,6 +12,10 @@ Relays between the training processes on this host (a Unix socket, see
   (`source` "pynvml"), else from the configured inventory
   (`RLTUNE_NODE_GPU_TYPE`, `RLTUNE_NODE_GPUS`; `source` "inventory"), with the
   GPUs its running jobs hold taken off the free ones;
+* `jobs.kill` (`KillRequest`, public) → a job running here is stopped: SIGTERM to
+  its process group, SIGKILL after `kill_grace_s`; its exit is reported `failed`
+  with "killed on request (reason)". A request for a job not running here is
+  ignored (another agent runs it); one that does not decode goes to `jobs.rejected`.
 * `sched.placements` for this node → the job's command (from `jobs.accepted`)
   started on its GPUs, `JobEvent`s on `jobs.events` (see `offload_agent.jobs`);
   each job swaps under `RLTUNE_SWAP_DIR`/<job>, removed when it exits.
@@ -28,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Sequence
@@ -44,7 +49,15 @@ from offload_agent.nvme import swap_dir
 from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
 from shared.config import BusSettings
 from shared.errors import UserError
-from shared.messages import Job, JobEvent, NodeStatus, PlacementBatch, PrefetchPlan, encode
+from shared.messages import (
+    Job,
+    JobEvent,
+    KillRequest,
+    NodeStatus,
+    PlacementBatch,
+    PrefetchPlan,
+    encode,
+)
 from shared.reject import Reject
 
 __all__ = ["AgentConfig", "HostAgent", "serve"]
@@ -60,6 +73,7 @@ class AgentConfig:
     status_interval_s: float = 10.0
     swap_root: Path | None = None  # jobs started here swap under it (RLTUNE_SWAP_DIR)
     inventory: tuple[str, int] | None = None  # (GPU type, GPUs) for a host without pynvml
+    kill_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long (a kill on request)
 
     @classmethod
     def from_env(cls) -> AgentConfig:
@@ -100,6 +114,7 @@ class HostAgent:
         self._job = msgspec.json.Decoder(Job)
         self._event = msgspec.json.Decoder(JobEvent)
         self._placements = msgspec.json.Decoder(PlacementBatch)
+        self._kill = msgspec.json.Decoder(KillRequest)
 
     async def on_record(self, rec: Record) -> Sequence[Outgoing]:
         """Bus handler: route by topic."""
@@ -107,7 +122,30 @@ class HostAgent:
             return await self.on_plan(rec)
         if rec.topic == self.topics.jobs_accepted:
             return self._started(*self._learn(rec))
+        if rec.topic == self.topics.jobs_kill:
+            return self.on_kill(rec)
         return self.on_placements(rec)
+
+    def on_kill(self, rec: Record) -> Sequence[Outgoing]:
+        try:
+            req = self._kill.decode(rec.value or b"")
+        except msgspec.MsgspecError as exc:
+            raise Reject(f"invalid KillRequest: {exc}", kind="invalid") from None
+        if not self.runner.kill(req.job_id, req.reason):
+            self.stats.extra["kill_not_here"] += 1
+            return ()
+        self.stats.extra["kills"] += 1
+        log.info("killing %s on request (%s)", req.job_id, req.reason or "no reason given")
+        task = asyncio.create_task(self._escalate(req.job_id))
+        self.watchers.add(task)
+        task.add_done_callback(self.watchers.discard)
+        return ()
+
+    async def _escalate(self, job_id: str) -> None:
+        """SIGKILL a job that has not stopped `kill_grace_s` after SIGTERM."""
+        await asyncio.sleep(self.config.kill_grace_s)
+        if self.runner.kill(job_id, "", signal.SIGKILL):
+            self.stats.extra["kills_escalated"] += 1
 
     def replay(self, rec: Record) -> None:
         """At start: learn job commands, and which jobs this node already started."""
@@ -271,7 +309,7 @@ async def serve(
         spec = ServiceSpec(
             name=f"{NAME}.{config.node_id}",  # per node: each answers its own share
             group_id=group_id or f"{t.prefix}{NAME}.{config.node_id}",
-            topics=[t.offload_plans, t.jobs_accepted, t.sched_placements],
+            topics=[t.offload_plans, t.jobs_accepted, t.sched_placements, t.jobs_kill],
             handle=agent.on_record,
             replay_topics=[t.jobs_accepted, t.jobs_events],
             replay=agent.replay,

@@ -19,7 +19,10 @@ nothing, so no GPU is ever given twice, whatever view placement had.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +53,8 @@ class JobRunner:
     waiting: dict[str, list[int]] = field(default_factory=dict)  # placed, command unknown
     gpus: int | None = None  # GPUs this node has (None: not known, any index is accepted)
     busy: dict[int, str] = field(default_factory=dict)  # GPU index -> the job holding it
+    running: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    killing: dict[str, str] = field(default_factory=dict)  # job -> why it is being killed
 
     def learn(self, job: Job, now: float) -> tuple[list[JobEvent], list[Started]]:
         """Remember a job's command; start it if it was already placed here."""
@@ -109,6 +114,7 @@ class JobRunner:
             event, proc = self._start(job_id, gpus, now)
             events.append(event)
             if proc is not None:
+                self.running[job_id] = proc
                 procs.append(Started(job_id, proc))
         return events, procs
 
@@ -137,9 +143,28 @@ class JobRunner:
         if self.swap_root is not None:
             shutil.rmtree(job_swap_dir(self.swap_root, job_id), ignore_errors=True)
 
+    def kill(self, job_id: str, reason: str, sig: int = signal.SIGTERM) -> bool:
+        """Signal a job running here (its whole process group); False if it does not
+        run here. Its exit is then reported as `failed`, killed on request."""
+        proc = self.running.get(job_id)
+        if proc is None or proc.poll() is not None:
+            return False
+        self.killing.setdefault(job_id, reason)
+        try:
+            os.killpg(proc.pid, sig)  # launched in a session of its own
+        except (ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)  # not a group leader: the process alone
+        return True
+
     def exited(self, job_id: str, returncode: int, now: float) -> JobEvent:
         self.free(job_id)
+        self.running.pop(job_id, None)
         detail = f"exit code {returncode}"
+        if job_id in self.killing:
+            why = self.killing.pop(job_id)
+            detail = f"killed on request{f' ({why})' if why else ''}; {detail}"
+            return JobEvent(job_id, "failed", now, [self.node_id], detail)
         if returncode == 0:
             return JobEvent(job_id, "finished", now, [self.node_id], detail)
         return JobEvent(job_id, "failed", now, [self.node_id], detail)

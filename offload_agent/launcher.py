@@ -100,4 +100,5 @@ def launch(
         raise ValueError("a job without a command cannot be launched")
     full = dict(os.environ if env is None else env)
     full["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_indices)
-    return subprocess.Popen(list(command), env=full, cwd=cwd)
+    # its own session: a kill on request reaches every process the command started
+    return subprocess.Popen(list(command), env=full, cwd=cwd, start_new_session=True)

@@ -21,6 +21,7 @@ __all__ = [
     "JobEvent",
     "JobEventKind",
     "JobSpec",
+    "KillRequest",
     "MetricsSnapshot",
     "NodeStatus",
     "OffloadSpec",
@@ -191,6 +192,15 @@ class JobEvent(Struct, omit_defaults=True):
     time: float
     node_ids: list[str] = []
     detail: str = ""
+
+
+class KillRequest(Struct, omit_defaults=True):
+    """`jobs.kill` (public): stop a running job. The host agent running it terminates
+    its process group (SIGTERM, SIGKILL after a grace period) and reports `failed`
+    with the reason."""
+
+    job_id: JobId
+    reason: ShortStr = ""
 
 
 class MetricsSnapshot(Struct, omit_defaults=True):

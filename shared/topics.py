@@ -16,6 +16,7 @@ PUBLIC_TOPICS = (
     "sched.placements",
     "sched.rounds",
     "jobs.events",
+    "jobs.kill",
     "metrics",
     "rl.rewards",
     "offload.profiles",
@@ -75,6 +76,10 @@ class Topics:
     @property
     def jobs_events(self) -> str:
         return self.name("jobs.events")
+
+    @property
+    def jobs_kill(self) -> str:
+        return self.name("jobs.kill")
 
     @property
     def metrics(self) -> str:

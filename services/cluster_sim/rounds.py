@@ -32,6 +32,7 @@ from shared.messages import (
     ExpectedRelease,
     JobEvent,
     NodeStatus,
+    OffloadStats,
     PlacementBatch,
     PriorityBatch,
     RoundRequest,
@@ -48,7 +49,11 @@ class Channel(Protocol):
     """The service's side: publish a round's messages and block until its answer."""
 
     def score(
-        self, req: RoundRequest, nodes: list[NodeStatus], events: list[JobEvent]
+        self,
+        req: RoundRequest,
+        nodes: list[NodeStatus],
+        events: list[JobEvent],
+        offload: list[OffloadStats],
     ) -> PriorityBatch: ...
 
     def place(self, req: RoundRequest) -> PlacementBatch: ...
@@ -77,6 +82,7 @@ class Rounds:
         self.unknown = 0  # job ids in an answer that are not waiting here
         self.answer: tuple[float, list[str]] | None = None  # (time, window) of the last round
         self.fallbacks = 0  # answers whose placer broke the order (placement replaced them)
+        self.offload: list[OffloadStats] = []  # offloading jobs' rate changes since last round
 
     def score(self, k: int, now: float) -> list[QueuedJob]:
         """The policy's first `k` waiting jobs. A round asks for the whole window; a
@@ -106,7 +112,8 @@ class Rounds:
             finished=p.finished,
             nodes=[n.node_id for n in nodes],
         )
-        batch = self.channel.score(req, nodes, p.events)
+        offload, self.offload = self.offload, []
+        batch = self.channel.score(req, nodes, p.events, offload)
         ids = [jid for jid, _ in batch.jobs]
         self.answer = (now, ids)
         return self._jobs(ids[:k])
@@ -148,10 +155,12 @@ class Rounds:
         allocs = tuple(Allocation(jid, tuple(g), milli.get(jid, 1000)) for jid, g in gpus.items())
         return PlacementResult(allocs, batch.solver_ms, batch.solver_status, extra=batch.extra)
 
-    def flush(self) -> tuple[list[JobEvent], list[NodeStatus]]:
-        """The events and node changes not yet sent (at the end of the run)."""
+    def flush(self) -> tuple[list[JobEvent], list[NodeStatus], list[OffloadStats]]:
+        """The events, node changes and offload figures not yet sent (at the end)."""
         events, self.pending.events = self.pending.events, []
-        return events, self._changed_nodes(max([self.now, *(e.time for e in events)]), None)
+        offload, self.offload = self.offload, []
+        now = max([self.now, *(e.time for e in events)])
+        return events, self._changed_nodes(now, None), offload
 
     def _changed_nodes(self, now: float, round_id: int | None = -1) -> list[NodeStatus]:
         assert self.sim is not None
@@ -254,6 +263,31 @@ class BusSimulator(Simulator):
         self.rounds.pending.events.append(
             JobEvent(run.job.job_id, "started", now, nodes, run.nodes)
         )
+
+    def _rerate(self, seqs: set[int], now: float) -> None:
+        """Offloading jobs whose rate changed (a job started or stopped on their nodes):
+        their figures from the cost model go out on `offload.stats` with the next round,
+        as an offload agent's would (the reward's offload terms, in simulation): every
+        change, each stamped with its time, so the figures over a job's run can be
+        integrated from the topic alone."""
+        super()._rerate(seqs, now)
+        for seq in sorted(seqs):
+            run = self.runs[seq]
+            if run.step is None or not run.claim:
+                continue
+            cost = run.step
+            traffic = self.offload.demand_of(seq).traffic
+            self.rounds.offload.append(OffloadStats(
+                job_id=run.job.job_id,
+                node_id=self.state.node_ids[run.claim[0][0]],
+                hit_rate=cost.hit_rate,
+                # the model gives one mean copy time per rate: no spread to report
+                migration_ms_p50=cost.migration_ms,
+                migration_ms_p99=cost.migration_ms,
+                bytes_in=int(traffic.bytes_moved),  # per GPU and step, both directions
+                step_ms=cost.step_ms,
+                time=now,
+            ))  # fmt: skip
 
     def _finish(self, run: _Run, now: float) -> None:
         nodes = sorted({self.state.node_ids[i] for i, _ in run.claim})

@@ -14,7 +14,24 @@ job of the trace on `jobs.submit` when the simulator's clock reaches it (a
 deployment with no other replay). A round not answered in `resend_s`
 is asked again (same round_id), so a restarted scoring or placement service
 picks it up. At the end it writes `--json` and `--jobs-out` exactly as
-`rltune simulate` does, and stops if `exit_when_done`.
+`rltune simulate` does, and stops if `exit_when_done`. Offloading jobs (from the
+trace, or marked with `--offload-fraction` as `simulate` marks them) publish
+`OffloadStats` from the simulator's cost model (shared/sim/offload_*.py) whenever
+their rate changes, with the next round: the reward's offload terms in simulation.
+
+Restart (after a crash, SIGKILL included): the simulator is deterministic given
+the answers to its rounds, and those answers are on the topics. At start the
+service reads back `sched.priorities` (scoring's driven answers),
+`sched.placements`, `sched.rounds` and, with `--replay`, `jobs.submit`; it then
+runs the trace from the start, answering every round already answered from what
+it read, without publishing or pacing (its job events, node states and round
+requests are already on the topics), which rebuilds the running jobs, the
+queue, the free GPUs and the virtual clock exactly as they were. The first round
+with no answer is published again (its events and node states too: consumers
+are idempotent by job id and round id; a job already on `jobs.submit` is not
+submitted twice) and the run goes on. In real time the virtual-to-wall mapping
+is restored from the broker timestamp of the first round request, so the clock
+goes on where it was (catching up on the time the service was down).
 """
 
 from __future__ import annotations
@@ -33,13 +50,22 @@ from typing import Any
 import msgspec
 
 from services.cluster_sim.rounds import BusSimulator, RemotePlacer, RemotePolicy, Rounds
-from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
+from shared.bus import (
+    Outgoing,
+    Producer,
+    Record,
+    ServiceSpec,
+    ServiceStats,
+    read_back,
+    run_service,
+)
 from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import (
     JobEvent,
     NodeStatus,
+    OffloadStats,
     PlacementBatch,
     PriorityBatch,
     RoundRequest,
@@ -75,6 +101,7 @@ class SimSettings:
     jobs_out: str | None = None
     exit_when_done: bool = False
     replay: bool = False  # submit the trace's jobs to jobs.submit as they arrive
+    offload_fraction: float = 0.0  # as simulate's --offload-fraction (seeded marking)
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -89,6 +116,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--discipline", default="easy", choices=DISCIPLINES, help="as placement's")
     p.add_argument("--lockstep", action="store_true", help="virtual time, round by round")
     p.add_argument("--speedup", type=float, default=1000.0, help="virtual s per wall s")
+    p.add_argument(
+        "--offload-fraction",
+        type=float,
+        default=0.0,
+        help="mark this share of the jobs without a model size as offloading (as simulate)",
+    )
+    p.add_argument(
+        "--resend", type=float, default=5.0, help="ask a round again after this many s unanswered"
+    )
     p.add_argument("--json", dest="json_out", default=None, help="summary JSON at the end")
     p.add_argument("--jobs-out", default=None, help="per-job CSV at the end")
     p.add_argument("--exit-when-done", action="store_true", help="stop when the trace is done")
@@ -104,12 +140,17 @@ def from_args(args: argparse.Namespace) -> SimSettings:
         raise UserError(f"--speedup must be positive, got {args.speedup}")
     if args.window <= 0:
         raise UserError(f"--window must be positive, got {args.window}")
+    if not 0.0 <= args.offload_fraction <= 1.0:
+        raise UserError(f"--offload-fraction must be within [0, 1], got {args.offload_fraction}")
+    if args.resend <= 0:
+        raise UserError(f"--resend must be positive, got {args.resend}")
     return SimSettings(
         trace=args.trace, format=args.format, cluster=args.cluster, policy=args.policy,
         placer=args.placer, limit=args.limit, window=args.window, seed=args.seed,
         discipline=args.discipline,
         lockstep=args.lockstep, speedup=args.speedup, json_out=args.json_out,
         jobs_out=args.jobs_out, exit_when_done=args.exit_when_done, replay=args.replay,
+        resend_s=args.resend, offload_fraction=args.offload_fraction,
     )  # fmt: skip
 
 
@@ -154,17 +195,42 @@ class BusChannel:
         self.t0: tuple[float, float] | None = None  # (virtual, wall) at the first round
         self.replay: dict[str, TraceJob] | None = None  # jobs still to submit (--replay)
         self.round_ms: list[float] = []
+        # answers already on the topics (read back at a restart, or come before asked)
+        self.known: dict[str, dict[int, Any]] = {"score": {}, "place": {}}
+        self.submitted: set[str] = set()  # job ids already on jobs.submit (read back)
+        self.asked = -1  # the last round asked (or answered from what was read back)
+
+    def recover(self, rec: Record) -> None:
+        """A record read back at start (see the module docstring, "Restart")."""
+        with contextlib.suppress(msgspec.MsgspecError):
+            if rec.topic == self.t.sched_priorities:
+                prio = msgspec.json.decode(rec.value or b"", type=PriorityBatch)
+                if prio.driven:
+                    self.known["score"][prio.round_id] = prio
+            elif rec.topic == self.t.sched_placements:
+                place = msgspec.json.decode(rec.value or b"", type=PlacementBatch)
+                self.known["place"][place.round_id] = place
+            elif rec.topic == self.t.sched_rounds:
+                req = msgspec.json.decode(rec.value or b"", type=RoundRequest)
+                if self.t0 is None and req.phase == "score" and rec.timestamp_ms > 0:
+                    ago = time.time() - rec.timestamp_ms / 1e3  # wall clock: the broker's
+                    self.t0 = (req.time, time.monotonic() - ago)
+            elif rec.topic == self.t.jobs_submit and rec.key is not None:
+                self.submitted.add(rec.key.decode(errors="replace"))
 
     # called from the simulator thread
     def score(
-        self, req: RoundRequest, nodes: list[NodeStatus], events: list[JobEvent]
+        self,
+        req: RoundRequest,
+        nodes: list[NodeStatus],
+        events: list[JobEvent],
+        offload: list[OffloadStats],
     ) -> PriorityBatch:
-        outs = [Outgoing(self.t.jobs_events, e.job_id, encode(e)) for e in events]
-        outs += [Outgoing(self.t.cluster_nodes, n.node_id, encode(n)) for n in nodes]
+        outs = self._outs(events, nodes, offload)
         if self.replay is not None:  # this round's arrivals, submitted as a user would
             for jid in req.arrived:
                 tj = self.replay.pop(jid, None)
-                if tj is not None:
+                if tj is not None and jid not in self.submitted:
                     spec = job_spec_of(tj)
                     spec.submit_time = tj.submit_s
                     outs.append(Outgoing(self.t.jobs_submit, jid, encode(spec)))
@@ -173,10 +239,24 @@ class BusChannel:
     def place(self, req: RoundRequest) -> PlacementBatch:
         return self._call(self._ask(req, [], self.waits.place))
 
-    def publish(self, events: Sequence[JobEvent], nodes: Sequence[NodeStatus]) -> None:
+    def publish(
+        self,
+        events: Sequence[JobEvent],
+        nodes: Sequence[NodeStatus],
+        offload: Sequence[OffloadStats],
+    ) -> None:
+        self._call(self._publish(self._outs(events, nodes, offload)))
+
+    def _outs(
+        self,
+        events: Sequence[JobEvent],
+        nodes: Sequence[NodeStatus],
+        offload: Sequence[OffloadStats],
+    ) -> list[Outgoing]:
         outs = [Outgoing(self.t.jobs_events, e.job_id, encode(e)) for e in events]
         outs += [Outgoing(self.t.cluster_nodes, n.node_id, encode(n)) for n in nodes]
-        self._call(self._publish(outs))
+        outs += [Outgoing(self.t.offload_stats, o.job_id, encode(o)) for o in offload]
+        return outs
 
     def _call(self, coro: Any) -> Any:
         fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -199,6 +279,11 @@ class BusChannel:
                 await asyncio.wait_for(self.stop.wait(), delay)
 
     async def _ask(self, req: RoundRequest, outs: list[Outgoing], waits: dict[int, Any]) -> Any:
+        self.asked = max(self.asked, req.round_id)
+        known = self.known[req.phase].pop(req.round_id, None)
+        if known is not None:  # answered before a restart: everything is on the topics
+            self.stats.extra["rounds_recovered"] += 1
+            return known
         if req.phase == "score":
             await self._pace(req.time)
         t0 = time.perf_counter()
@@ -232,12 +317,15 @@ class BusChannel:
             self.stats.extra["virtual_time_s"] = round(req.time)
         return fut.result()
 
-    def answer(self, rid: int, waits: dict[int, Any], value: Any) -> None:
+    def answer(self, rid: int, phase: str, value: Any) -> None:
+        waits = self.waits.score if phase == "score" else self.waits.place
         fut = waits.get(rid)
         if fut is not None and not fut.done():
             fut.set_result(value)
-        else:
+        else:  # a resend's second answer, or (restarting) an answer not yet asked for
             self.stats.extra["answers_unasked"] += 1
+            if rid > self.asked:
+                self.known[phase][rid] = value
 
 
 class Handler:
@@ -257,7 +345,7 @@ class Handler:
             except msgspec.MsgspecError as exc:
                 raise Reject(f"invalid PlacementBatch: {exc}", kind="invalid") from None
             if self.channel is not None:
-                self.channel.answer(batch.round_id, self.channel.waits.place, batch)
+                self.channel.answer(batch.round_id, "place", batch)
         else:
             try:
                 prio = self._prio.decode(rec.value or b"")
@@ -265,7 +353,7 @@ class Handler:
                 self.stats.extra["ignored_bad_priorities"] += 1  # placement owns its dlq
                 return ()
             if prio.driven and self.channel is not None:
-                self.channel.answer(prio.round_id, self.channel.waits.score, prio)
+                self.channel.answer(prio.round_id, "score", prio)
         return ()
 
 
@@ -281,6 +369,11 @@ async def serve(
     cluster = load_cluster(conf.cluster)
     skipped = SkipStats()
     jobs = load_jobs(conf.trace, conf.format, cluster, skipped, conf.limit)
+    if conf.offload_fraction:
+        from shared.sim.offload_jobs import describe_marking, mark_offloading
+
+        jobs = mark_offloading(jobs, conf.offload_fraction, conf.seed)
+        log.info("%s", describe_marking(conf.offload_fraction, conf.seed))
     stats = ServiceStats()
     handler = Handler(settings, stats)
     t = settings.topics
@@ -290,12 +383,21 @@ async def serve(
         handle=handler,
         group_id=group_id or "",
     )
+    loop = asyncio.get_running_loop()
+    producer = Producer(settings, client_id=NAME)
+    channel = handler.channel = BusChannel(settings, producer, loop, conf, stop, stats)
     consumer_ready = asyncio.Event()
     consumer = asyncio.create_task(run_service(settings, spec, stop, stats, consumer_ready))
-    await _first(consumer_ready, consumer)
-    loop = asyncio.get_running_loop()
-    async with Producer(settings, client_id=NAME) as producer:
-        channel = handler.channel = BusChannel(settings, producer, loop, conf, stop, stats)
+    await _first(consumer_ready, consumer)  # (the broker is there: read back what was done)
+    back = [t.sched_rounds, t.sched_priorities, t.sched_placements]
+    back += [t.jobs_submit] if conf.replay else []
+    seen = await read_back(settings, back, channel.recover)
+    if seen.get(t.sched_rounds):
+        log.info(
+            "restart: %d answered rounds read back, the trace is run again up to them",
+            len(channel.known["score"]),
+        )
+    async with producer:
         if conf.replay:
             channel.replay = {j.job_id: j for j in jobs}
         rounds = Rounds(channel, conf.window)
@@ -331,7 +433,11 @@ async def serve(
                 from shared.cli.simulate import write_json
 
                 write_json(result.summary(), conf.json_out)
-            log.info("done: %s", result.summary())
+            x = stats.extra
+            log.info(
+                "done: %d rounds asked, %d recovered from the topics; %s",
+                x["rounds_score"], x["rounds_recovered"], result.summary(),
+            )  # fmt: skip
         if not conf.exit_when_done:
             await stop.wait()
         stop.set()

@@ -23,6 +23,7 @@ types, or one GPU with its share free): the fit test is exact.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -80,6 +81,10 @@ class GreedyState:
         self.types = sorted(by_type, key=lambda t: (-speed.get(t, 1.0), t))  # fastest first
         self.whole_by_type = {t: sum(self.whole[i] for i in ns) for t, ns in by_type.items()}
         self._allowed: dict[frozenset[str], list[str]] = {}
+        # best fit without a scan: per type, per count w of whole free GPUs, a heap of the
+        # positions of nodes that had w when pushed (stale entries dropped when seen);
+        # built on the first whole-GPU placement
+        self._fit: dict[str, list[list[int]]] | None = None
 
     # ---- queries ------------------------------------------------------------------------
     def allowed(self, job: JobRequest) -> list[str]:
@@ -123,6 +128,7 @@ class GreedyState:
                 if row[g] == FULL_GPU:
                     self.whole[i] += 1
                     self.whole_by_type[self.type[i]] += 1
+                    self._moved(i)
 
     def alternatives(self, job: JobRequest, avoid: frozenset[str]) -> Iterator[Allocation]:
         """Other placements of `job` that spare the types in `avoid` (a typed EASY
@@ -167,7 +173,33 @@ class GreedyState:
             if row[g] == FULL_GPU:
                 self.whole[i] -= 1
                 self.whole_by_type[self.type[i]] -= 1
+                self._moved(i)
             row[g] -= milli
+
+    def _moved(self, i: int) -> None:
+        if self._fit is not None:
+            heapq.heappush(self._fit[self.type[i]][self.whole[i]], i)
+
+    def _best_fit(self, t: str, n: int) -> int:
+        """The node of type `t` with the fewest whole free GPUs that is >= `n`, the first
+        by name among those (what a scan in name order keeping strict improvements
+        finds); -1 if none."""
+        if self._fit is None:
+            self._fit = {}
+            for typ, ns in self.by_type.items():
+                top = max(len(self.free[i]) for i in ns)
+                buckets: list[list[int]] = [[] for _ in range(top + 1)]
+                for i in ns:  # ascending: each list is already a heap
+                    buckets[self.whole[i]].append(i)
+                self._fit[typ] = buckets
+        buckets = self._fit[t]
+        for w in range(n, len(buckets)):
+            heap = buckets[w]
+            while heap and self.whole[heap[0]] != w:
+                heapq.heappop(heap)
+            if heap:
+                return heap[0]
+        return -1
 
     def _share(self, job: JobRequest) -> Allocation | None:
         m = job.gpu_milli
@@ -196,11 +228,7 @@ class GreedyState:
         if sum(self.whole_by_type[t] for t in types) < n:
             return None
         for t in types:  # one node, fastest type first, best fit
-            best = -1
-            for i in self.by_type[t]:
-                w = self.whole[i]
-                if w >= n and (best < 0 or w < self.whole[best]):
-                    best = i
+            best = self._best_fit(t, n)
             if best >= 0:
                 return Allocation(job.job_id, ((self.ids[best], self._take(best, n)),))
         for t in types:  # several nodes of one type, as few as possible

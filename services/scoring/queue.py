@@ -13,6 +13,12 @@ Pure logic (no bus). Two ways a round happens:
 * free (`free_round`): live hosts drive nothing; the queue follows
   `jobs.accepted` and `jobs.events`, and a round is the policy's window of the
   jobs that could start alone on the free GPUs, published after every change.
+  Rounds are pipelined: a job offered in a round whose `PlacementBatch` has not
+  come back yet (for at most `INFLIGHT_S`) is offered again in its place in the
+  order (placement skips it if it placed it, and places it ahead of later jobs
+  if it could not), but does not count against the window's K, so new jobs
+  enter the next round at once instead of waiting for the round trip (the rate
+  a deployment holds is then K per round, not K per round trip).
 
 Either way the policy object is the one `rltune simulate` uses
 (`services.scoring.policies.make_policy`), observing the cluster through the
@@ -31,7 +37,9 @@ from shared.placement_api import FULL_GPU
 from shared.policy_api import History, Policy, PolicyContext, QueuedJob
 from shared.sim.observe import SimObservation, WaitingIndex
 
-__all__ = ["RoundState", "ScoringState", "queued_job"]
+__all__ = ["INFLIGHT_S", "RoundState", "ScoringState", "queued_job"]
+
+INFLIGHT_S = 2.0  # free rounds: how long an offer waits for its PlacementBatch
 
 
 def queued_job(job: Job, seq: int) -> QueuedJob:
@@ -76,6 +84,8 @@ class ScoringState:
         self.rounds = RoundState()
         self.counts: Counter[str] = Counter()
         self.dirty = False
+        self.inflight: dict[int, tuple[float, list[str]]] = {}  # free round -> (time, ids)
+        self.full = False  # the last free round offered K new jobs
         policy.reset(PolicyContext(self.view.cluster, self.history, seed))
 
     # ---- inputs -------------------------------------------------------------------------
@@ -116,11 +126,15 @@ class ScoringState:
             self._stop(jid, requeue=True)  # the executor refused it: it waits again
         self.dirty = True
 
-    def placed(self, job_ids: list[str]) -> None:
+    def placed(self, job_ids: list[str], round_id: int | None = None) -> None:
         """Free rounds: jobs placement gave GPUs leave the window (they hold them now)
-        until they start, or come back if the executor refuses the placement."""
+        until they start, or come back if the executor refuses the placement. The
+        round's answer is in: its offers (and any older one) are no longer in flight."""
         for jid in job_ids:
             self._start(jid)
+        if round_id is not None:
+            for rid in [r for r in self.inflight if r <= round_id]:
+                del self.inflight[rid]
         self.dirty = True
 
     # ---- driven rounds ------------------------------------------------------------------
@@ -170,11 +184,22 @@ class ScoringState:
     # ---- free rounds --------------------------------------------------------------------
     def free_round(self, round_id: int, now: float) -> PriorityBatch | None:
         """A round over the jobs that could start alone now; None if none could."""
-        self.dirty = False
+        self.dirty = self.full = False
         if not self.queued:
             return None
-        batch = self._batch(round_id, now, self.window, driven=False, fits_only=True)
-        return batch if batch.jobs else None
+        for rid in [r for r, (t, _) in self.inflight.items() if t < now - INFLIGHT_S]:
+            del self.inflight[rid]  # lost or slow: its jobs count against K again
+        offered = {j for _, ids in self.inflight.values() for j in ids if j in self.queued}
+        k = self.window + len(offered)
+        batch = self._batch(round_id, now, k, driven=False, fits_only=True)
+        if not batch.jobs:
+            return None
+        fresh = [jid for jid, _ in batch.jobs if jid not in offered][: self.window]
+        keep = offered | set(fresh)  # K new jobs at most
+        batch.jobs = [(jid, score) for jid, score in batch.jobs if jid in keep]
+        self.inflight[round_id] = (now, fresh)
+        self.full = len(fresh) >= self.window  # more may be waiting: no pause before the next
+        return batch
 
     # ---- the queue ----------------------------------------------------------------------
     def _batch(

@@ -10,8 +10,10 @@ Rounds (`--rounds`): `driven` answers the executor's `RoundRequest`s (cluster_si
 (live hosts); `auto` (default) is driven once a round request has been seen and
 free until then. A `rl:PATH` policy is reloaded when the file changes, without
 stopping. After a restart the state is rebuilt from the topics (`replay`).
-Rewards on `rl.rewards` are read and counted; learning from them online is not
-built yet.
+Rewards on `rl.rewards` are read and counted; with `--learn` (off by default;
+learned policies only) they train the policy online with PPO
+(`services.scoring.online`): it then samples its rankings, and every
+`--learn-episodes` rewards one update changes the weights it ranks with.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -63,6 +66,8 @@ class ScoringSettings:
     rounds: str = "auto"
     tick_s: float = 0.05  # at most one free round per tick
     reload_s: float = 2.0  # how often a checkpoint file is checked for a newer version
+    learn: bool = False  # PPO online from rl.rewards (learned policies only)
+    learn_episodes: int = 4  # rewards per update
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -71,13 +76,26 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int, default=128, help="jobs per PriorityBatch (K)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", default="auto", choices=ROUND_MODES, help="who starts rounds")
+    p.add_argument(
+        "--learn",
+        action="store_true",
+        help="learn online from rl.rewards with PPO (rl policies; off by default)",
+    )
+    p.add_argument("--learn-episodes", type=int, default=4, help="rewards per PPO update")
 
 
 def from_args(args: argparse.Namespace) -> ScoringSettings:
     if args.window <= 0:
         raise UserError(f"--window must be positive, got {args.window}")
-    make_policy(args.policy)  # a bad name is one line and exit 2, before connecting
-    return ScoringSettings(args.policy, args.cluster, args.window, args.seed, args.rounds)
+    policy = make_policy(args.policy)  # a bad name is one line and exit 2, before connecting
+    if args.learn and not hasattr(policy, "recorder"):
+        raise UserError(f"--learn needs a learned policy (rl, rl:PATH), not {args.policy!r}")
+    if args.learn_episodes <= 0:
+        raise UserError(f"--learn-episodes must be positive, got {args.learn_episodes}")
+    return ScoringSettings(
+        args.policy, args.cluster, args.window, args.seed, args.rounds,
+        learn=args.learn, learn_episodes=args.learn_episodes,
+    )  # fmt: skip
 
 
 class ScoringHandler:
@@ -109,6 +127,15 @@ class ScoringHandler:
             self.t.sched_placements: self._placements,
         }
         self._placement = msgspec.json.Decoder(PlacementBatch)
+        self.learner: Any = None
+        if conf.learn:
+            from services.scoring.online import OnlineLearner
+
+            self.learner = OnlineLearner(
+                self.state.policy,  # type: ignore[arg-type]
+                episodes=conf.learn_episodes,
+                seed=conf.seed,
+            )
 
     @property
     def free(self) -> bool:
@@ -167,14 +194,20 @@ class ScoringHandler:
         except msgspec.MsgspecError:
             self.stats.extra["ignored_bad_placement"] += 1  # its executor dead-letters it
             return
-        self.state.placed([a.job_id for a in batch.assignments])
+        self.state.placed([a.job_id for a in batch.assignments], batch.round_id)
 
     def _rewards(self, rec: Record) -> None:
         try:
-            self._reward.decode(rec.value or b"")
+            reward = self._reward.decode(rec.value or b"")
         except msgspec.MsgspecError as exc:
             raise Reject(f"invalid Reward: {exc}", kind="invalid") from None
         self.stats.extra["rewards_seen"] += 1
+        if self.learner is not None:
+            losses = self.learner.reward(reward.value)
+            if losses is not None:
+                self.stats.extra["online_updates"] = self.learner.updates
+                for k, v in losses.items():
+                    self.stats.extra[f"online_{k}_loss"] = round(v, 6)
 
     # ---- restart --------------------------------------------------------------------------
     def replay(self, rec: Record) -> None:
@@ -226,6 +259,8 @@ class ScoringHandler:
 
     def reload(self, name: str) -> None:
         self.state.swap_policy(make_policy(name), self.conf.seed)
+        if self.learner is not None:
+            self.learner.attach(self.state.policy)
         log.info("policy %s reloaded", name)
 
 
@@ -240,8 +275,11 @@ async def _ticker(
     next_report = time.monotonic() + 5.0
     async with Producer(settings, client_id=f"{NAME}-rounds") as producer:
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), conf.tick_s)
+            if handler.state.full:  # a backlog: the next K at once (placement paces it)
+                await asyncio.sleep(0)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), conf.tick_s)
             if time.monotonic() >= next_report:  # a round stuck on a missing input: say so
                 next_report = time.monotonic() + 5.0
                 for req in list(handler.state.rounds.pending.values())[:1]:

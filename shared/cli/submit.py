@@ -1,4 +1,6 @@
-"""`rltune submit`: publish JobSpecs to `jobs.submit`, from flags or a JSON-lines file.
+"""`rltune submit`: publish JobSpecs to `jobs.submit`, from flags or a JSON-lines file
+(or, with `--kill JOB_ID`, a `KillRequest` on `jobs.kill`: the host agent running
+the job stops it).
 
 Each spec is checked here with the same decoder the arrival service uses, so a
 mistake is reported at once (file, line, reason); only valid specs are sent.
@@ -22,7 +24,7 @@ from shared.bus import SRC_HEADER, Producer, partitions_of
 from shared.cli.common import add_bus_args, bus_settings, positive_float, run_async, unreachable
 from shared.config import BusSettings
 from shared.errors import UserError
-from shared.messages import JobSpec, Rejection, encode
+from shared.messages import JobSpec, KillRequest, Rejection, encode
 from shared.reject import Reject
 
 
@@ -38,6 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="")
     p.add_argument("--duration-hint", type=float, default=None, help="seconds")
     p.add_argument("--weight", type=float, default=1.0)
+    p.add_argument("--kill", metavar="JOB_ID", help="ask the host running JOB_ID to stop it")
+    p.add_argument("--reason", default="", help="why (with --kill; reported in its event)")
     p.add_argument("--wait", action="store_true", help="wait for each job's accept/reject")
     p.add_argument(
         "--timeout", type=positive_float, default=30.0, help="seconds to --wait (default 30)"
@@ -47,6 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.kill is not None:
+        return _kill(args)
     specs, errors = _specs_from_args(args)
     for e in errors:
         print(e, file=sys.stderr)
@@ -60,6 +66,26 @@ def run(args: argparse.Namespace) -> int:
         if any(a is None or isinstance(a, Rejection) for a in answers.values()):
             return 1
     return 1 if errors else 0
+
+
+def _kill(args: argparse.Namespace) -> int:
+    raw = encode(KillRequest(args.kill, args.reason))
+    try:
+        req = msgspec.json.decode(raw, type=KillRequest)  # the pattern and length checks
+    except msgspec.ValidationError as exc:
+        raise UserError(f"--kill {args.kill!r}: {exc}") from None
+    settings = bus_settings(args)
+
+    async def send() -> None:
+        try:
+            async with Producer(settings, client_id="rltune-submit") as p:
+                await (await p.send(settings.topics.jobs_kill, req.job_id, encode(req)))
+        except (KafkaError, OSError) as exc:
+            raise unreachable(settings, exc) from None
+
+    run_async(send())
+    print(f"asked to kill {req.job_id} on {settings.topics.jobs_kill}")
+    return 0
 
 
 def _specs_from_args(args: argparse.Namespace) -> tuple[list[JobSpec], list[str]]:

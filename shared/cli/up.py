@@ -68,6 +68,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speedup", type=float, default=1000.0, help="trace time / wall time")
     p.add_argument("--lockstep", action="store_true", help="virtual time, round by round")
+    p.add_argument(
+        "--offload-fraction",
+        type=float,
+        default=0.0,
+        help="share of jobs without a model size marked as offloading (as simulate)",
+    )
     p.add_argument("--until-done", action="store_true", help="exit when the trace is done")
     p.add_argument("--json", default=None, help="summary JSON at the end (as simulate)")
     p.add_argument("--jobs-out", default=None, help="per-job CSV at the end (as simulate)")
@@ -82,6 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.speedup <= 0:
         raise UserError("--speedup must be positive")
+    if not 0.0 <= args.offload_fraction <= 1.0:
+        raise UserError(f"--offload-fraction must be within [0, 1], got {args.offload_fraction}")
     from services.placement.registry import make_placer
     from services.scoring.policies import make_policy
 
@@ -138,6 +146,7 @@ class Services:
         sim += ["--discipline", args.discipline]
         sim += ["--speedup", str(args.speedup)] + (["--lockstep"] if args.lockstep else [])
         sim += ["--limit", str(args.limit)] if args.limit else []
+        sim += ["--offload-fraction", str(args.offload_fraction)] if args.offload_fraction else []
         if args.until_done:
             sim += ["--exit-when-done"]
             sim += ["--json", args.json] if args.json else []

@@ -66,12 +66,18 @@ async def services(
 
 
 def lockstep_runs(
-    settings: BusSettings, cluster: Path, policy: str, placer: str, limit: int, tmp: Path
+    settings: BusSettings,
+    cluster: Path,
+    policy: str,
+    placer: str,
+    limit: int,
+    tmp: Path,
+    offload_fraction: float = 0.0,
 ) -> dict[str, Callable[[asyncio.Event], Awaitable[Any]]]:
     sim_conf = cluster_sim.SimSettings(
         trace=str(PHILLY), format="philly", cluster=str(cluster), policy=policy, placer=placer,
         limit=limit, lockstep=True, json_out=str(tmp / "up.json"),
-        jobs_out=str(tmp / "up.csv"), exit_when_done=True,
+        jobs_out=str(tmp / "up.csv"), exit_when_done=True, offload_fraction=offload_fraction,
     )  # fmt: skip
     return {
         "arrival": lambda stop: arrival.serve(settings, stop),

@@ -1,6 +1,7 @@
 """Live mode: two host agents with configured inventories (no GPU), the real broker,
 arrival, scoring, placement and telemetry; jobs whose commands are short real
-processes run on the GPUs placement gave them, and their exit codes come back."""
+processes run on the GPUs placement gave them, and their exit codes come back; a
+long one is killed on request (`jobs.kill`), process group and all."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from services.placement import service as placement
 from services.scoring import service as scoring
 from services.telemetry import service as telemetry
 from shared.bus import Producer, Record, read_back
+from shared.cli import main
 from shared.config import BusSettings
 from shared.messages import JobEvent, JobSpec, MetricsSnapshot, encode
 from tests.integration.streaming import services
@@ -64,25 +66,48 @@ async def test_two_agents_run_placed_jobs_with_their_gpus(bus: BusSettings, tmp_
         _job(tmp_path, "p-fails", 1, ["P100"], code=3),
         _job(tmp_path, "any-two", 2, []),  # waits for GPUs to come back
     ]
+    # a long job that starts a child of its own; both must go when it is killed
+    pids = tmp_path / "sleeper.pids"
+    script = (
+        "import os, subprocess, sys, time; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}'); time.sleep(600)"
+    )
+    sleeper = JobSpec(job_id="sleeper", num_gpus=1, command=[sys.executable, "-c", script])
     async with services(bus, runs):
         await asyncio.sleep(2.0)  # the agents report their inventories first
         async with Producer(bus) as p:
-            for spec in jobs:
+            for spec in [sleeper, *jobs]:
                 await (await p.send(bus.topics.jobs_submit, spec.job_id, encode(spec)))
+            for _ in range(240):  # once it runs (and has started its child), kill it
+                if pids.exists() and len(pids.read_text().split()) == 2:
+                    break
+                await asyncio.sleep(0.5)
+            argv = ["submit", "--kill", "sleeper", "--reason", "test"]
+            argv += ["--bootstrap", bus.bootstrap, "--topic-prefix", bus.topic_prefix]
+            assert await asyncio.to_thread(main, argv) == 0  # a KillRequest on jobs.kill
+            await (await p.send(bus.topics.jobs_kill, "sleeper", b"{not json"))  # rejected
         ended: dict[str, JobEvent] = {}
         for _ in range(240):
             ended = {e.job_id: e for e in await _events(bus) if e.kind in ("finished", "failed")}
-            if len(ended) == len(jobs):
+            if len(ended) == len(jobs) + 1:
                 break
             await asyncio.sleep(0.5)
         await asyncio.sleep(1.5)  # a snapshot after the last event
     events = await _events(bus)
     started = {e.job_id: e for e in events if e.kind == "started"}
-    assert set(ended) == {j.job_id for j in jobs}
+    assert set(ended) == {j.job_id for j in jobs} | {"sleeper"}
+    assert ended["sleeper"].kind == "failed"
+    assert ended["sleeper"].detail.startswith("killed on request (test); exit code")
+    for pid in map(int, pids.read_text().split()):  # the job and its child are gone
+        assert not _alive(pid), pid
+    rejected: list[Record] = []
+    await read_back(bus, [bus.topics.jobs_rejected], rejected.append)
+    assert any(b"invalid KillRequest" in (r.value or b"") for r in rejected)
     assert ended["p-fails"].kind == "failed" and ended["p-fails"].detail == "exit code 3"
     assert all(ended[j].kind == "finished" for j in ("v-two", "p-three", "any-two"))
     assert started["v-two"].node_ids == ["host-a"] and started["p-three"].node_ids == ["host-b"]
-    for spec in jobs:
+    for spec in jobs:  # (the sleeper ran wherever a GPU was free)
         ev = started[spec.job_id]
         gpus = ev.detail.split("gpus ")[1]
         assert (tmp_path / f"{spec.job_id}.env").read_text() == gpus  # CUDA_VISIBLE_DEVICES
@@ -104,4 +129,13 @@ async def test_two_agents_run_placed_jobs_with_their_gpus(bus: BusSettings, tmp_
         for s in (msgspec.json.decode(r.value or b"", type=MetricsSnapshot) for r in snaps)
         if s.source == "telemetry.all"
     ]
-    assert tel[-1].counters["done"] == 4 and tel[-1].counters["failed"] == 1
+    assert tel[-1].counters["done"] == 5 and tel[-1].counters["failed"] == 2
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

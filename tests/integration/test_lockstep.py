@@ -1,5 +1,7 @@
 """Lockstep over the real broker gives `rltune simulate`'s per-job start times, with
-or without garbage on every internal topic (dead-lettered once, by its owner)."""
+or without garbage on every internal topic (dead-lettered once, by its owner), for
+the learned policy (with offloading jobs: their `OffloadStats` from cluster-sim's
+cost model reach the reward) and sjf-est."""
 
 from __future__ import annotations
 
@@ -10,11 +12,17 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from services.placement.registry import make_placer
+from services.scoring.policies import make_policy
 from services.telemetry import service as telemetry
 from shared.bus import Producer, Record, read_back
 from shared.cli import main
+from shared.cluster import load_cluster
 from shared.config import BusSettings
-from shared.messages import MetricsSnapshot
+from shared.messages import MetricsSnapshot, OffloadStats, Reward
+from shared.sim import SimConfig, SimResult, load_jobs, simulate
+from shared.sim.offload_jobs import mark_offloading
+from shared.traces import SkipStats
 from tests.integration.streaming import lockstep_runs, publish_trace, services, small_cluster
 from tests.paths import PHILLY
 
@@ -48,22 +56,45 @@ async def _publish_garbage(bus: BusSettings) -> int:
 LIMIT = 60
 
 
-def _simulate(tmp: Path, cluster: Path, policy: str, placer: str) -> Path:
+def _simulate(tmp: Path, cluster: Path, policy: str, placer: str, offload: float) -> Path:
     out = tmp / "sim.csv"
     argv = ["simulate", "--trace", str(PHILLY), "--format", "philly", "--cluster", str(cluster)]
     argv += ["--policy", policy, "--placer", placer, "--limit", str(LIMIT), "--jobs-out", str(out)]
-    assert main(argv) == 0
+    assert main([*argv, "--offload-fraction", str(offload)]) == 0
     return out
 
 
-@pytest.mark.parametrize(("policy", "bad_input"), [("fifo", False), ("sjf-est", True)])
+def _hit_rates(stats: list[OffloadStats], finish: dict[str, float]) -> dict[str, float]:
+    """Each job's hit rate over its run, integrated from its rate changes on the topic
+    (each holds from its time to the next one, the last to the job's finish)."""
+    by_job: dict[str, list[OffloadStats]] = {}
+    for s in stats:
+        by_job.setdefault(s.job_id, []).append(s)
+    out = {}
+    for jid, ss in by_job.items():
+        ends = [s.time for s in ss[1:]] + [finish[jid]]
+        spans = [(end - s.time, s.hit_rate) for s, end in zip(ss, ends, strict=True)]
+        out[jid] = sum(dt * h for dt, h in spans) / sum(dt for dt, _ in spans)
+    return out
+
+
+def _in_process(cluster: Path, offload: float) -> SimResult:
+    spec = load_cluster(cluster)
+    jobs = mark_offloading(load_jobs(PHILLY, "philly", spec, SkipStats(), LIMIT), offload, 0)
+    placer = make_placer("milp", reproducible=True)
+    return simulate(jobs, spec, make_policy("rl"), placer, SimConfig())
+
+
+@pytest.mark.parametrize(
+    ("policy", "bad_input", "offload"), [("rl", False, 0.5), ("sjf-est", True, 0.0)]
+)
 async def test_lockstep_same_start_times_as_simulate(
-    bus: BusSettings, tmp_path: Path, policy: str, bad_input: bool
+    bus: BusSettings, tmp_path: Path, policy: str, bad_input: bool, offload: float
 ) -> None:
     cluster = small_cluster(tmp_path)
     per_topic = await _publish_garbage(bus) if bad_input else 0
     await publish_trace(bus, cluster, LIMIT)
-    runs = lockstep_runs(bus, cluster, policy, "milp", LIMIT, tmp_path)
+    runs = lockstep_runs(bus, cluster, policy, "milp", LIMIT, tmp_path, offload)
     conf = telemetry.TelemetrySettings(interval_s=0.5)
     runs["telemetry"] = lambda stop: telemetry.serve(bus, stop, conf=conf)
     async with services(bus, runs) as tasks:
@@ -82,7 +113,28 @@ async def test_lockstep_same_start_times_as_simulate(
             if s.source == "telemetry.all"
         ][-1]
         assert last.rejected == {bus.topics.name(s) + ".dlq": per_topic for s in INTERNAL}
-    expected = _simulate(tmp_path, cluster, policy, "milp").read_text()
+    if offload:  # the cost model's figures on offload.stats, and in the reward
+        recs: list[Record] = []
+        await read_back(bus, [bus.topics.offload_stats, bus.topics.rl_rewards], recs.append)
+        stats = [
+            msgspec.json.decode(r.value or b"", type=OffloadStats)
+            for r in recs
+            if r.topic == bus.topics.offload_stats
+        ]
+        rewards = [
+            msgspec.json.decode(r.value or b"", type=Reward)
+            for r in recs
+            if r.topic == bus.topics.rl_rewards
+        ]
+        assert any("offload_hit_rate" in r.parts for r in rewards)
+        result = _in_process(cluster, offload)
+        assert len(result.offload) > 3 and any(r.hit_rate < 1.0 for r in result.offload.values())
+        finish = {r.job_id: r.segments[-1].finish_s for r in result.records if r.segments}
+        got_rates = _hit_rates(stats, finish)
+        assert got_rates.keys() == {j for j, r in result.offload.items() if r.run_s > 0}
+        for jid, rate in got_rates.items():
+            assert rate == pytest.approx(result.offload[jid].hit_rate, rel=1e-9), jid
+    expected = _simulate(tmp_path, cluster, policy, "milp", offload).read_text()
     got = (tmp_path / "up.csv").read_text()
     starts = [line.split(",")[:5] for line in expected.splitlines()]
     assert len(starts) == LIMIT + 1

@@ -1,8 +1,12 @@
-"""Restart survival on the real broker: SIGKILL the scoring service, then the
-placement service, in the middle of a run, and restart each. They rebuild their
-state from the topics, cluster_sim asks the unanswered round again, and the run
-ends with exactly `rltune simulate`'s per-job CSV, which the independent checker
-(../shared/tools/check_jobs.py) passes: every job finished once, no GPU given twice."""
+"""Restart survival on the real broker, in real time: during a replay paced against
+the wall clock (`--speedup`, not lockstep) SIGKILL the scoring service, then the
+placement service, then cluster_sim, and restart each. Scoring and placement rebuild
+their state from the topics; cluster_sim runs the trace again up to the last
+answered round from the answers on the topics (running jobs, free GPUs, virtual
+clock) and asks the unanswered one again. Every job finishes exactly once, no GPU
+is given twice (the independent checker, ../shared/tools/check_jobs.py, on the
+per-job output), the metrics stream goes on after the last kill, and with the
+placer on deterministic time the per-job CSV is exactly `rltune simulate`'s."""
 
 from __future__ import annotations
 
@@ -11,18 +15,23 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import msgspec
+
 from services.arrival import service as arrival
-from services.cluster_sim import service as cluster_sim
+from services.telemetry import service as telemetry
 from shared.bus import Record, read_back
 from shared.cli import main
 from shared.config import BusSettings
-from tests.integration.streaming import publish_trace, services, small_cluster
+from shared.messages import MetricsSnapshot
+from tests.integration.streaming import services, small_cluster
 from tests.paths import PHILLY, TOOLS
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 40
+SPEEDUP = 1e6  # the slice's 189 simulated days in about 16 s of wall time
 
 
 def _spawn(bus: BusSettings, name: str, flags: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -45,46 +54,64 @@ async def _kill_after(bus: BusSettings, proc: subprocess.Popen[bytes], rounds: i
     proc.wait()
 
 
-async def test_scoring_and_placement_killed_mid_run(bus: BusSettings, tmp_path: Path) -> None:
+async def test_scoring_placement_cluster_sim_killed_in_real_time(
+    bus: BusSettings, tmp_path: Path
+) -> None:
     cluster = small_cluster(tmp_path)
-    await publish_trace(bus, cluster, LIMIT)
+    up_csv, up_json = tmp_path / "up.csv", tmp_path / "up.json"
     flags = {
-        "scoring": ["--policy", "fifo", "--cluster", str(cluster), "--rounds", "driven"],
+        "scoring": ["--policy", "fifo", "--cluster", str(cluster)],
         "placement": ["--placer", "milp", "--cluster", str(cluster), "--reproducible"],
-    }
+        "cluster-sim": [
+            "--trace", str(PHILLY), "--format", "philly", "--cluster", str(cluster),
+            "--policy", "fifo", "--placer", "milp", "--limit", str(LIMIT),
+            "--speedup", str(SPEEDUP), "--replay", "--resend", "1",
+            "--jobs-out", str(up_csv), "--json", str(up_json), "--exit-when-done",
+        ],
+    }  # fmt: skip
     logs = {name: tmp_path / f"{name}.log" for name in flags}
     procs = {name: _spawn(bus, name, f, logs[name]) for name, f in flags.items()}
-    sim_conf = cluster_sim.SimSettings(
-        trace=str(PHILLY), format="philly", cluster=str(cluster), policy="fifo", placer="milp",
-        limit=LIMIT, lockstep=True, resend_s=1.0, json_out=str(tmp_path / "up.json"),
-        jobs_out=str(tmp_path / "up.csv"), exit_when_done=True,
-    )  # fmt: skip
+    conf = telemetry.TelemetrySettings(interval_s=0.5)
     runs = {
         "arrival": lambda stop: arrival.serve(bus, stop),
-        "cluster-sim": lambda stop: cluster_sim.serve(bus, stop, conf=sim_conf),
+        "telemetry": lambda stop: telemetry.serve(bus, stop, conf=conf),
     }
     try:
-        async with services(bus, runs) as tasks:
-            # scoring dies mid-run; while it comes back, placement dies too
-            for name, after in (("scoring", 8), ("placement", 8)):
+        async with services(bus, runs):
+            # placement dies while scoring comes back; cluster-sim dies later
+            for name, after in (("scoring", 6), ("placement", 6), ("cluster-sim", 14)):
                 await _kill_after(bus, procs[name], after)
                 procs[name] = _spawn(bus, name, flags[name], logs[name])
-            await asyncio.wait_for(tasks["cluster-sim"], 240)
+            killed_at = time.time()
+            assert procs["cluster-sim"].wait(240) == 0
+            await asyncio.sleep(1.5)  # a telemetry snapshot after the end
     finally:
         for p in procs.values():
             p.terminate()
             p.wait(30)
+    sim_log = logs["cluster-sim"].read_text()
+    assert "restart:" in sim_log  # the second cluster-sim read the first one's rounds back
+    asked = int(sim_log.split("done: ", 1)[1].split(" rounds asked")[0])
+    assert asked > 0  # ... and went on from there: it was killed mid-run
+    assert "read back" in logs["scoring"].read_text().split("read back", 1)[1]  # restarted
+    # every job once, no GPU twice: the independent checker on the per-job output
+    done = subprocess.run(
+        [sys.executable, str(TOOLS / "check_jobs.py"), str(up_csv), str(up_json)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = up_csv.read_text()
+    assert got.count("\n") == LIMIT + 1  # one segment per job: none ran twice
     expected = tmp_path / "sim.csv"
     argv = ["simulate", "--trace", str(PHILLY), "--format", "philly", "--cluster", str(cluster)]
     argv += ["--policy", "fifo", "--placer", "milp", "--limit", str(LIMIT)]
     assert main([*argv, "--jobs-out", str(expected)]) == 0
-    got = (tmp_path / "up.csv").read_text()
     assert got == expected.read_text()
-    assert got.count("\n") == LIMIT + 1  # one segment per job: none ran twice
-    done = subprocess.run(
-        [sys.executable, str(TOOLS / "check_jobs.py"), str(tmp_path / "up.csv"),
-         str(tmp_path / "up.json")],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "read back" in logs["scoring"].read_text().split("read back", 1)[1]  # restarted
+    # the metrics stream went on after the last kill, up to every job done
+    snaps: list[Record] = []
+    await read_back(bus, [bus.topics.metrics], snaps.append)
+    later = [r for r in snaps if r.timestamp_ms / 1e3 > killed_at]
+    decoded = [msgspec.json.decode(r.value or b"", type=MetricsSnapshot) for r in later]
+    tail = [snap for snap in decoded if snap.source == "telemetry.all"]
+    assert len(tail) >= 2
+    assert tail[-1].jobs == LIMIT

@@ -79,3 +79,26 @@ def test_free_rounds_follow_events_placements_and_refusals() -> None:
     s.event(JobEvent("j1", "finished", 12.0), free=True)
     assert [j for j, _ in s.free_round(3, 0.0).jobs] == ["j0", "j2"]  # type: ignore[union-attr]
     assert s.history.mean_run("u1", 2) == 10.0
+
+
+def test_free_rounds_pipeline_k_new_jobs_while_offers_are_in_flight() -> None:
+    """An offer whose PlacementBatch has not come back stays in the window in its place
+    in the order but does not count against K: every round brings K new jobs (checked
+    against the queue in FIFO order, computed independently here)."""
+    s = ScoringState(make_policy("fifo"), None, window=4)
+    s.node(NodeStatus("h", "V100", 64, list(range(64))))
+    ids = [f"j{i}" for i in range(20)]
+    for i, jid in enumerate(ids):
+        s.accepted(Job(jid, 1, float(i)), free=True)
+    seen: list[list[str]] = []
+    for rid in range(3):  # no answers yet: 4, 8, 12 jobs, the oldest first
+        b = s.free_round(rid, 0.1 * rid)
+        assert b is not None
+        seen.append([j for j, _ in b.jobs])
+    assert seen == [ids[:4], ids[:8], ids[:12]]
+    s.placed(["j0", "j1", "j2", "j3", "j4", "j5"], round_id=1)  # j6, j7 not placed
+    b = s.free_round(3, 0.3)  # round 2's offers still fly; j6, j7 count against K again
+    assert b is not None and [j for j, _ in b.jobs] == ids[6:14]
+    assert [score for _, score in b.jobs] == sorted((score for _, score in b.jobs), reverse=True)
+    b = s.free_round(4, 0.3 + 2.5)  # every offer older than INFLIGHT_S: back to K
+    assert b is not None and [j for j, _ in b.jobs] == ids[6:10]
