@@ -1,7 +1,7 @@
 """`rltune bench offload [--json OUT]`: 10Cache against no offload, naive LRU
 offload and ZeRO-Infinity-style fixed buffers, side by side, on several
-architectures (`--archs`, default: the project's GPT, and GPT-2, Llama and
-BERT built from Hugging Face configs; see `offload_agent/models.py`).
+architectures (`--archs`, default: the project's GPT, GPT-2, Llama and BERT
+built from Hugging Face configs, and ResNet-18; see `offload_agent/models.py`).
 
 For each architecture every strategy trains the same model from the same seed
 on the same batches with the same per-parameter AdamW. The fast tier holds

@@ -203,7 +203,8 @@ class TensorCache:
     ) -> tuple[Slot, WriteBack | None] | None:
         """A fast buffer for `entry`: a free one, or the evicted buffer of the holder
         the policy ranks first. A prefetch gives up instead of evicting a tensor that
-        is needed sooner than the one it would bring in."""
+        is needed sooner than the one it would bring in. A demand that finds every
+        buffer of its class in use borrows a larger one (free, else evicted)."""
         c = entry.fast_class
         if self.fast.free_count(c):
             return self.fast.take(c), None
@@ -212,17 +213,7 @@ class TensorCache:
         if not candidates:
             if not demand:
                 return None
-            log.warning(
-                "fast tier: all %d buffers of %d B are in use when %s is needed; adding one "
-                "past the budget (the step holds more tensors of this size at once than the "
-                "layout foresaw)",
-                self.fast.capacity(c),
-                c,
-                entry.spec.tensor_id,
-            )
-            slot = self.fast.grow(c)
-            self.stats.overflow_bytes = self.fast.overflow_bytes
-            return slot, None
+            return self._borrow(entry)
         victim = max(candidates, key=lambda e: rank(e.spec.tensor_id, e.last_use))
         if (
             not demand
@@ -232,6 +223,30 @@ class TensorCache:
             return None
         return self._evict(victim)
 
+    def _borrow(self, entry: Entry) -> tuple[Slot, WriteBack | None]:
+        """A buffer of a larger class for a demand its own class cannot serve; past
+        the budget (logged) only when every larger buffer is in use too."""
+        c = entry.fast_class
+        bigger = [b for b in self.fast.classes() if b > c]
+        for b in bigger:  # smallest first
+            if self.fast.free_count(b):
+                return self.fast.take(b), None
+        rank = self.policy.eviction_rank
+        candidates = [e for b in bigger for e in self._holders.get(b, ()) if e.evictable]
+        if candidates:
+            return self._evict(max(candidates, key=lambda e: rank(e.spec.tensor_id, e.last_use)))
+        log.warning(
+            "fast tier: all %d buffers of %d B (and every larger one) are in use when %s is "
+            "needed; adding one past the budget (the step holds more tensors at once than "
+            "the layout foresaw)",
+            self.fast.capacity(c),
+            c,
+            entry.spec.tensor_id,
+        )
+        slot = self.fast.grow(c)
+        self.stats.overflow_bytes = self.fast.overflow_bytes
+        return slot, None
+
     def _evict(self, victim: Entry) -> tuple[Slot, WriteBack | None]:
         self._settle(victim)
         slot = victim.fast_slot
@@ -240,7 +255,7 @@ class TensorCache:
         victim.fast_slot = None
         self._owners.pop(slot.address, None)
         victim.dirty = False
-        self._holders[victim.fast_class].discard(victim)
+        self._holders[slot.size_class].discard(victim)
         self.residency.move(victim, victim.home)
         self.bind(victim.spec.tensor_id, None)
         return slot, write
@@ -255,5 +270,5 @@ class TensorCache:
         entry.fast_slot = slot
         self._owners[slot.address] = entry
         entry.pending = fut
-        self._holders.setdefault(entry.fast_class, set()).add(entry)
+        self._holders.setdefault(slot.size_class, set()).add(entry)
         self.residency.move(entry, Tier.FETCHING)

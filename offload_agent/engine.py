@@ -6,7 +6,7 @@
     for batch in data:
         engine.set_lr(schedule(engine.steps))   # optional: a learning-rate schedule
         with engine.step():             # the first step is the warm-up: it is recorded
-            loss = model(batch).backward()   # optimizer runs inside backward
+            engine.scale(model(batch)).backward()   # optimizer runs inside backward
         if engine.profile_ready:        # after warm-up: plan locally or via the agent
             engine.apply_plan(build_plan(engine.profile(), engine.budgets))
     torch.save(engine.state_dict(), path)   # parameters, optimizer states, step counts
@@ -16,7 +16,10 @@ Every use of the model's parameters (forward, backward, evaluation under
 parameters are placeholders and any use raises. With `max_grad_norm` set, or
 `accumulation_steps` > 1, gradients are kept (cached like the optimizer
 states) until the step's end; the global norm is computed over all of them
-before any parameter steps, as DeepSpeed does.
+before any parameter steps, as DeepSpeed does (`gradients.py`). With
+`precision="bf16"` or `"fp16"` the model computes with working copies in
+that dtype over fp32 masters and states (`precision.py`); fp16 keeps every
+gradient to the step's end for GradScaler's overflow check and skip.
 
 A plan that does not fit (other job, over budget, NVMe unusable) is refused
 with a clear message in `last_error` and a log line; training carries on with
@@ -40,18 +43,12 @@ from torch import nn
 
 from offload_agent.cache import TensorCache
 from offload_agent.device import Device
+from offload_agent.gradients import GradientSteps
 from offload_agent.hooks import LooseParams, install_hooks, saved_tensor_refs
 from offload_agent.layout import ParamBinder, build_cache
 from offload_agent.nvme import NvmeStore, SwapPathError
-from offload_agent.optim import (
-    GRAD_KIND,
-    STATE_KINDS,
-    AdamW,
-    Optimizer,
-    ParamGroup,
-    clip_coefficient,
-    state_id,
-)
+from offload_agent.optim import GRAD_KIND, STATE_KINDS, AdamW, Optimizer, ParamGroup, state_id
+from offload_agent.precision import MASTER_KIND, PRECISIONS, LossScale, LossScaler
 from offload_agent.profiler import Recorder
 from offload_agent.residency import TensorSpec
 from offload_agent.stats import CacheStats
@@ -77,6 +74,10 @@ class EngineConfig:
     accumulation_steps: int = 1
     # clip the gradients to this global 2-norm (torch.nn.utils.clip_grad_norm_)
     max_grad_norm: float | None = None
+    # fp32 | bf16 | fp16: the dtype the model computes with (bf16/fp16: fp32
+    # master weights and states in the slow tiers, working copies in the fast one)
+    precision: str = "fp32"
+    loss_scale: LossScale = dataclasses.field(default_factory=LossScale)  # fp16 only
 
 
 class OffloadEngine:
@@ -96,6 +97,8 @@ class OffloadEngine:
             raise ValueError(f"accumulation_steps must be >= 1, not {config.accumulation_steps}")
         if config.max_grad_norm is not None and not config.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0, not {config.max_grad_norm}")
+        if config.precision not in PRECISIONS:
+            raise ValueError(f"precision {config.precision!r}: choose from {', '.join(PRECISIONS)}")
         self.model, self.config = model, config
         self.device, self.store, self.io = device, store, io
         self.budgets = Budgets(config.fast_budget, config.host_budget)
@@ -106,8 +109,34 @@ class OffloadEngine:
         # every name a parameter has in `model.state_dict()` (tied ones have two)
         self.aliases = {n: self.names[p] for n, p in model.named_parameters(remove_duplicate=False)}
         self.optim = Optimizer(list(self.params), optim)
-        self._keep_grads = config.accumulation_steps > 1 or config.max_grad_norm is not None
-        self.specs = specs_of(model, accumulate=self._keep_grads)
+        self.working = PRECISIONS[config.precision]
+        self.scaler = (
+            LossScaler(config.loss_scale, device.fast_device)
+            if config.precision == "fp16"
+            else None
+        )
+        keep = (
+            config.accumulation_steps > 1
+            or config.max_grad_norm is not None
+            or self.scaler is not None
+        )
+        self.specs = specs_of(model, accumulate=keep, working=self.working)
+        self.masters = {  # parameter -> its fp32 master copy (mixed precision)
+            s.tensor_id.removesuffix(f"#{MASTER_KIND}"): s.tensor_id
+            for s in self.specs
+            if s.kind == MASTER_KIND
+        }
+        self._dtypes = {n: p.dtype for n, p in self.params.items()}  # as the model had them
+        self.grads = GradientSteps(
+            self.optim,
+            order=list(self.params),
+            masters=self.masters,
+            scaler=self.scaler,
+            accumulation_steps=config.accumulation_steps,
+            max_grad_norm=config.max_grad_norm,
+            use=self.use,
+            cache=self._cache,
+        )
         self.cache: TensorCache | None = None
         self.setup_name = ""
         self.last_error = ""
@@ -119,18 +148,17 @@ class OffloadEngine:
         self._handles: list[object] = []
         self._binder = ParamBinder(self.params)
         self.loose: set[str] = set()  # parameters read outside their modules' forward
-        self._stepped: set[str] = set()  # parameters stepped in this step
-        self._backwards: dict[str, int] = {}  # this step's gradients per parameter
         self._watch_loose = True  # the first step looks for them; later ones if any
         self._in_step = False
-        self.last_grad_norm: float | None = None  # before clipping, of the last step
 
     # ---- lifecycle ---------------------------------------------------------
 
     def start(self) -> None:
         """Allocate buffers, write swap files, install hooks (safe default layout)."""
         self._store_ok = self._prepare_store()
-        self._binder.make_placeholders(self.device.fast_device)
+        self._binder.make_placeholders(
+            self.device.fast_device, {s.tensor_id: s.dtype for s in self.specs if s.kind == "param"}
+        )
         setup = initial_setup(self.config, self.specs, self.budgets, store_ok=self._store_ok)
         try:
             self._install(setup, (self._initial(spec) for spec in self.specs))
@@ -151,7 +179,18 @@ class OffloadEngine:
         copy of the model is made), zeros for optimizer states."""
         if spec.kind == "param":
             return spec, self.params[spec.tensor_id].detach()
+        if spec.kind == MASTER_KIND:  # listed before its parameter: still the model's value
+            return spec, self.params[spec.tensor_id.removesuffix(f"#{MASTER_KIND}")].detach()
         return spec, torch.zeros(spec.shape, dtype=spec.dtype)
+
+    def _value(self, name: str) -> torch.Tensor:
+        """A parameter's current value in the dtype the model gave it: its fp32
+        master under mixed precision (a frozen one: its working copy, converted)."""
+        cache = self._cache()
+        master = self.masters.get(name)
+        if master is not None:
+            return cache.materialize(master).to(self._dtypes[name])
+        return cache.materialize(name).to(self._dtypes[name])
 
     def _real_values(
         self, module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any
@@ -164,7 +203,7 @@ class OffloadEngine:
         for key in state:
             tid = self.aliases.get(key.removeprefix(prefix))
             if tid is not None:
-                state[key] = self.cache.materialize(tid)
+                state[key] = self._value(tid)
 
     def close(self, *, restore: bool = True) -> None:
         """Wait for copies in flight, remove the hooks and (by default) give every
@@ -179,7 +218,7 @@ class OffloadEngine:
             self.cache.drain()
             if restore:
                 for name, param in self.params.items():
-                    param.data = self.cache.materialize(name)
+                    param.data = self._value(name)
         except Exception as exc:  # shutting down: report and go on
             log.warning("offload engine closed with an I/O error: %s", exc)
 
@@ -225,8 +264,7 @@ class OffloadEngine:
         if warmup:
             self.recorder.start()
         t0 = time.perf_counter()
-        self._backwards.clear()
-        self._stepped.clear()
+        self.grads.begin()
         self._in_step = True
         try:
             with ExitStack() as stack:
@@ -235,12 +273,12 @@ class OffloadEngine:
                     stack.enter_context(LooseParams(self.names, self))
                 cache.begin_step()
                 yield
-                self._finish_gradients()
+                self.grads.finish(self.steps)
         finally:
             self._in_step = False
             for entry in cache.residency:
                 entry.pins = 0
-        warmup = warmup and bool(self._stepped)  # an evaluation step records nothing
+        warmup = warmup and bool(self.grads.stepped)  # an evaluation step records nothing
         # Watching every op costs ~7% of a small model's CPU step; a model that
         # read no parameter loosely in its first step does not pay it again.
         self._watch_loose = bool(self.loose)
@@ -295,7 +333,7 @@ class OffloadEngine:
 
     def optimizer_step(self, tensor_id: str, param: nn.Parameter) -> None:
         """A parameter's gradient is complete: step it now, or (accumulation,
-        clipping) add it to the step's sum and step at the end."""
+        clipping, fp16) add it to the step's sum and step at the end."""
         grad = param.grad
         assert grad is not None
         param.grad = None
@@ -304,77 +342,27 @@ class OffloadEngine:
                 f"backward reached {tensor_id} outside `with engine.step():`; run every "
                 "forward and backward inside it"
             )
-        k = self.config.accumulation_steps
-        if not self._keep_grads:
-            if tensor_id in self._stepped:
-                raise RuntimeError(
-                    f"{tensor_id} got a second gradient in one backward pass (a module reused "
-                    "under reentrant activation checkpointing?): use use_reentrant=False, "
-                    "or set max_grad_norm so gradients are summed before the step"
-                )
-            self._adamw(tensor_id, grad)
-            return
-        seen = self._backwards.get(tensor_id, 0) + 1
-        if k > 1 and seen > k:
-            raise RuntimeError(
-                f"{tensor_id} got gradient {seen} in one step, but accumulation_steps is {k}: "
-                "run that many backward passes per `with engine.step():`"
-            )
-        self._backwards[tensor_id] = seen
-        total_id = state_id(tensor_id, GRAD_KIND)
-        total = self.use(total_id)
-        with torch.no_grad():  # the order PyTorch sums `.grad` in: ((g1 + g2) + g3) ...
-            if seen == 1:
-                total.copy_(grad)
-            else:
-                total.add_(grad)
-        del grad
-        cache = self._cache()
-        if seen == k and self.config.max_grad_norm is None:
-            self._adamw(tensor_id, total)
-        else:  # backward is done with the parameter (its gradient is complete)
-            cache.release(tensor_id, all_pins=True)
-        cache.mark_dirty(total_id)
-        cache.release(total_id, all_pins=True)
+        self.grads.on_gradient(tensor_id, grad)
 
-    def _finish_gradients(self) -> None:
-        """The step's end: clip and step every kept gradient (clipping), or step the
-        parameters that missed some micro-batches (an expert no token was routed
-        to) on the sum they got, as `torch.optim` would."""
-        cache = self._cache()
-        max_norm = self.config.max_grad_norm
-        if max_norm is None:
-            for tensor_id, seen in self._backwards.items():
-                if seen < self.config.accumulation_steps:
-                    total_id = state_id(tensor_id, GRAD_KIND)
-                    self._adamw(tensor_id, self.use(total_id))
-                    cache.release(total_id, all_pins=True)
-            return
-        ids = [t for t in self.params if t in self._backwards]  # parameter order
-        if not ids:
-            return
-        norms = []
-        for tid in ids:  # first pass: every gradient's norm, before any step
-            grad = self.use(state_id(tid, GRAD_KIND))
-            norms.append(torch.linalg.vector_norm(grad, 2.0))
-            cache.release(state_id(tid, GRAD_KIND), all_pins=True)
-        self.last_grad_norm, coef = clip_coefficient(norms, max_norm)
-        for tid in ids:
-            grad = self.use(state_id(tid, GRAD_KIND))
-            with torch.no_grad():
-                grad.mul_(coef)
-            self._adamw(tid, grad)
-            cache.release(state_id(tid, GRAD_KIND), all_pins=True)
+    @property
+    def last_grad_norm(self) -> float | None:
+        """The global gradient norm of the last step, before clipping (clipping only)."""
+        return self.grads.last_grad_norm
 
-    def _adamw(self, tensor_id: str, grad: torch.Tensor) -> None:
-        self._stepped.add(tensor_id)
-        p = self.use(tensor_id)
-        m, v = (self.use(state_id(tensor_id, k)) for k in STATE_KINDS)
-        self.optim.step(tensor_id, p, grad, m, v)
-        cache = self._cache()
-        for tid in (tensor_id, *(state_id(tensor_id, k) for k in STATE_KINDS)):
-            cache.mark_dirty(tid)
-            cache.release(tid, all_pins=True)
+    @property
+    def skipped_steps(self) -> int:
+        """fp16 steps skipped on an inf/NaN gradient."""
+        return self.grads.skipped_steps
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call `backward()` on: multiplied by the loss scale under
+        fp16 (as `GradScaler.scale`), the loss itself otherwise."""
+        return self.scaler.scale(loss) if self.scaler is not None else loss
+
+    @property
+    def loss_scale(self) -> float:
+        """The current fp16 loss scale (1.0 without one)."""
+        return self.scaler.value if self.scaler is not None else 1.0
 
     def set_lr(self, lr: float | Sequence[float]) -> None:
         """The learning rate for the next steps: one for every parameter group, or
@@ -427,21 +415,19 @@ class OffloadEngine:
         return {s.tensor_id: cache.materialize(s.tensor_id) for s in self.specs}
 
     def state_dict(self) -> dict[str, Any]:
-        """Parameters, optimizer states and step counts as CPU tensors and numbers,
-        read one tensor at a time (`torch.save` it; `load_state_dict` resumes
-        bit-exactly, under any strategy and budget)."""
+        """Parameters (in the dtype the model gave them: the fp32 masters under
+        mixed precision), optimizer states, step counts and the loss scale, as
+        CPU tensors and numbers read one tensor at a time (`torch.save` it;
+        `load_state_dict` resumes bit-exactly, under any strategy and budget)."""
         cache = self._cache()
         cache.drain()
-        trained = [s.tensor_id for s in self.specs if s.kind == STATE_KINDS[0]]
-        return {
-            "params": {n: cache.materialize(n) for n in self.params},
+        trained = [n for n in self.params if state_id(n, STATE_KINDS[0]) in cache.residency]
+        state: dict[str, Any] = {
+            "params": {n: self._value(n) for n in self.params},
             "state": {
-                n.removesuffix(f"#{STATE_KINDS[0]}"): {
-                    "step": self.optim.steps.get(n.removesuffix(f"#{STATE_KINDS[0]}"), 0),
-                    **{
-                        k: cache.materialize(state_id(n.removesuffix(f"#{STATE_KINDS[0]}"), k))
-                        for k in STATE_KINDS
-                    },
+                n: {
+                    "step": self.optim.steps.get(n, 0),
+                    **{k: cache.materialize(state_id(n, k)) for k in STATE_KINDS},
                 }
                 for n in trained
             },
@@ -451,29 +437,38 @@ class OffloadEngine:
             ],
             "steps": self.steps,
         }
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Put back what `state_dict` gave (after `start()`, between steps)."""
+        """Put back what `state_dict` gave (after `start()`, between steps). A
+        checkpoint of fp32 training loads into a mixed-precision engine and back:
+        parameters are stored in the model's own dtype either way."""
         cache = self._cache()
         if self._in_step:
             raise RuntimeError("load_state_dict inside `with engine.step():`")
         params, states = state["params"], state["state"]
-        want = {s.tensor_id: s for s in self.specs if s.kind != GRAD_KIND}
-        got = {n: v for n, v in params.items()}
+        want = {s.tensor_id: s for s in self.specs if s.kind not in (GRAD_KIND, MASTER_KIND)}
+        got = dict(params)
         got.update({state_id(n, k): st[k] for n, st in states.items() for k in STATE_KINDS})
         if set(got) != set(want):
             diff = sorted(set(got) ^ set(want))
             raise ValueError(f"state dict does not match the model: {diff[:3]} ({len(diff)})")
         for tid, value in got.items():
             spec = want[tid]
-            if tuple(value.shape) != spec.shape or value.dtype != spec.dtype:
+            dtype = self._dtypes.get(tid, spec.dtype)  # parameters: as the model had them
+            if tuple(value.shape) != spec.shape or value.dtype != dtype:
                 raise ValueError(
                     f"state dict: {tid} is {tuple(value.shape)} {value.dtype}, "
-                    f"the model has {spec.shape} {spec.dtype}"
+                    f"the model has {spec.shape} {dtype}"
                 )
         cache.drain()
         for tid, value in got.items():
-            cache.overwrite(tid, value)
+            master = self.masters.get(tid)
+            if master is not None:
+                cache.overwrite(master, value.to(torch.float32))
+            cache.overwrite(tid, value.to(want[tid].dtype))
         self.optim.steps = {n: int(st["step"]) for n, st in states.items() if st["step"]}
         self.optim.groups = [
             ParamGroup(
@@ -483,6 +478,8 @@ class OffloadEngine:
             for g in state["groups"]
         ]
         self.steps = int(state["steps"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
 
     def stats_message(self) -> OffloadStats:
         """What this process measured, as published on `offload.stats`."""

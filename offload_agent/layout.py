@@ -60,9 +60,10 @@ class ParamBinder:
         self.params = params
         self.placeholders: dict[str, torch.Tensor] = {}
 
-    def make_placeholders(self, device: torch.device) -> None:
+    def make_placeholders(self, device: torch.device, dtypes: dict[str, torch.dtype]) -> None:
+        """`dtypes`: what each parameter computes in (its working dtype)."""
         self.placeholders = {
-            n: torch.full((1,), float("nan"), dtype=p.dtype, device=device).expand(p.shape)
+            n: torch.full((1,), float("nan"), dtype=dtypes[n], device=device).expand(p.shape)
             for n, p in self.params.items()
         }
 

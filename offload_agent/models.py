@@ -8,6 +8,10 @@ each with one loss function over deterministic batches.
 * `llama`: Llama with grouped-query attention and an untied embedding and
   head (two large tensors).
 * `bert`: BERT masked LM (tied decoder, many LayerNorms and biases).
+* `resnet`: ResNet-18 as torchvision builds it (BasicBlocks [2, 2, 2, 2],
+  BatchNorm after every convolution, 1x1 projections on the shortcuts), at
+  widths dim/8 .. dim (dim 512 is ResNet-18 itself), on 32x32 images: many
+  distinct tensor sizes, and module buffers (BatchNorm statistics).
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from torch import nn
 
 from offload_agent.gpt import GPT, GPTConfig, batch
 
-__all__ = ["ARCHS", "Workload", "workload"]
+__all__ = ["ARCHS", "ResNet18", "Workload", "workload"]
 
-ARCHS = ("gpt", "gpt2", "llama", "bert")
+ARCHS = ("gpt", "gpt2", "llama", "bert", "resnet")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,16 @@ def workload(
             return model(x, y)
 
         return Workload(arch, GPT(cfg), gpt_loss, {"dim": dim, "layers": layers, "vocab": vocab})
+    if arch == "resnet":
+        net = ResNet18(width=dim // 8, classes=vocab)
+
+        def resnet_loss(model: nn.Module, step: int) -> torch.Tensor:
+            g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+            x = torch.randn(size, 3, 32, 32, generator=g)
+            y = torch.randint(0, vocab, (size,), generator=g)
+            return nn.functional.cross_entropy(model(x), y)
+
+        return Workload(arch, net, resnet_loss, {"dim": dim, "layers": 18, "vocab": vocab})
     logging.getLogger("transformers").setLevel(logging.ERROR)
     model = _hf(arch, dim=dim, layers=layers, vocab=vocab, seq=seq)
     model.train()
@@ -91,3 +105,44 @@ def _hf(arch: str, *, dim: int, layers: int, vocab: int, seq: int) -> nn.Module:
             )
         )  # fmt: skip
     raise ValueError(f"architecture {arch!r}: choose from {', '.join(ARCHS)}")
+
+
+class _Block(nn.Module):
+    """torchvision's BasicBlock: two 3x3 convolutions, each with BatchNorm."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.down(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 (torchvision's layout) with stage widths w, 2w, 4w, 8w."""
+
+    def __init__(self, width: int = 64, classes: int = 1000) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        stages, cin = [], width
+        for i in range(4):
+            cout = width * 2**i
+            stages += [_Block(cin, cout, 1 if i == 0 else 2), _Block(cout, cout, 1)]
+            cin = cout
+        self.layers = nn.Sequential(*stages)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 3, 2, 1)
+        x = self.layers(x)
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))

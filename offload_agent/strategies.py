@@ -20,12 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
 from torch import nn
 
 from offload_agent.optim import GRAD_KIND, STATE_KINDS, state_id
 from offload_agent.policies import LayerOrderPolicy, OnDemandPolicy, PlanPolicy, Policy
+from offload_agent.precision import MASTER_KIND
 from offload_agent.residency import TensorSpec, Tier
-from services.profiler.planner import Budgets, buffer_classes, in_use_floor, step_group
+from services.profiler.planner import Budgets, buffer_classes, lru_layout, step_group
 from shared.messages import PrefetchPlan
 
 __all__ = [
@@ -87,25 +89,13 @@ def _fill_homes(
 
 
 def lru_setup(specs: Sequence[TensorSpec], budgets: Budgets) -> Setup:
-    """Fast buffers per class in proportion to that class's bytes (at least
-    the in-use floor each), homes host-then-NVMe in the given (first-use) order."""
-    by_class: dict[int, int] = {}
-    for s in specs:
-        by_class[s.size_class] = by_class.get(s.size_class, 0) + 1
+    """Fast buffers per class in proportion to that class's bytes (`lru_layout`:
+    no floor per class), homes host-then-NVMe in the given (first-use) order."""
     group = step_group(s.kind for s in specs)
-    floor = {c: min(n, in_use_floor(c, group)) for c, n in by_class.items()}
-    spare = budgets.fast - sum(c * n for c, n in floor.items())
-    if spare < 0:
-        raise ValueError(
-            f"fast budget {budgets.fast} B is below the {budgets.fast - spare} B minimum"
-        )
-    total = sum(c * n for c, n in by_class.items())
-    layout = {}
-    for c, n in by_class.items():
-        extra = int(spare * (c * n / total)) // c
-        layout[c] = min(n, floor[c] + extra)
+    layout, serve = lru_layout([s.size_class for s in specs], budgets.fast, group)
     homes, host = _fill_homes(specs, budgets.host)
-    return Setup("lru", layout, host, homes, OnDemandPolicy(), _own(specs))
+    classes = {s.tensor_id: serve[s.size_class] for s in specs}
+    return Setup("lru", layout, host, homes, OnDemandPolicy(), classes)
 
 
 def fixed_setup(
@@ -136,16 +126,34 @@ def from_plan(plan: PrefetchPlan, specs: Sequence[TensorSpec]) -> Setup:
     return Setup("tencache", fast, host, homes, PlanPolicy(plan.prefetch, plan.window), classes)
 
 
-def specs_of(model: nn.Module, *, accumulate: bool = False) -> list[TensorSpec]:
+def specs_of(
+    model: nn.Module, *, accumulate: bool = False, working: torch.dtype | None = None
+) -> list[TensorSpec]:
     """Every parameter, and the AdamW states of those that train (plus, when
     gradients are accumulated over micro-batches, the running sum: a state
-    like the others, cached and planned from the profile)."""
+    like the others, cached and planned from the profile).
+
+    With a `working` dtype (mixed precision) each floating parameter is held in
+    that dtype, and each trained one gets an fp32 master copy (listed first: it
+    is read from the model before the parameter is pointed at its buffer) and
+    fp32 states; the gradient sum is kept in the working dtype, as `.grad` is."""
     kinds = (*STATE_KINDS, GRAD_KIND) if accumulate else STATE_KINDS
     specs = []
     for name, p in model.named_parameters():
-        specs.append(TensorSpec(name, tuple(p.shape), p.dtype, "param"))
+        mixed = working is not None and p.is_floating_point()
+        compute = working if mixed and working is not None else p.dtype
+        if mixed and p.requires_grad:
+            master = state_id(name, MASTER_KIND)
+            specs.append(TensorSpec(master, tuple(p.shape), torch.float32, MASTER_KIND))
+        specs.append(TensorSpec(name, tuple(p.shape), compute, "param"))
         if p.requires_grad:
-            specs += [TensorSpec(state_id(name, k), tuple(p.shape), p.dtype, k) for k in kinds]
+            state_dtype = torch.float32 if mixed else p.dtype
+            specs += [
+                TensorSpec(
+                    state_id(name, k), tuple(p.shape), compute if k == GRAD_KIND else state_dtype, k
+                )
+                for k in kinds
+            ]
     return specs
 
 

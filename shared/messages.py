@@ -252,6 +252,9 @@ class PrefetchPlan(Struct):
     placement: dict[str, str]  # tensor_id -> tier ("gpu", "host", "nvme")
     prefetch: list[str]  # tensor ids in prefetch order
     window: int = 2
+    # a streamed tensor uses the buffers of a streamed class at most this many
+    # times its own size (services/profiler/planner.py: stream_classes)
+    merge: float = 1.34
 
 
 class OffloadStats(Struct, omit_defaults=True):

@@ -13,9 +13,14 @@ budgets of the fast tier (GPU) and the pinned host tier. Steps:
    two of AdamW and the gradient sum when gradients are accumulated, plus one
    held by backward in small classes). A streamed class may borrow
    the buffers of a class at most `MERGE` times bigger, so a few idle buffers
-   serve several sizes. The window shrinks until these take at most
-   `stream_share` of the fast budget: measured on the benchmark, a prefetch
-   lead of a few tensors is worth more than keeping a few more resident.
+   serve several sizes. When the floors do not fit, or leave a lead shorter
+   than one parameter's optimizer step plus the next fetch (`group` + 1
+   accesses), classes up to 2x, 4x apart, then one class for all (`MERGES`)
+   are tried in turn, and the first with that lead (else the longest) is
+   taken; the factor travels in the plan. The window
+   shrinks until these take at most `stream_share` of the fast budget:
+   measured on the benchmark, a prefetch lead of a few tensors is worth more
+   than keeping a few more resident.
 3. Residents: the rest of the fast budget keeps tensors there for good,
    chosen by accesses per byte (ties: first used first) — every access to
    them is a hit and moves nothing. Small tensors go first at equal density.
@@ -46,6 +51,7 @@ __all__ = [
     "build_plan",
     "check_plan",
     "in_use_floor",
+    "lru_layout",
     "size_class",
     "step_group",
 ]
@@ -54,6 +60,10 @@ ALIGN = 4096  # equal to offload_agent.device.ALIGN (a test keeps them equal)
 MIN_INUSE = 4
 SMALL = 1 << 16  # classes up to this size get one more in-use buffer
 MERGE = 1.34  # a streamed class may use buffers of a class up to this much bigger
+# when the in-use floors of the streamed classes do not fit the fast budget (a
+# model with many tensor sizes, ResNet), fewer, larger classes: the last is one
+# class for everything streamed, ZeRO-Infinity's buffers
+MERGES = (MERGE, 2.0, 4.0, 1e12)
 TIERS = ("gpu", "host", "nvme")
 
 
@@ -115,13 +125,63 @@ def in_use_floor(size: int, group: int = MIN_INUSE - 1) -> int:
     return group + 1 if size <= SMALL else group
 
 
-def stream_classes(sizes: dict[str, int], streamed: set[str]) -> dict[str, int]:
+def lru_layout(
+    classes: Sequence[int], fast: int, group: int, *, strict: bool = True
+) -> tuple[dict[int, int], dict[int, int]]:
+    """The `lru` strategy's fast buffers for tensors of these size classes (one
+    entry per tensor), and the class each size class's tensors take buffers
+    from. The only floor: the buffers one parameter's optimizer step and
+    backward hold at once (`in_use_floor` of the largest class), given from the
+    largest class down (one more of a smaller class where the larger has no
+    more tensors); the rest of the budget goes to every class in proportion to
+    its bytes. A class left with no buffer uses the next larger class that has
+    one (the engine, out of buffers of a class, also borrows larger ones).
+    No floor per class: a model with many tensor sizes (ResNet) would need a
+    multiple of its largest tensors for floors alone. `strict=False` (replays
+    of a budget too small to start) keeps the floor over the budget."""
+    by_class = Counter(classes)
+    if not by_class:
+        return {}, {}
+    sizes = sorted(by_class, reverse=True)
+    need = in_use_floor(sizes[0], group)
+    layout = dict.fromkeys(sizes, 0)
+    for c in sizes:
+        take = min(need, by_class[c])
+        layout[c], need = take, need - take
+        if need == 0:
+            break
+    spare = fast - _bytes(layout)
+    if spare < 0 and not strict:
+        spare = 0
+    if spare < 0:
+        raise ValueError(f"fast budget {fast} B is below the {fast - spare} B minimum")
+    total = sum(c * n for c, n in by_class.items())
+    for c in sizes:  # largest first: rounding leaves the small classes their share
+        extra = min(by_class[c] - layout[c], int(spare * (c * by_class[c] / total)) // c)
+        layout[c] += extra
+    left = fast - _bytes(layout)
+    for c in sizes:  # what rounding left: one more buffer where it still fits
+        while left >= c and layout[c] < by_class[c]:
+            layout[c] += 1
+            left -= c
+    serve: dict[int, int] = {}
+    bigger_with_buffers = sizes[0]
+    for c in sizes:
+        if layout[c]:
+            bigger_with_buffers = c
+        serve[c] = bigger_with_buffers
+    return {c: n for c, n in layout.items() if n}, serve
+
+
+def stream_classes(
+    sizes: dict[str, int], streamed: set[str], merge: float = MERGE
+) -> dict[str, int]:
     """The buffer class each streamed tensor uses: its own size class, or a larger
-    streamed class at most MERGE times bigger (fewer classes, fewer idle buffers)."""
+    streamed class at most `merge` times bigger (fewer classes, fewer idle buffers)."""
     own = sorted({size_class(sizes[t]) for t in streamed}, reverse=True)
     target: dict[int, int] = {}
     for c in own:
-        bigger = [target[b] for b in own if b > c and target[b] <= c * MERGE]
+        bigger = [target[b] for b in own if b > c and target[b] <= c * merge]
         target[c] = min(bigger) if bigger else c
     return {t: target[size_class(sizes[t])] for t in streamed}
 
@@ -159,11 +219,29 @@ def build_plan(
     for i, t in enumerate(profile.order):
         first.setdefault(t, i)
     ranked = sorted(sizes, key=lambda t: (-uses[t] / cls[t], first.get(t, 1 << 60), cls[t]))
-    resident, window = _choose(
-        profile.order, ranked, cls, sizes, budgets.fast, window, stream_share, group
-    )
+    # Fewer, larger classes free the in-use floors of the merged ones: taken
+    # only when the plan would otherwise not fit, or its lead would not cover
+    # one parameter's optimizer step (its `group` accesses) and the next fetch.
+    enough = min(window, group + 1)
+    error: PlanError | None = None
+    fits: list[tuple[set[str], int, float]] = []
+    for m in MERGES:
+        try:
+            r, w = _choose(
+                profile.order, ranked, cls, sizes, budgets.fast, window, stream_share, group, m
+            )
+        except PlanError as exc:
+            error = error or exc
+            continue
+        fits.append((r, w, m))
+        if w >= enough:
+            break
+    if not fits:
+        assert error is not None
+        raise error
+    resident, window, merge = max(fits, key=lambda f: f[1])  # ties: the fewer merges
     streamed = set(sizes) - resident
-    bufcls = stream_classes(sizes, streamed)
+    bufcls = stream_classes(sizes, streamed, merge)
     stream = _stream_layout(profile.order, bufcls, window, group)
     placement, host_counts = _homes(ranked, cls, resident, budgets.host)
     buffers: dict[int, dict[str, int]] = {}
@@ -181,6 +259,7 @@ def build_plan(
         placement=placement,
         prefetch=[t for t in profile.order if t not in resident],
         window=window,
+        merge=merge,
     )
 
 
@@ -193,6 +272,7 @@ def _choose(
     window: int,
     share: float,
     group: int,
+    merge: float,
 ) -> tuple[set[str], int]:
     """The largest window whose streaming buffers, next to the residents chosen for
     it, take at most `share` of the budget; else the smallest window of at
@@ -203,7 +283,7 @@ def _choose(
     lead: tuple[set[str], int] | None = None
     for w in range(max(0, window), -1, -1):
         resident, stream_bytes, total = _choose_residents(
-            ranked, cls, sizes, order, budget, w, group
+            ranked, cls, sizes, order, budget, w, group, merge
         )
         if total > budget:
             continue
@@ -217,7 +297,7 @@ def _choose(
             return resident, w
     if lead is not None:
         return lead
-    floor = _bytes(_stream_layout(order, stream_classes(sizes, set(sizes)), 0, group))
+    floor = _bytes(_stream_layout(order, stream_classes(sizes, set(sizes), merge), 0, group))
     raise PlanError(
         f"fast budget {budget} B cannot hold the {floor} B of buffers that streaming "
         "this job's tensors needs; raise the budget"
@@ -232,6 +312,7 @@ def _choose_residents(
     budget: int,
     window: int,
     group: int,
+    merge: float = MERGE,
 ) -> tuple[set[str], int, int]:
     """Greedy by accesses per byte: keep a tensor for good while the residents plus
     the streaming buffers the others still need fit the fast budget. Returns the
@@ -242,11 +323,11 @@ def _choose_residents(
     tensor becomes resident); the exact layout is then recomputed, and the
     last-chosen residents are given back while it does not fit."""
     resident: set[str] = set()
-    cheap = _cheap(order, sizes, window, group)
+    cheap = _cheap(order, sizes, window, group, merge)
     streamed = set(sizes) - cheap
-    if sum(cls[t] for t in cheap) + _exact(order, sizes, streamed, window, group) <= budget:
+    if sum(cls[t] for t in cheap) + _exact(order, sizes, streamed, window, group, merge) <= budget:
         resident = set(cheap)
-    bufcls = stream_classes(sizes, set(sizes) - resident)
+    bufcls = stream_classes(sizes, set(sizes) - resident, merge)
     layout = _stream_layout(order, bufcls, window, group)
     members = Counter(bufcls.values())
     used = sum(cls[t] for t in resident) + _bytes(layout)
@@ -264,7 +345,7 @@ def _choose_residents(
             if refund:
                 layout.pop(c)
     while True:
-        stream = _exact(order, sizes, set(sizes) - resident, window, group)
+        stream = _exact(order, sizes, set(sizes) - resident, window, group, merge)
         total = sum(cls[t] for t in resident) + stream
         if total <= budget or not chosen:
             return resident, stream, total
@@ -272,17 +353,24 @@ def _choose_residents(
 
 
 def _exact(
-    order: Sequence[str], sizes: dict[str, int], streamed: set[str], window: int, group: int
+    order: Sequence[str],
+    sizes: dict[str, int],
+    streamed: set[str],
+    window: int,
+    group: int,
+    merge: float = MERGE,
 ) -> int:
     if not streamed:
         return 0
-    return _bytes(_stream_layout(order, stream_classes(sizes, streamed), window, group))
+    return _bytes(_stream_layout(order, stream_classes(sizes, streamed, merge), window, group))
 
 
-def _cheap(order: Sequence[str], sizes: dict[str, int], window: int, group: int) -> set[str]:
+def _cheap(
+    order: Sequence[str], sizes: dict[str, int], window: int, group: int, merge: float = MERGE
+) -> set[str]:
     """Tensors of classes with no more members than streaming them would need
     buffers: keeping all of them costs no more bytes, and every access hits."""
-    bufcls = stream_classes(sizes, set(sizes))
+    bufcls = stream_classes(sizes, set(sizes), merge)
     layout = _stream_layout(order, bufcls, window, group)
     members = Counter(bufcls.values())
     return {t for t, c in bufcls.items() if members[c] <= layout[c]}
@@ -340,7 +428,7 @@ def buffer_classes(plan: PrefetchPlan, sizes: dict[str, int]) -> dict[str, int]:
     class, streamed tensors the class `stream_classes` gives (engine and check agree)."""
     streamed = {t for t, tier in plan.placement.items() if tier != "gpu"}
     out = {t: size_class(sizes[t]) for t, tier in plan.placement.items() if tier == "gpu"}
-    out.update(stream_classes(sizes, streamed))
+    out.update(stream_classes(sizes, streamed, plan.merge))
     return out
 
 

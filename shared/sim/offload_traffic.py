@@ -9,7 +9,9 @@ through the fast tier's buffers, with the rules of the offload engine
   buffer class's streaming buffers, evicting the one whose next use is furthest
   away (Belady, exact: the order repeats). Every fetch is a prefetch.
 * `lru`: per size class buffers in proportion to the class's bytes (the
-  engine's `lru_setup`); fetch on demand, evict the least recently used.
+  engine's `lru_setup`, `lru_layout`; the engine's borrowing of a larger
+  buffer when a class is out of them is not replayed); fetch on demand,
+  evict the least recently used.
 * `fixed`: `fast // largest` equal buffers; parameters are prefetched (layer
   order), optimizer states come on demand; evict the least recently used.
 * `none`: nothing moves.
@@ -30,7 +32,7 @@ from services.profiler.planner import (
     Budgets,
     buffer_classes,
     build_plan,
-    in_use_floor,
+    lru_layout,
     size_class,
     step_group,
 )
@@ -126,15 +128,10 @@ def _homes(order: Sequence[str], sizes: dict[str, int], host: int) -> dict[str, 
 def _lru_layout(
     profile: TensorProfile, budgets: Budgets, sizes: dict[str, int], kinds: dict[str, str]
 ) -> _Layout:
-    cls = {t: size_class(n) for t, n in sizes.items()}
-    by_class: dict[int, int] = {}
-    for c in cls.values():
-        by_class[c] = by_class.get(c, 0) + 1
+    own = {t: size_class(n) for t, n in sizes.items()}
     group = step_group(kinds.values())
-    floor = {c: min(n, in_use_floor(c, group)) for c, n in by_class.items()}
-    spare = max(budgets.fast - sum(c * n for c, n in floor.items()), 0)
-    total = sum(c * n for c, n in by_class.items())
-    layout = {c: min(n, floor[c] + int(spare * (c * n / total)) // c) for c, n in by_class.items()}
+    layout, serve = lru_layout(list(own.values()), budgets.fast, group, strict=False)
+    cls = {t: serve[c] for t, c in own.items()}
     homes = _homes(profile.order, sizes, budgets.host)
     return _Layout(layout, cls, homes, OnDemandPolicy())
 

@@ -111,6 +111,23 @@ class SharedBlockLM(nn.Module):
         return SimpleNamespace(loss=loss)
 
 
+class ResNetLM(nn.Module):
+    """ResNet-18's layout at widths 8..64 (BatchNorm everywhere) behind the same
+    call as the language models: a batch of tokens becomes 16x16 images, its
+    first token the class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from offload_agent.models import ResNet18
+
+        self.net = ResNet18(width=8, classes=10)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> SimpleNamespace:
+        img = (input_ids.float() / VOCAB - 0.5).view(-1, 3, 2, 2)
+        img = img.repeat_interleave(8, -1).repeat_interleave(8, -2)
+        return SimpleNamespace(loss=F.cross_entropy(self.net(img), labels[:, 0] % 10))
+
+
 ARCHS: dict[str, Callable[[], nn.Module]] = {
     "gpt2": gpt2,
     "llama": llama,
@@ -118,6 +135,7 @@ ARCHS: dict[str, Callable[[], nn.Module]] = {
     "t5": t5,
     "albert": albert,
     "shared": SharedBlockLM,
+    "resnet": ResNetLM,
 }
 
 
@@ -192,3 +210,67 @@ def torch_reference(
             loop.grad_norms.append(float(norm))
         opt.step()
     return losses, model, opt
+
+
+@dataclass
+class Amp:
+    """Mixed precision in the reference: fp32 masters in `torch.optim.AdamW`, the
+    model's parameters as bf16/fp16 working copies, forward under
+    `torch.autocast`, fp16 with `torch.amp.GradScaler`."""
+
+    dtype: torch.dtype = torch.float16
+    init_scale: float = 2.0**16
+    growth_interval: int = 2000
+    scales: list[float] = field(default_factory=list)  # the loss scale after each step
+
+    @property
+    def name(self) -> str:
+        return "fp16" if self.dtype == torch.float16 else "bf16"
+
+
+def amp_reference(
+    arch: str, loop: Loop, amp: Amp, *, checkpointing: str = ""
+) -> tuple[list[float], nn.Module, dict[str, nn.Parameter], torch.optim.AdamW]:
+    """Losses, the model (working copies), the fp32 masters and their optimizer."""
+    model = build(arch, checkpointing=checkpointing)
+    freeze(model, loop.frozen)
+    masters = {
+        n: nn.Parameter(p.detach().clone()) for n, p in model.named_parameters() if p.requires_grad
+    }
+    for p in model.parameters():
+        p.data = p.data.to(amp.dtype)
+    opt = torch.optim.AdamW(list(masters.values()), lr=loop.lr(0), weight_decay=1e-2, foreach=False)
+    scaler = torch.amp.GradScaler(
+        "cpu",
+        init_scale=amp.init_scale,
+        growth_interval=amp.growth_interval,
+        enabled=amp.dtype == torch.float16,
+    )
+    named = dict(model.named_parameters())
+    losses = []
+    for step in range(loop.steps):
+        for g in opt.param_groups:
+            g["lr"] = loop.lr(step)
+        opt.zero_grad()
+        model.zero_grad(set_to_none=True)
+        for i in range(loop.micro):
+            with torch.autocast("cpu", dtype=amp.dtype):
+                loss = loss_of(model, data(step, i)) / loop.micro
+            scaler.scale(loss).backward()
+            losses.append(float(loss.detach()))
+        for n, m in masters.items():
+            grad = named[n].grad
+            m.grad = None if grad is None else grad.float()
+        if loop.max_grad_norm is not None:
+            scaler.unscale_(opt)
+            norm = torch.nn.utils.clip_grad_norm_(
+                list(masters.values()), loop.max_grad_norm, foreach=False
+            )
+            loop.grad_norms.append(float(norm))
+        scaler.step(opt)
+        scaler.update()
+        amp.scales.append(float(scaler.get_scale()) if scaler.is_enabled() else 1.0)
+        with torch.no_grad():
+            for n, m in masters.items():
+                named[n].copy_(m)
+    return losses, model, masters, opt

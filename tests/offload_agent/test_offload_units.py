@@ -70,3 +70,43 @@ def test_device_layer_without_cuda() -> None:
         select_device("cuda")
     buf = dev.alloc_host(3 * ALIGN)
     assert buf.data_ptr() % ALIGN == 0 and buf.numel() == 3 * ALIGN
+
+
+def test_a_demand_borrows_a_larger_buffer_before_growing_past_the_budget() -> None:
+    """One 4 KiB buffer and one 8 KiB buffer; three 4 KiB tensors used at once:
+    the second takes the free 8 KiB buffer, the third (nothing left to evict:
+    all pinned) gets a buffer past the budget, counted; values stay right."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from offload_agent.cache import TensorCache
+    from offload_agent.stats import CacheStats
+
+    dev = CpuDevice()
+    fast = SlabPool("gpu", dev.alloc_fast, budget=3 * ALIGN)
+    fast.build({ALIGN: 1, 2 * ALIGN: 1})
+    host = SlabPool("host", dev.alloc_host, budget=3 * ALIGN)
+    host.build({ALIGN: 3})
+    specs = [TensorSpec(f"t{i}", (ALIGN // 4,), torch.float32, "param") for i in range(3)]
+    stats = CacheStats()
+    with ThreadPoolExecutor(1) as io:
+        cache = TensorCache(
+            device=dev, fast=fast, host=host, store=None, io=io, policy=OnDemandPolicy(),
+            stats=stats,
+        )  # fmt: skip
+        values = [torch.full((ALIGN // 4,), float(i)) for i in range(3)]
+        cache.install(
+            zip(specs, values, strict=True),
+            {s.tensor_id: Tier.HOST for s in specs},
+            {s.tensor_id: ALIGN for s in specs},
+        )
+        views = [cache.use(s.tensor_id) for s in specs]
+        sizes = [cache.residency[s.tensor_id].fast_slot.size_class for s in specs]  # type: ignore[union-attr]
+        assert sorted(sizes) == [ALIGN, ALIGN, 2 * ALIGN]
+        assert fast.overflow_bytes == ALIGN and stats.overflow_bytes == ALIGN
+        for i, v in enumerate(views):
+            assert torch.equal(v, values[i])
+        for s in specs:
+            cache.release(s.tensor_id)
+        # unpinned now: a fourth use evicts instead of growing again
+        assert torch.equal(cache.use("t0"), values[0])
+        assert fast.overflow_bytes == ALIGN

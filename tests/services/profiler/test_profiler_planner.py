@@ -59,6 +59,29 @@ def test_hand_solved_plan() -> None:
     check_plan(plan, profile, Budgets(fast, host))
 
 
+def test_many_sizes_merge_into_fewer_classes_rather_than_refuse() -> None:
+    """ResNet's shape: eight sizes, each half the next, three tensors each (a
+    parameter and its two states), one step's order. At 1.34x merging every
+    size is its own class and the floors alone (3 buffers each) need
+    3 x (sum of the sizes) ~ 6 x the largest; a budget of 4.5 x the largest
+    must still plan, with a prefetch lead: into fewer classes, within the
+    budget, and checked."""
+    sizes = [(1 << 20) >> i for i in range(8)]
+    tensors = [(f"s{i}k{k}", n, "float32", kind) for i, n in enumerate(sizes)
+               for k, kind in enumerate(("param", "exp_avg", "exp_avg_sq"))]  # fmt: skip
+    order = [t[0] for t in tensors]
+    profile = TensorProfile(job_id="j", tensors=tensors, order=order)
+    budgets = Budgets(int(4.5 * (1 << 20)), 0)
+    floors_apart = 3 * sum(_class(n) for n in sizes)
+    assert floors_apart > budgets.fast  # what a 1.34x merge would need for floors
+    plan = build_plan(profile, budgets, window=1)
+    assert plan.merge > MERGE and plan.window == 1
+    check_plan(plan, profile, budgets)
+    bufcls = buffer_classes(plan, dict((t, n) for t, n, _d, _k in tensors))
+    for t, n, _d, _k in tensors:
+        assert _class(n) <= bufcls[t] <= _class(n) * plan.merge
+
+
 # The test's own reading of the planner docstring (not the planner's helpers):
 # a size class is the bytes rounded up to ALIGN; a streamed buffer class keeps
 # in use a parameter's optimizer step (the parameter and each kind of state,
@@ -177,7 +200,7 @@ def test_plans_respect_every_budget(case: tuple[TensorProfile, Budgets, int, flo
     # streams, the in-use floor plus its accesses in any `window` streamed ones.
     bufcls = buffer_classes(plan, sizes)
     for t in streamed:
-        assert cls[t] <= bufcls[t] <= cls[t] * MERGE
+        assert cls[t] <= bufcls[t] <= cls[t] * plan.merge
     seq = [bufcls[t] for t in profile.order if t in streamed]
     for c in set(cls.values()) | set(bufcls.values()):
         want = sum(1 for t in resident if cls[t] == c)
@@ -279,3 +302,35 @@ def test_one_buffer_of_lead_beats_no_prefetch_when_large_tensors_eat_the_budget(
     policy = PlanPolicy(plan.prefetch, plan.window)
     policy.begin_step()
     assert [t for t, _ in policy.upcoming()] == plan.prefetch[: plan.window]  # ahead of use
+
+
+@settings(max_examples=150)
+@given(
+    st.lists(st.sampled_from([1, 2, 3, 16, 64, 300]), min_size=1, max_size=40),
+    st.floats(0.0, 1.2),
+)
+def test_lru_layout_within_budget_and_enough_for_one_step(mults: list[int], frac: float) -> None:
+    """`lru`'s buffers: within the budget, never more of a class than it has
+    tensors, at least the in-use floor's worth of buffers as large as the
+    largest tensor that can be in use, every class served by a class at least
+    as large that has buffers, and a budget below the floor refused."""
+    from services.profiler.planner import lru_layout
+
+    classes = [ALIGN * m for m in mults]
+    by_class = Counter(classes)
+    largest = max(classes)
+    floor_n = in_use_floor(largest, 3)
+    need, floor_bytes = floor_n, 0
+    for c in sorted(by_class, reverse=True):  # the test's own reading of the cascade
+        take = min(need, by_class[c])
+        floor_bytes, need = floor_bytes + take * c, need - take
+    fast = floor_bytes + int(frac * (sum(classes) - floor_bytes))
+    layout, serve = lru_layout(classes, fast, 3)
+    assert sum(c * n for c, n in layout.items()) <= fast
+    assert all(0 < n <= by_class[c] for c, n in layout.items())
+    assert sum(layout.values()) >= min(floor_n, len(classes))
+    for c in by_class:
+        assert serve[c] >= c and serve[c] in layout
+    if floor_bytes > ALIGN:
+        with pytest.raises(ValueError, match="minimum"):
+            lru_layout(classes, floor_bytes - ALIGN, 3)
