@@ -68,27 +68,40 @@ def inversions(
     allocs: Sequence[Allocation],
     discipline: str,
     ctx: RoundContext | None = None,
+    fast: bool = True,
 ) -> int:
     """Jobs started while a job ahead of them in `jobs` stayed waiting although it
     fitted on what the jobs ahead of it left free (under `easy`: and starting it
-    there would not have delayed the reservation of the first waiting job)."""
+    there would not have delayed the reservation of the first waiting job).
+    `fast=False` walks the whole window and judges every waiting job (the tests
+    compare the two)."""
     by_job = {a.job_id: a for a in allocs}
     if not by_job:
         return 0
+    # only a started job can count, and only behind a waiting job that fitted: the walk
+    # ends at the last started job, and stops judging waiting jobs once one fitted
+    started = [i for i, j in enumerate(jobs) if j.job_id in by_job]
+    if not started or (fast and started[-1] + 1 == len(started)):
+        return 0  # the started jobs are the window's prefix: nothing waits ahead of them
+    last = started[-1] if fast else len(jobs) - 1
     left = _Left(nodes)
     ctx = ctx or RoundContext()
     res: Reservation | None = None
     ahead: list[Allocation] = []
     passed = False  # a waiting job that should have started is behind us
     count = 0
-    for job in jobs:
+    for job in jobs[: last + 1]:
         a = by_job.get(job.job_id)
         if a is not None:
             count += passed
+            if passed and fast:
+                continue  # every later start counts: what they take no longer matters
             left.take(a)
             if res is not None:
                 res.allows(a, ctx.now + job.est_run_s)
             ahead.append(a)
+            continue
+        if passed and fast:
             continue
         fits = left.fits(job)
         if fits and res is not None:

@@ -69,7 +69,8 @@ class GreedyState:
     """Free capacity being handed out one job at a time (a private copy of `nodes`)."""
 
     def __init__(self, nodes: Sequence[NodeFree], speed: Mapping[str, float]) -> None:
-        order = sorted(range(len(nodes)), key=lambda i: nodes[i].node_id)
+        names = [n.node_id for n in nodes]
+        order = sorted(range(len(nodes)), key=names.__getitem__)
         self.ids = [nodes[i].node_id for i in order]
         self.type = [nodes[i].gpu_type for i in order]
         self.free = [list(nodes[i].free_milli) for i in order]

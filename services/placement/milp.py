@@ -78,7 +78,7 @@ from __future__ import annotations
 import gc
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.placement.classes import index_classes
@@ -111,6 +111,33 @@ class MilpConfig:
     enumerate_single: bool = True
 
 
+# windows remembered by a reproducible MILP placer (the memo is emptied when full)
+MEMO_SIZE = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Memo:
+    """A solved window by positions: (job, ((node, GPU indices), ...), milli) per
+    allocation, job and node positions in the window and in the kept nodes."""
+
+    allocations: tuple[tuple[int, tuple[tuple[int, tuple[int, ...]], ...], int], ...]
+    status: str
+    objective: float | None
+    extra: dict[str, float]
+
+    @classmethod
+    def of(cls, r: PlacementResult, jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> _Memo:
+        jpos = {j.job_id: i for i, j in enumerate(jobs)}
+        npos = {n.node_id: i for i, n in enumerate(nodes)}
+        allocs = tuple(
+            (jpos[a.job_id], tuple((npos[n], idx) for n, idx in a.gpus), a.gpu_milli)
+            for a in r.allocations
+        )
+        timing = ("build_ms", "cpsat_ms")
+        extra = {k: v for k, v in r.extra.items() if k not in timing}
+        return cls(allocs, r.status, r.objective, extra)
+
+
 class MilpPlacer:
     """The CP-SAT placer. `workload` is the fragmentation target (default: the window)."""
 
@@ -126,6 +153,11 @@ class MilpPlacer:
         self._pens: dict[object, dict[tuple[str, tuple[int, ...]], int]] = {}
         self._charge: Callable[[JobRequest, str], int] | None = None  # place_charged's
         self._contention: Contention | None = None  # place_charged's
+        # reproducible solves by their inputs, names left out (_memo_key): a window seen
+        # before gets the answer the solve gave it, renamed
+        self._memo: dict[Hashable, _Memo] = {}
+        self.memo_hits = 0  # windows answered from the memo
+        self._workloads: dict[tuple[tuple[int, int, frozenset[str]], ...], Workload] = {}
 
     def scorer(
         self,
@@ -136,7 +168,7 @@ class MilpPlacer:
     ) -> Scorer:
         """The objective this placer optimises for a window, over its relevant nodes
         (over all of `nodes` when not `reduce`)."""
-        workload = self.workload or Workload.of(jobs)
+        workload = self.workload or self._workload_of(jobs)
         free_by_type: dict[str, float] = {}
         for n in nodes:
             free_by_type[n.gpu_type] = free_by_type.get(n.gpu_type, 0.0) + sum(n.free_milli)
@@ -144,6 +176,17 @@ class MilpPlacer:
         kept = relevant_nodes(jobs, nodes) if reduce else nodes
         w = self.config.weights
         return Scorer(jobs, kept, speed, w, workload, pressure, self._charge, self._contention)
+
+    def _workload_of(self, jobs: Sequence[JobRequest]) -> Workload:
+        """Workload.of(jobs), one per window composition (its fragmentation tables
+        are filled once, not per call)."""
+        key = tuple((j.num_gpus, j.gpu_milli, j.gpu_types) for j in jobs)
+        got = self._workloads.get(key)
+        if got is None:
+            if len(self._workloads) >= MEMO_SIZE:
+                self._workloads.clear()
+            got = self._workloads[key] = Workload.of(jobs)
+        return got
 
     def place_charged(
         self,
@@ -201,6 +244,53 @@ class MilpPlacer:
             )
         scorer = self.scorer(jobs, nodes, speed)
         nodes = scorer.nodes
+        key = self._memo_key(jobs, scorer, speed)
+        if key is not None and key in self._memo:
+            self.memo_hits += 1
+            return self._recall(self._memo[key], jobs, nodes, t0)
+        result = self._solve(jobs, nodes, speed, scorer, t0)
+        if key is not None:
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = _Memo.of(result, jobs, nodes)
+        return result
+
+    def _memo_key(
+        self, jobs: Sequence[JobRequest], scorer: Scorer, speed: Mapping[str, float]
+    ) -> Hashable | None:
+        """What a reproducible solve of this window depends on, node and job names left
+        out: job shapes and weights by window position, the kept nodes' types and free
+        GPUs in name order, each type's pressure, the speeds. None: not memoised (the
+        wall-clock budget, or a per-job charge)."""
+        if self.config.deterministic_time is None or self._charge is not None:
+            return None
+        return (
+            tuple((j.num_gpus, j.gpu_milli, j.gpu_types, j.weight) for j in jobs),
+            tuple((n.gpu_type, n.free_milli) for n in scorer.nodes),
+            tuple(sorted(scorer.pressure.items())),
+            tuple(sorted(speed.items())),
+        )
+
+    def _recall(
+        self, memo: _Memo, jobs: Sequence[JobRequest], nodes: Sequence[NodeFree], t0: float
+    ) -> PlacementResult:
+        allocs = tuple(
+            Allocation(jobs[j].job_id, tuple((nodes[n].node_id, idx) for n, idx in parts), milli)
+            for j, parts, milli in memo.allocations
+        )
+        ms = (time.perf_counter() - t0) * 1e3
+        extra = {**memo.extra, "memo": 1.0}
+        return PlacementResult(allocs, ms, memo.status, memo.objective, extra)
+
+    def _solve(
+        self,
+        jobs: Sequence[JobRequest],
+        nodes: Sequence[NodeFree],
+        speed: Mapping[str, float],
+        scorer: Scorer,
+        t0: float,
+    ) -> PlacementResult:
+        cfg = self.config
         single, multi = _split(jobs, nodes)
         classes = index_classes(nodes)
         self.cycles += 1
@@ -279,28 +369,35 @@ def _best_single(
     optimum; ties go to the first in node order."""
     best: tuple[int, Allocation] | None = None
     seen: set[tuple[str, tuple[int, ...], int]] = set()
-    gain = {t: scorer.value(0, t) - scorer.type_pen(0, t) for t in {n.gpu_type for n in nodes}}
+    shapes: set[tuple[str, tuple[int, ...]]] = set()  # whole-GPU job: node shapes scored
+    gain: dict[str, int] = {}
+    k, milli = job.num_gpus, job.gpu_milli
     for n in nodes:
-        if not job.allows(n.gpu_type):
+        t, free = n.gpu_type, n.free_milli
+        if not job.allows(t):
             continue
         options: list[tuple[int, tuple[int, ...]]] = []  # (free of the GPU taken, GPUs)
-        if job.gpu_milli < FULL_GPU:
-            options = [(f, (g,)) for g, f in enumerate(n.free_milli) if f >= job.gpu_milli]
-        else:
-            idx = tuple(g for g, f in enumerate(n.free_milli) if f >= FULL_GPU)[: job.num_gpus]
-            if len(idx) == job.num_gpus:
+        if milli < FULL_GPU:
+            options = [(f, (g,)) for g, f in enumerate(free) if f >= milli]
+        else:  # one place per node shape: the first whole free GPUs
+            if (t, free) in shapes:
+                continue
+            shapes.add((t, free))
+            idx = tuple(g for g, f in enumerate(free) if f >= FULL_GPU)[:k]
+            if len(idx) == k:
                 options = [(0, idx)]
         for key, idx in options:
-            if (n.gpu_type, n.free_milli, key) in seen:
+            if (t, free, key) in seen:
                 continue
-            seen.add((n.gpu_type, n.free_milli, key))
-            row = list(n.free_milli)
+            seen.add((t, free, key))
+            row = list(free)
             for g in idx:
-                row[g] -= job.gpu_milli
-            value = gain[n.gpu_type] - _pen(n.gpu_type, tuple(row), scorer, pens)
-            value += _pen(n.gpu_type, n.free_milli, scorer, pens)
+                row[g] -= milli
+            if t not in gain:
+                gain[t] = scorer.value(0, t) - scorer.type_pen(0, t)
+            value = gain[t] - _pen(t, tuple(row), scorer, pens) + _pen(t, free, scorer, pens)
             if best is None or value > best[0]:
-                best = (value, Allocation(job.job_id, ((n.node_id, idx),), job.gpu_milli))
+                best = (value, Allocation(job.job_id, ((n.node_id, idx),), milli))
     return [] if best is None else [best]
 
 
@@ -321,7 +418,7 @@ def _split(jobs: Sequence[JobRequest], nodes: Sequence[NodeFree]) -> tuple[list[
     """Window positions of single-node candidates, and of multi-node jobs."""
     max_whole: dict[str, int] = {}
     for n in nodes:
-        max_whole[n.gpu_type] = max(max_whole.get(n.gpu_type, 0), n.whole_free)
+        max_whole[n.gpu_type] = max(max_whole.get(n.gpu_type, 0), n.free_milli.count(FULL_GPU))
     single: list[int] = []
     multi: list[int] = []
     for j, job in enumerate(jobs):

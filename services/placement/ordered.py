@@ -56,6 +56,7 @@ def choose(
     discipline: str,
     ctx: RoundContext | None = None,
     pack: Callable[[list[JobRequest]], list[Allocation] | None] | None = None,
+    fast: bool = True,
 ) -> tuple[list[Allocation], int | None, float]:
     """Which window jobs start, with the sequential placement that proves they fit.
 
@@ -63,6 +64,7 @@ def choose(
     first job that could not start; None if all started) and the head's reservation
     time under `easy` (inf otherwise, or when nothing is reserved). `pack`, if given,
     places a list of jobs all together or answers None (the prefix packing above).
+    `fast=False` judges every job behind the head afresh (the tests compare the two).
     """
     state = GreedyState(nodes, speed)
     tried = pack is None
@@ -70,11 +72,21 @@ def choose(
     head: int | None = None
     res: Reservation | None = None
     now = ctx.now if ctx is not None else 0.0
+    # behind the head, the kinds of job refused since the last start: nothing they were
+    # judged on has changed, so another job of the kind is refused too (exact, and what
+    # keeps a window of a hundred refused backfills cheap)
+    refused: set[tuple[int, int, frozenset[str], bool]] = set()
     for pos, job in enumerate(jobs):
         if head is not None and discipline == "strict":
             break
         if head is not None and res is not None and res.at == float("inf"):
             res = None  # nothing would ever free the head's GPUs: plain backfill
+        key = None
+        if head is not None and fast:
+            late = res is not None and now + job.est_run_s > res.at
+            key = (job.num_gpus, job.gpu_milli, job.gpu_types, late)
+            if key in refused:
+                continue
         if res is None:
             a = state.place(job)
         elif not state.fits(job):
@@ -83,6 +95,10 @@ def choose(
             a = _backfill(job, state, res, now)
         if a is not None:
             out.append(a)
+            refused.clear()
+            continue
+        if key is not None:
+            refused.add(key)
             continue
         if not tried and head is None and _worth_packing(job, jobs[:pos], state, out):
             tried = True

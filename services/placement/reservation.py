@@ -37,10 +37,13 @@ class Reservation:
         self.node_type = {**ctx.node_type, **node_type}
         # free milli per node and GPU at `at`: what is free now plus the releases before it
         self.free: dict[str, list[int]] = {n: list(row) for n, row in free.items()}
-        self.whole = 0  # whole free GPUs at `at` of the types the head may use
-        for n, row in self.free.items():
-            if head.allows(self.node_type.get(n, "")):
-                self.whole += row.count(FULL_GPU)
+        # whole free GPUs at `at` of the types the head may use
+        if head.gpu_types:
+            allows, types = head.allows, self.node_type
+            rows = (row for n, row in self.free.items() if allows(types.get(n, "")))
+            self.whole = sum(row.count(FULL_GPU) for row in rows)
+        else:
+            self.whole = sum(row.count(FULL_GPU) for row in self.free.values())
         now = ctx.now
         mine = sorted(((now + est.get(a.job_id, 0.0), a) for a in started), key=_first)
         theirs = ((max(r.time_s, now), r.alloc) for r in ctx.releases)  # in time order

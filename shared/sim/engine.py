@@ -19,6 +19,10 @@ thousands cheap, and changes no result:
   queue), none of them fits alone, and the policy's order does not drift with
   time: every older window job already failed against the same free GPUs.
 
+Under `easy`, a round also leaves out the jobs behind the head that the head's
+reservation refuses whatever else starts (`_reservation`): most of a loaded
+window, every round.
+
 Deterministic: ties are broken by submit order, never by hashing or the clock;
 only `placement_ms` (wall time of each solve) differs between identical runs.
 """
@@ -179,6 +183,8 @@ class Simulator:
         self.release_keys: list[tuple[float, int]] = []
         self.releases: dict[int, Release] = {}
         self.head_id: str | None = None  # the head of the last round's window (EASY)
+        self._reqs: dict[int, JobRequest] = {}  # waiting job -> its last window request
+        self._est: dict[tuple[str, int], float] = {}  # (who, GPUs) -> estimate until a finish
         self.node_type = {n.node_id: n.gpu_type for n in cluster.nodes}
         # a full collection scans every live job: only for placers that leave garbage cycles
         self._collect = bool(getattr(placer, "leaves_cycles", False))
@@ -315,8 +321,7 @@ class Simulator:
             cands = self._candidates()
         if not cands:
             return
-        est = self.history.estimate if self.easy else None
-        reqs = window_requests(cands, est)
+        reqs = self._requests(cands)
         by_id = {j.job_id: j for j in cands}
         ctx = self._context(now)
         nodes = self.state.free_nodes()
@@ -350,6 +355,25 @@ class Simulator:
         if started and self.waiting.count:
             self.settled = False  # jobs past the part of the window read may now be in it
 
+    def _requests(self, cands: Sequence[QueuedJob]) -> list[JobRequest]:
+        """The round's candidates as JobRequests in window order, scored by rank (the
+        first gets the window size K, the next K - 1, ...), with run-time estimates from
+        history under EASY. A job's request is made again only when its rank or its
+        estimate changed since the last round it was in."""
+        k = self.config.window
+        cache, easy = self._reqs, self.easy
+        out = []
+        for r, j in enumerate(cands):
+            e = self._estimate(j) if easy else 0.0
+            score = float(k - r)
+            req = cache.get(j.seq)
+            if req is None or req.score != score or req.est_run_s != e:
+                req = cache[j.seq] = JobRequest(
+                    j.job_id, j.num_gpus, j.gpu_milli, j.gpu_types, j.weight, score, e
+                )
+            out.append(req)
+        return out
+
     def _context(self, now: float) -> RoundContext | None:
         """Running jobs' expected releases, for EASY's reservation."""
         if not self.easy:
@@ -382,28 +406,85 @@ class Simulator:
         budget, exact = st.whole_total, True
         strict = self.config.discipline == "strict"
         head = not self.easy  # under easy: the head is still to be found
+        # under easy, once the head is an untyped whole-GPU job behind exactly counted
+        # ones: its reservation time, the GPUs spare at it, and whether `budget` and
+        # `spare` still count exactly what the backfills kept so far leave (they do
+        # while every kept one is an untyped whole-GPU job; after that, upper bounds)
+        reserved, at, spare, tracked = False, 0.0, 0, False
+        now = self.obs.now
         out = []
         for j in self.policy.window(self.config.window, self.obs):
             if limits and not self._queue_allows(j):
                 continue
-            if j.gpu_types or (j.gpu_milli < FULL_GPU and j.num_gpus == 1):
+            typed_or_share = bool(j.gpu_types) or (j.gpu_milli < FULL_GPU and j.num_gpus == 1)
+            if typed_or_share:
                 ok = fits(j.num_gpus, j.gpu_milli, j.gpu_types)
                 exact = False
             else:
                 ok = j.num_gpus <= budget
                 if ok and exact:
                     budget -= j.num_gpus
+            if ok and reserved and j.gpu_milli >= FULL_GPU:
+                # a backfill: EASY refuses it if it runs past the reservation on GPUs
+                # the head needs (the spare GPUs only shrink), else starts it if it fits
+                late = now + self._estimate(j) > at
+                if late and j.num_gpus > spare:
+                    continue
+                if tracked and not typed_or_share:
+                    budget -= j.num_gpus
+                    spare -= j.num_gpus if late else 0
             if ok:
                 out.append(j)
+                tracked &= not typed_or_share
             elif strict:
                 break  # nothing passes a job that cannot start
             elif not head:
+                if exact and not j.gpu_types and j.gpu_milli >= FULL_GPU:
+                    got = self._reservation(j, out, budget)
+                    if got is not None:
+                        (at, spare), reserved, tracked = got, True, True
                 out.append(j)
                 head = True
                 exact = False  # a backfill refused for the reservation takes nothing
             if budget <= 0 and not st.partial and head:
                 break  # no whole GPU left for anyone, no shared GPU with room
         return out
+
+    def _reservation(
+        self, head: QueuedJob, ahead: Sequence[QueuedJob], whole: int
+    ) -> tuple[float, int] | None:
+        """The reservation EASY will give `head`, an untyped whole-GPU job, when every
+        job `ahead` of it starts (untyped whole-GPU jobs that `whole`, the whole free
+        GPUs left after them, counts exactly): the time its GPUs come back and how many
+        whole GPUs beyond its own are expected free then. The same walk as
+        services.placement.reservation (running jobs' releases and the jobs ahead at
+        now + estimate, in time order, ties alike) on counts. A job behind the head
+        that ends after that time and needs more than the spare GPUs is refused there
+        whatever else starts (the spare only shrinks), so the round need not carry it.
+        None: no reservation (its GPUs never come back) or a share is released first."""
+        now = self.obs.now
+        mine = sorted(((now + self._estimate(a), a.num_gpus) for a in ahead), key=_first)
+        theirs = (
+            (max(r.time_s, now), sum(len(g) for _, g in r.alloc.gpus))
+            if r.alloc.gpu_milli >= FULL_GPU
+            else (max(r.time_s, now), -1)
+            for r in _Releases(self.release_keys, self.releases)
+        )
+        for t, gpus in heapq.merge(theirs, mine, key=_first):
+            if gpus < 0:
+                return None
+            whole += gpus
+            if whole >= head.num_gpus:
+                return t, whole - head.num_gpus
+        return None
+
+    def _estimate(self, j: QueuedJob) -> float:
+        """History's run-time estimate of `j`, once per (user, size) between finishes."""
+        key = (j.user or j.vc, j.num_gpus)  # QueuedJob.who, inline: called per candidate
+        e = self._est.get(key)
+        if e is None:
+            e = self._est[key] = self.history.estimate(j)
+        return e
 
     def _queue_allows(self, job: QueuedJob) -> bool:
         q = self.cluster.queues.get(self.cluster.queue_of(job.vc))
@@ -422,6 +503,7 @@ class Simulator:
             insort(self.release_keys, (end, job.seq))
         self.policy.remove(job)
         self.waiting.remove(job)
+        self._reqs.pop(job.seq, None)
         st = self.state
         types = sorted({st.node_type[i] for i, _ in claim})
         run.claim, run.seg_start = claim, now
@@ -476,6 +558,7 @@ class Simulator:
         run.work = 0.0
         run.epoch += 1  # its pending threshold checks are stale now
         self.history.record(job, sum(s.finish_s - s.start_s for s in run.segments))
+        self._est.clear()  # estimates learn from every finish
 
     def _stop(self, run: _Run, now: float) -> None:
         """End the current segment of a running job and give back its GPUs."""
@@ -519,6 +602,10 @@ class Simulator:
         )
 
 
+def _first(e: tuple[float, int]) -> float:
+    return e[0]
+
+
 def _parts(claim: Claim) -> list[tuple[int, int]]:
     """(node index, GPUs) of a claim."""
     return [(i, len(g)) for i, g in claim]
@@ -540,34 +627,3 @@ class _Releases(Collection[Release]):
 
     def __contains__(self, item: object) -> bool:
         return any(r == item for r in self)
-
-
-def window_requests(
-    window: Sequence[QueuedJob], estimate: Callable[[QueuedJob], float] | None = None
-) -> list[JobRequest]:
-    """JobRequests in window order, scored by rank (first = highest score), with
-    run-time estimates from `estimate` (history) when given."""
-    n = len(window)
-    if estimate is not None:  # jobs of one user and size share an estimate: once per round
-        memo: dict[tuple[str, int], float] = {}
-        plain = estimate
-
-        def estimate(j: QueuedJob) -> float:
-            key = (j.who, j.num_gpus)
-            v = memo.get(key)
-            if v is None:
-                v = memo[key] = plain(j)
-            return v
-
-    return [
-        JobRequest(
-            j.job_id,
-            j.num_gpus,
-            j.gpu_milli,
-            j.gpu_types,
-            j.weight,
-            float(n - r),
-            estimate(j) if estimate is not None else 0.0,
-        )
-        for r, j in enumerate(window)
-    ]

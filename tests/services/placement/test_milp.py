@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import strategies as st
 
 from services.placement import milp_model
 from services.placement.checker import violations
@@ -20,7 +21,7 @@ from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
 from shared.traces import SkipStats
 from shared.traces.alibaba2023 import read_alibaba2023
 from tests.paths import ALIBABA_2023
-from tests.services.placement.strategies import jobs, nodes
+from tests.services.placement.strategies import gpu_free, jobs, nodes
 
 SPEED = {"A": 1.0, "B": 2.0}
 TRACES = ALIBABA_2023
@@ -246,3 +247,49 @@ def test_one_job_scored_by_enumeration_equals_the_model(
     assert violations(window, cluster, fast.allocations) == []
     scorer = MilpPlacer().scorer(window, cluster, SPEED, reduce=False)
     assert fast.objective == scorer.evaluate(fast.allocations)
+
+
+def _renamed(
+    window: list[JobRequest], cluster: list[NodeFree], tag: str
+) -> tuple[list[JobRequest], list[NodeFree]]:
+    """The same window and cluster under other names (node names keep their order)."""
+    jobs_ = [
+        JobRequest(f"{tag}{j.job_id}", j.num_gpus, j.gpu_milli, j.gpu_types, j.weight)
+        for j in window
+    ]
+    return jobs_, [NodeFree(f"{tag}{n.node_id}", n.gpu_type, n.free_milli) for n in cluster]
+
+
+@st.composite
+def states(draw: st.DrawFn) -> list[tuple[list[NodeFree], list[JobRequest]]]:
+    """Rounds on one cluster: its free GPUs drawn afresh each round, the window one of
+    two (so that windows and shapes recur, as in a simulation)."""
+    skeleton = draw(nodes(max_nodes=5))
+    windows = [draw(jobs(max_jobs=5)), draw(jobs(max_jobs=5))]
+    out = []
+    for _ in range(draw(st.integers(1, 6))):
+        cluster = [
+            NodeFree(n.node_id, n.gpu_type, tuple(draw(gpu_free()) for _ in n.free_milli))
+            for n in skeleton
+        ]
+        out.append((cluster, draw(st.sampled_from(windows))))
+    return out
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(states())
+def test_memoised_answers_equal_fresh_solves(
+    rounds: list[tuple[list[NodeFree], list[JobRequest]]],
+) -> None:
+    """A reproducible placer that remembers solved windows (by shapes, names left out)
+    answers each window, seen before under other names or not, exactly as a placer
+    solving it afresh: same GPUs for the same jobs, same status and objective."""
+    memo = MilpPlacer(MilpConfig(deterministic_time=0.05))
+    for i, (cluster, window) in enumerate(rounds * 2):
+        window, cluster = _renamed(window, cluster, f"r{i}.")
+        got = memo.place(window, cluster, SPEED)
+        want = MilpPlacer(MilpConfig(deterministic_time=0.05)).place(window, cluster, SPEED)
+        assert got.allocations == want.allocations
+        assert (got.status, got.objective) == (want.status, want.objective)
+        if i >= len(rounds) and "enumerated" not in want.extra:
+            assert got.extra.get("memo") == 1.0  # the second pass is remembered

@@ -8,8 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.placement.checker import inversions, violations
+from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpConfig, MilpPlacer
-from services.placement.ordered import OrderedPlacer
+from services.placement.ordered import OrderedPlacer, choose
 from services.placement.registry import PLACERS
 from shared.placement_api import (
     DISCIPLINES,
@@ -130,3 +131,70 @@ def test_milp_packs_a_longer_prefix_than_greedy() -> None:
     milp = OrderedPlacer(make("milp"), "strict").place(window, cluster, {})
     got = {a.job_id: a.gpus for a in milp.allocations}
     assert got == {"two": (("a", (0, 1)),), "four": (("b", (0, 1, 2, 3)),)}
+
+
+@st.composite
+def repetitive(draw: st.DrawFn) -> list[JobRequest]:
+    """A window drawn from a few job kinds, so kinds recur behind the head (as in a
+    queue of a real trace), with run-time estimates."""
+    kinds = draw(jobs(max_jobs=4))
+    n = draw(st.integers(1, 24))
+    out = []
+    for i in range(n):
+        k = draw(st.sampled_from(kinds))
+        est = float(draw(st.integers(1, 600)))
+        out.append(JobRequest(f"w{i}", k.num_gpus, k.gpu_milli, k.gpu_types, k.weight, 0.0, est))
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes(), repetitive(), busy(), st.sampled_from(DISCIPLINES))
+def test_choose_shortcut_equals_the_plain_walk(
+    cluster: list[NodeFree],
+    window: list[JobRequest],
+    full: tuple[list[NodeFree], RoundContext],
+    discipline: str,
+) -> None:
+    """Behind the head, a kind refused since the last start is refused again without
+    being judged: the same jobs start, on the same GPUs, as when every one is judged."""
+    all_nodes, ctx = cluster + full[0], full[1]
+    fast = choose(window, all_nodes, SPEED, discipline, ctx)
+    plain = choose(window, all_nodes, SPEED, discipline, ctx, fast=False)
+    assert fast == plain
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes(), repetitive(), busy(), st.sampled_from(DISCIPLINES), st.data())
+def test_inversions_shortcut_equals_the_plain_walk(
+    cluster: list[NodeFree],
+    window: list[JobRequest],
+    full: tuple[list[NodeFree], RoundContext],
+    discipline: str,
+    data: st.DataObject,
+) -> None:
+    """The checker's walk, cut at the last started job and no longer judging waiting
+    jobs once one fitted, counts what the whole walk counts, on placements that keep
+    the order and on placements that break it (a random subset placed greedily)."""
+    all_nodes, ctx = cluster + full[0], full[1]
+    subset = data.draw(st.permutations(window)).copy()[: data.draw(st.integers(0, len(window)))]
+    for allocs in (greedy_allocations(subset, all_nodes), choose(window, all_nodes, SPEED,
+                                                                 discipline, ctx)[0]):  # fmt: skip
+        fast = inversions(window, all_nodes, allocs, discipline, ctx)
+        assert fast == inversions(window, all_nodes, allocs, discipline, ctx, fast=False)
+
+
+def test_refused_for_the_reservation_is_not_refused_for_fitting() -> None:
+    """A 2-GPU job that would run past the 8-GPU head's reservation is refused; the next
+    2-GPU job ends before it and starts: the shortcut tells the two apart."""
+    cluster = [NodeFree("free", "A", (FULL_GPU,) * 4), NodeFree("busy", "A", (0,) * 4)]
+    ctx = RoundContext(100.0, [Release(300.0, Allocation("r", (("busy", (0, 1, 2, 3)),)))])
+    window = [
+        JobRequest("head", 8, est_run_s=10.0),
+        JobRequest("long", 2, est_run_s=500.0),
+        JobRequest("short", 2, est_run_s=50.0),
+        JobRequest("long2", 2, est_run_s=400.0),
+    ]
+    for fast in (True, False):
+        allocs, head, at = choose(window, cluster, SPEED, "easy", ctx, fast=fast)
+        assert [a.job_id for a in allocs] == ["short"]
+        assert (head, at) == (0, 300.0)

@@ -116,3 +116,35 @@ def test_easy_with_a_wrong_estimate_slips_the_reservation() -> None:
     assert s["V"] == 220.0 and s["L"] == 370.0
     assert all(s[f"U{k}"] >= 1370.0 for k in range(1, 6))
     assert r.priority_inversions == 0
+
+
+def test_easy_backfills_a_short_job_and_a_late_one_on_the_spare_gpus() -> None:
+    """Hand-solved EASY round. History: user s ran 5 s, user l 5,000 s, so an unknown
+    user is estimated at their mean, 2,502.5 s. A (4 of 8 GPUs) starts at 6,000 and is
+    expected back at 8,502.5; H (6 GPUs) arrives at 6,010, cannot start and reserves
+    8,502.5, when 8 GPUs are expected free: 2 spare. S (2 GPUs, estimated 5 s) ends
+    before the reservation: it starts. L (2 GPUs, estimated 5,000 s) runs past it, on
+    the 2 spare GPUs (S's do not count against the spare): it starts too. M (1 GPU,
+    late) finds no GPU free. When S ends (6,015) M would run past the reservation on
+    GPUs H needs (L is expected to hold its 2 until 11,010: no spare); when L ends
+    (6,110) 2 are spare again and M starts."""
+    eight = parse_cluster(
+        {"nodes": [{"name": "n", "gpu_type": "P100", "gpus": 8}], "reference": "P100"}
+    )
+    jobs = [
+        TraceJob("W", 0.0, 5000.0, 1, user="l"),
+        TraceJob("Q", 0.0, 5.0, 1, user="s"),
+        TraceJob("A", 6000.0, 100_000.0, 4, user="a"),
+        TraceJob("H", 6010.0, 10.0, 6, user="h"),
+        TraceJob("S", 6010.0, 5.0, 2, user="s"),
+        TraceJob("L", 6010.0, 100.0, 2, user="l"),
+        TraceJob("M", 6010.0, 100.0, 1, user="l"),
+    ]
+    want = {"S": 6010.0, "L": 6010.0, "M": 6110.0}
+    for exhaustive in (False, True):
+        config = SimConfig(discipline="easy", exhaustive=exhaustive)
+        r = simulate(jobs, eight, make_policy("fifo"), make_placer("greedy"), config)
+        got = starts(r)
+        assert {k: got[k] for k in want} == want
+        assert got["H"] == 106_000.0  # when A ends (its estimate was wrong: it slipped)
+        assert r.priority_inversions == 0
