@@ -23,14 +23,13 @@ from shared.cluster import parse_cluster
 from shared.policy_api import History, OracleContext, Policy, PolicyContext, policy_context
 from shared.policy_features import GLOBAL_FEATURES, JOB_FEATURES
 from shared.sim import SimConfig, simulate
-from shared.traces import TraceJob
+from tests.shared.canary_trace import SHORT_END, canary_trace
 
 CLUSTER = parse_cluster(
     {"reference": "P100",
      "nodes": [{"name": "p", "count": 1, "gpu_type": "P100", "gpus": 4},
                {"name": "k", "count": 1, "gpu_type": "K80", "gpus": 2}]}
 )  # fmt: skip
-SHORT_END = 10_200.0  # no rescaled job can finish before this
 
 
 def _rl() -> RLPolicy:
@@ -64,7 +63,7 @@ def test_only_oracles_are_handed_run_times(name: str) -> None:
         reset(ctx)
 
     policy.reset = spy  # type: ignore[method-assign]
-    simulate(_trace(None), CLUSTER, policy, make_placer("greedy"), SimConfig(window=16))
+    simulate(canary_trace(None), CLUSTER, policy, make_placer("greedy"), SimConfig(window=16))
     assert len(seen) == 1
     assert isinstance(seen[0], OracleContext) is policy.oracle
     assert hasattr(seen[0], "true_run_s") is policy.oracle
@@ -78,24 +77,8 @@ def test_an_oracle_without_run_times_is_refused() -> None:
         policy.reset(policy_context(policy, CLUSTER, History(), 0, None))
 
 
-def _trace(scale: np.ndarray | None) -> list[TraceJob]:
-    """10 short jobs that finish (history), then 30 long ones that queue; `scale`
-    multiplies the long ones' durations (none finishes before SHORT_END)."""
-    short = [TraceJob(f"s{i}", float(i), 100.0, 1, vc="ab"[i % 2]) for i in range(10)]
-    rng = np.random.default_rng(1)
-    long = []
-    for i in range(30):
-        d = 10_000.0 + float(rng.integers(0, 5000))
-        if scale is not None:
-            d *= float(scale[i])
-        long.append(
-            TraceJob(f"l{i}", 200.0 + 7 * i, d, int(rng.choice([1, 2, 4])), vc="abc"[i % 3])
-        )
-    return short + long
-
-
 def _early_starts(name: str, scale: np.ndarray | None) -> dict[str, float]:
-    res = simulate(_trace(scale), CLUSTER, _policy(name), make_placer("greedy"), SimConfig())
+    res = simulate(canary_trace(scale), CLUSTER, _policy(name), make_placer("greedy"), SimConfig())
     return {
         r.job_id: r.segments[0].start_s
         for r in res.records

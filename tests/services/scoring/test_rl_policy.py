@@ -23,7 +23,7 @@ from shared.policy_features import GLOBAL_FEATURES, JOB_FEATURES
 from shared.sim import SimConfig, simulate
 from shared.sim.observe import SimObservation, WaitingIndex
 from shared.sim.state import ClusterState
-from shared.traces import TraceJob
+from tests.shared.canary_trace import canary_trace
 
 CLUSTER = parse_cluster(
     {"reference": "P100",
@@ -90,22 +90,6 @@ def test_a_long_queue_shows_every_group() -> None:
 # ---- it never sees a job's true run time ------------------------------------------------
 
 
-def _trace(scale: np.ndarray | None) -> list[TraceJob]:
-    """10 short jobs that finish (history), then 30 long ones that queue; `scale`
-    multiplies the long ones' durations (none of them finishes before t = 10,200)."""
-    short = [TraceJob(f"s{i}", float(i), 100.0, 1, vc="ab"[i % 2]) for i in range(10)]
-    rng = np.random.default_rng(1)
-    long = []
-    for i in range(30):
-        d = 10_000.0 + float(rng.integers(0, 5000))
-        if scale is not None:
-            d *= float(scale[i])
-        long.append(
-            TraceJob(f"l{i}", 200.0 + 7 * i, d, int(rng.choice([1, 2, 4])), vc="abc"[i % 3])
-        )
-    return short + long
-
-
 class _Log:
     def __init__(self) -> None:
         self.rounds: list[tuple[float, list[int], np.ndarray]] = []
@@ -152,7 +136,7 @@ def _rounds(policy_cls: type[RLPolicy], scale: np.ndarray | None) -> list:
     policy = policy_cls(_net(3), JOB_FEATURES)
     log = _Log()
     policy.recorder = log
-    simulate(_trace(scale), CLUSTER, policy, make_placer("greedy"), SimConfig(window=128))
+    simulate(canary_trace(scale), CLUSTER, policy, make_placer("greedy"), SimConfig(window=128))
     return [r for r in log.rounds if r[0] < 10_200.0]
 
 

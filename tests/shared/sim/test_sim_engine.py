@@ -10,7 +10,6 @@ from services.placement.greedy import GreedyPlacer
 from services.scoring.policies import make_policy
 from shared.cluster import ClusterSpec, parse_cluster
 from shared.metrics import Segment
-from shared.policy_api import OracleContext, PolicyContext
 from shared.sim import SimConfig, SimResult, read_jobs_csv, simulate, write_jobs_csv
 from shared.traces import TraceJob
 
@@ -192,23 +191,3 @@ def test_same_seed_same_bytes(tmp_path: Path, policy: str) -> None:
     if policy == "random":
         write_jobs_csv(run(jobs, spec, policy, seed=8).records, tmp_path / "other.csv")
         assert (tmp_path / "other.csv").read_bytes() != paths[0]
-
-
-@pytest.mark.parametrize("name", ["fifo", "sjf-est", "smallest", "f1", "multifactor", "las",
-                                  "drf", "random", "sjf-oracle"])  # fmt: skip
-def test_only_an_oracle_is_handed_true_run_times(name: str) -> None:
-    """The simulator hands a policy the true run times only if it declares itself an
-    oracle: every other one gets a context with no such field to read."""
-    policy = make_policy(name)
-    seen: list[PolicyContext] = []
-    reset = policy.reset
-
-    def spy(ctx: PolicyContext) -> None:
-        seen.append(ctx)
-        reset(ctx)
-
-    policy.reset = spy  # type: ignore[method-assign]
-    simulate(THREE, ONE_GPU, policy, GreedyPlacer(), SimConfig())
-    (ctx,) = seen
-    assert isinstance(ctx, OracleContext) == policy.oracle == (name == "sjf-oracle")
-    assert hasattr(ctx, "true_run_s") == policy.oracle  # sjf-oracle's order: test above
