@@ -6,7 +6,6 @@ after several steps, skipped (inf/NaN) steps included, under every strategy."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,12 +24,6 @@ from services.profiler.planner import build_plan
 from tests.offload_agent.hf import Amp, Loop, amp_reference, build, data, freeze, loss_of
 
 pytest.importorskip("transformers")
-
-
-@pytest.fixture
-def io() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(2, thread_name_prefix="test-io") as pool:
-        yield pool
 
 
 def make(

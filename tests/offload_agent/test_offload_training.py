@@ -6,7 +6,6 @@ schedules and parameter groups, save / load / continue)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,12 +25,6 @@ from tests.offload_agent.hf import Loop, build, data, freeze, loss_of, torch_ref
 pytest.importorskip("transformers")
 
 STRATEGIES = ["none", "lru", "fixed", "tencache"]
-
-
-@pytest.fixture
-def io() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(2, thread_name_prefix="test-io") as pool:
-        yield pool
 
 
 def make(
