@@ -29,7 +29,7 @@ import torch
 from services.scoring.rl.args import Args
 from services.scoring.rl.policy import RLPolicy, Step
 from services.scoring.rl.rollout import make_batch
-from services.scoring.rl.train import ppo_update
+from services.scoring.rl.train import make_optimizer, ppo_update
 
 __all__ = ["Episode", "OnlineLearner"]
 
@@ -58,7 +58,7 @@ class OnlineLearner:
         self.max_steps = max_steps
         self.gen = torch.Generator().manual_seed(seed)
         self.policy = policy
-        self.opt = torch.optim.Adam(policy.net.parameters(), lr=self.args.learning_rate, eps=1e-5)
+        self.opt = make_optimizer(policy.net, self.args)
         self.current = Episode()
         self.done: list[Episode] = []
         self.updates = 0
@@ -68,9 +68,7 @@ class OnlineLearner:
     def attach(self, policy: RLPolicy) -> None:
         """Learn with `policy` (a newer checkpoint swapped in: a fresh optimiser)."""
         if policy is not self.policy:
-            self.opt = torch.optim.Adam(
-                policy.net.parameters(), lr=self.args.learning_rate, eps=1e-5
-            )
+            self.opt = make_optimizer(policy.net, self.args)
             self.current, self.done = Episode(), []
         self.policy = policy
         policy.sample = True  # on-policy: the rankings PPO credits are drawn, not argmax

@@ -48,7 +48,7 @@ from shared.sim import load_jobs
 from shared.sim.offload_jobs import describe_marking, mark_offloading
 from shared.traces import SkipStats, TraceJob
 
-__all__ = ["FEATURE_SETS", "Args", "IterationLog", "load_world", "train"]
+__all__ = ["FEATURE_SETS", "Args", "IterationLog", "load_world", "make_optimizer", "train"]
 
 WARM_START_LR = 3e-3
 LOSSES = ("policy", "value", "entropy", "kl", "clip", "warm_start")
@@ -109,6 +109,11 @@ def episode_specs(
         )
         for _ in range(count)
     ]
+
+
+def make_optimizer(net: torch.nn.Module, args: Args) -> torch.optim.Adam:
+    """The optimiser PPO updates a policy network with (training and `scoring --learn`)."""
+    return torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-5)
 
 
 def ppo_update(
@@ -260,14 +265,14 @@ def train(
                 f"not {args.features}"
             )
         net = ckpt.net
-        opt = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-5)
+        opt = make_optimizer(net, args)
         if ckpt.optimizer:
             opt.load_state_dict(ckpt.optimizer)
         start_iter = int(ckpt.state.get("iteration", 0))
         t_start -= float(ckpt.state.get("elapsed_s", 0.0))  # the budget and log count it all
     else:
         net = ScoreNet(NetConfig(len(features), len(GLOBAL_FEATURES), args.hidden, args.context))
-        opt = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-5)
+        opt = make_optimizer(net, args)
     meta: dict[str, Any] = dict(ckpt.meta) if args.resume else {}
     meta |= {
         "args": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(args).items()},
