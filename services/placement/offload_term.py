@@ -240,10 +240,10 @@ class SameRound:
 def offload_classes(view: OffloadView, nodes: Sequence[NodeFree]) -> dict[str, str]:
     """Node id -> its class "t~i": i numbers the distinct signatures of type t's nodes
     (in an order that does not depend on the nodes' order)."""
-    sig = {n.node_id: (n.gpu_type, repr(view.signature(n.node_id))) for n in nodes}
-    index: dict[tuple[str, str], str] = {}
+    sig = {n.node_id: (n.gpu_type, view.signature(n.node_id)) for n in nodes}
+    index: dict[tuple[str, tuple[object, ...]], str] = {}
     count: dict[str, int] = {}
-    for t, s in sorted(set(sig.values())):
+    for t, s in sorted(set(sig.values()), key=repr):
         index[(t, s)] = f"{t}~{count.get(t, 0)}"
         count[t] = count.get(t, 0) + 1
     return {node_id: index[key] for node_id, key in sig.items()}

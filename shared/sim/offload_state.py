@@ -79,6 +79,8 @@ class OffloadState:
         self._free: dict[frozenset[str], float] = {}  # free_gbps at `_free_version`
         self._free_version = -1
         self._gbps: dict[str, float] = {}  # demand_gbps by job id
+        self._sig: dict[str, tuple[object, ...]] = {}  # signature by node at `_sig_version`
+        self._sig_version = -1
 
     # ---- what a job asks -------------------------------------------------------------
     def add_job(self, seq: int, job_id: str, param_bytes: int, gpus: int) -> None:
@@ -179,7 +181,14 @@ class OffloadState:
         bytes, GPUs, GPUs there), sorted). Two nodes of one type with equal signatures
         give every job that fits on either the same estimate (a larger part of a
         multi-node job only fits the larger)."""
-        i = self.index[node_id]
+        if self._sig_version != self.version:
+            self._sig, self._sig_version = {}, self.version
+        got = self._sig.get(node_id)
+        if got is None:
+            got = self._sig[node_id] = self._signature(self.index[node_id])
+        return got
+
+    def _signature(self, i: int) -> tuple[object, ...]:
         n = self.nodes[i]
         here = sorted(
             (self.param_bytes[s], self.gpus[s], self.placed[s][i]) for s in self.on_node[i]
