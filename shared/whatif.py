@@ -122,7 +122,10 @@ def _apply_one(s: Scenario, key: str, value: str) -> Scenario:
             raise UserError(f"{where}: give one of {', '.join(DISCIPLINES)}")
         return dataclasses.replace(s, discipline=value)
     if key == "window":
-        return dataclasses.replace(s, window=int(_number(where, value, positive=True)))
+        k = _number(where, value, positive=True)
+        if k != int(k):
+            raise UserError(f"{where}: a window is a whole number of jobs")
+        return dataclasses.replace(s, window=int(k))
     if key == "load":
         return dataclasses.replace(s, load=_number(where, value, positive=True))
     if key == "scale":

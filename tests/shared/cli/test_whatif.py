@@ -86,6 +86,7 @@ def test_queue_and_scheduler_changes() -> None:
         ("nodes.V100=1.5", "a whole number"),
         ("discipline=fair", "give one of strict, best-effort, easy"),
         ("window=0", "positive"),
+        ("window=1.5", "a whole number"),
         ("speed.V100=fast", "is not a number"),
         ("nodes.V100=0,nodes.P100=0", "no GPUs"),
     ],
