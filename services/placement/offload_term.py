@@ -3,17 +3,18 @@ cause to the offloading jobs already there, charged on each node class.
 
 `OffloadAwarePlacer` wraps the MILP or the greedy placer. It reads an
 `OffloadView` (in simulation, the simulator's shared.sim.offload_state.OffloadState):
-which window jobs offload, how many offloading GPUs stream on each node, and the
-cost model's estimate for a job on a node. Windows without an offloading job go to
+which window jobs offload, a node's signature (what the cost model reads of it),
+and the cost model's estimate for a job on a node. Windows without an offloading job go to
 the wrapped placer unchanged.
 
 MILP. The node classes gain a bandwidth dimension where offloading jobs run: a
 node of type t becomes type "t~i", same speed, i its class among the nodes of
-type t by what the cost model reads of it (OffloadView.signature: its GPUs, PCIe
-and NVMe GB/s, host memory per GPU, and the offloading jobs streaming there with
-their sizes and GPUs on it). Nodes of one class give every job the same
-estimate, so one member (the first) stands for all of them exactly; nodes
-without offloading jobs stay one class per type and hardware. Jobs allowed t may
+type t by what the cost model reads of it (OffloadView.signature: its PCIe and
+NVMe GB/s, host memory per GPU, and the offloading jobs streaming there with
+their sizes and GPUs on it). Nodes of one class give every job that fits them
+the same estimate, so one member (the one with the most GPUs, for a multi-node
+job's largest part) stands for all of them; nodes without offloading jobs stay
+one class per type and hardware. Jobs allowed t may
 use every t~i. For an offloading job j on class c = t~i the objective is charged
 
     raw_j,c = round(value_scale · g_j · w_j · speed_t · WEIGHT · min(x, 1))
