@@ -6,17 +6,23 @@ import pytest
 import torch
 
 from offload_agent.device import ALIGN, CpuDevice, select_device
-from offload_agent.policies import LayerOrderPolicy, OnDemandPolicy, PlanPolicy
+from offload_agent.policies import PREFETCH_AHEAD, LayerOrderPolicy, OnDemandPolicy, PlanPolicy
 from offload_agent.residency import Entry, Residency, TensorSpec, Tier
 from offload_agent.slabs import PoolExhausted, SlabPool
 
 
 def test_plan_policy_follows_the_order_and_ranks_by_next_use() -> None:
+    """The candidates are the next accesses (one step's worth here: shorter than
+    LOOKAHEAD), repeats included; the cache fetches `window` of them that are
+    not in the fast tier: the plan's sized lead, or PREFETCH_AHEAD if more."""
     p = PlanPolicy(["a", "b", "c", "a", "d"], window=2)
-    assert p.upcoming() == [("a", 0.0), ("b", 1.0)]
+    assert (p.lead, p.window) == (2, PREFETCH_AHEAD)
+    assert PlanPolicy(["a"], window=PREFETCH_AHEAD + 3).window == PREFETCH_AHEAD + 3
+    assert p.upcoming() == [("a", 0.0), ("b", 1.0), ("c", 2.0), ("a", 3.0), ("d", 4.0)]
     p.on_use("a", 1)
     p.on_use("b", 2)
-    assert p.upcoming() == [("c", 0.0), ("a", 1.0)]
+    assert p.upcoming()[:3] == [("c", 0.0), ("a", 1.0), ("d", 2.0)]
+    assert p.upcoming()[3:] == [("a", 3.0), ("b", 4.0)]  # into the next step
     assert p.eviction_rank("a", 0) == 1.0  # next use: position 3
     assert p.eviction_rank("b", 0) == 4.0  # next step: 1 + 5 - 2
     assert p.eviction_rank("zzz", 0) == float("inf")  # never used again: first out
@@ -24,7 +30,7 @@ def test_plan_policy_follows_the_order_and_ranks_by_next_use() -> None:
     p.on_use("a", 4)
     p.on_use("d", 5)
     p.on_use("a", 6)  # wrapped into the next step
-    assert p.upcoming() == [("b", 0.0), ("c", 1.0)]
+    assert p.upcoming()[:2] == [("b", 0.0), ("c", 1.0)]
 
 
 def test_layer_order_prefetch_turns_around_in_backward() -> None:
