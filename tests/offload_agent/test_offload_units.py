@@ -116,3 +116,32 @@ def test_a_demand_borrows_a_larger_buffer_before_growing_past_the_budget() -> No
         # unpinned now: a fourth use evicts instead of growing again
         assert torch.equal(cache.use("t0"), values[0])
         assert fast.overflow_bytes == ALIGN
+
+
+def test_emulated_link_queues_copies_and_chains_nvme_then_pcie() -> None:
+    """Hand-computed reservations (GB/s = 10^9 B/s; no sleeping here): a link is
+    busy until its last reservation ends, copies queue on it in order, an
+    NVMe-homed tensor crosses NVMe then PCIe, a write-back goes first and the
+    other way, and PCIe's two directions do not wait on each other."""
+    from offload_agent.link import Link, LinkEmulation
+
+    link = LinkEmulation(pcie_gbps=2.0, nvme_gbps=0.5)
+    mb = 1_000_000
+    # host-homed fetch of 2 MB at t=10: PCIe host->fast 1 ms
+    assert link.transfer_end(10.0, out_bytes=0, out_nvme=False, in_bytes=2 * mb, in_nvme=False) == (
+        pytest.approx(10.001)
+    )
+    # a second one started at the same time queues behind it
+    end = link.transfer_end(10.0, out_bytes=0, out_nvme=False, in_bytes=2 * mb, in_nvme=False)
+    assert end == pytest.approx(10.002)
+    # NVMe-homed 1 MB at t=20: NVMe 2 ms, then PCIe 0.5 ms
+    end = link.transfer_end(20.0, out_bytes=0, out_nvme=False, in_bytes=mb, in_nvme=True)
+    assert end == pytest.approx(20.0025)
+    # write back 1 MB to NVMe (fast->host 0.5 ms, NVMe 2 ms), then fetch 1 MB from
+    # NVMe (2 ms, after the write on the same NVMe link) and PCIe 0.5 ms
+    end = link.transfer_end(30.0, out_bytes=mb, out_nvme=True, in_bytes=mb, in_nvme=True)
+    assert end == pytest.approx(30.0 + 0.0005 + 0.002 + 0.002 + 0.0005)
+    # fast->host holds only the write-back (to 30.0005), not the later host->fast copy
+    assert link.d2h.occupy(mb, 30.0) == pytest.approx(30.001)
+    with pytest.raises(ValueError, match="not a rate"):
+        Link("x", 0.0)
