@@ -14,8 +14,11 @@ Relays between the training processes on this host (a Unix socket, see
   GPUs its running jobs hold taken off the free ones;
 * `jobs.kill` (`KillRequest`, public) → a job running here is stopped: SIGTERM to
   its process group, SIGKILL after `kill_grace_s`; its exit is reported `failed`
-  with "killed on request (reason)". A request for a job not running here is
-  ignored (another agent runs it); one that does not decode goes to `jobs.rejected`.
+  with "killed on request (reason)". A job not running here is never started
+  here afterwards (a kill can race the job's placement: if the placement comes
+  later, it is answered `failed`, "killed before it started"); one that does not
+  decode goes to `jobs.rejected`. (A job still waiting in the queue is taken out
+  by the scoring service.)
 * `sched.placements` for this node → the job's command (from `jobs.accepted`)
   started on its GPUs, `JobEvent`s on `jobs.events` (see `offload_agent.jobs`);
   each job swaps under `RLTUNE_SWAP_DIR`/<job>, removed when it exits.
@@ -132,8 +135,8 @@ class HostAgent:
         except msgspec.MsgspecError as exc:
             raise Reject(f"invalid KillRequest: {exc}", kind="invalid") from None
         if not self.runner.kill(req.job_id, req.reason):
-            self.stats.extra["kill_not_here"] += 1
-            return ()
+            self.stats.extra["kill_not_here"] += 1  # not running here: never start it here
+            return self._started(self.runner.forbid(req.job_id, req.reason, time.time()), [])
         self.stats.extra["kills"] += 1
         log.info("killing %s on request (%s)", req.job_id, req.reason or "no reason given")
         task = asyncio.create_task(self._escalate(req.job_id))
@@ -156,6 +159,8 @@ class HostAgent:
                 ev = self._event.decode(rec.value or b"")
                 if ev.kind == "started" and self.config.node_id in ev.node_ids:
                     self.runner.started.add(ev.job_id)
+                elif ev.kind == "failed" and ev.job_id not in self.runner.started:
+                    self.runner.forbid(ev.job_id, ev.detail, ev.time)  # ended unstarted
 
     def _learn(self, rec: Record) -> tuple[list[JobEvent], list[Started]]:
         try:

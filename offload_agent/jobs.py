@@ -9,7 +9,10 @@ answers with a `started` event, or `failed` when the command cannot start; `fini
 `failed` follow when the process exits. A placement can arrive before the
 job's accepted record (they are different topics): it waits, and the job
 starts when its command is learned. A job already started here is not started
-again (redelivered placements).
+again (redelivered placements). A job killed before it started here (`forbid`: a
+`KillRequest` for a job not running here, or a `failed` event read back at start
+for a job that never started) is never started: a placement of it is answered
+`failed` and takes no GPU, so a kill that races the job's placement still stops it.
 
 The runner knows which of the node's GPUs its running jobs hold (`busy`): an
 assignment naming a GPU that is held, or that the node does not have, is
@@ -24,6 +27,7 @@ import os
 import shutil
 import signal
 import subprocess
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +35,9 @@ from pathlib import Path
 from offload_agent.nvme import SWAP_DIR_ENV, job_swap_dir
 from shared.messages import Job, JobEvent, PlacementBatch
 
-__all__ = ["JobRunner", "Started"]
+__all__ = ["FORBIDDEN_KEPT", "JobRunner", "Started"]
+
+FORBIDDEN_KEPT = 10_000  # jobs killed before they started here, remembered (the newest)
 
 Launch = Callable[..., subprocess.Popen[bytes]]
 
@@ -55,6 +61,7 @@ class JobRunner:
     busy: dict[int, str] = field(default_factory=dict)  # GPU index -> the job holding it
     running: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     killing: dict[str, str] = field(default_factory=dict)  # job -> why it is being killed
+    forbidden: OrderedDict[str, str] = field(default_factory=OrderedDict)  # never start: why
 
     def learn(self, job: Job, now: float) -> tuple[list[JobEvent], list[Started]]:
         """Remember a job's command; start it if it was already placed here."""
@@ -74,6 +81,10 @@ class JobRunner:
         for a in batch.assignments:
             if a.node_id != self.node_id or a.job_id in self.started:
                 continue
+            if a.job_id in self.forbidden:
+                self.started.add(a.job_id)  # (a redelivery is not answered twice)
+                refused.append(self._killed_before_start(a.job_id, now))
+                continue
             why = self.conflict(a.job_id, a.gpu_indices)
             if why is not None:
                 refused.append(JobEvent(a.job_id, "rejected_placement", now, [self.node_id], why))
@@ -86,6 +97,26 @@ class JobRunner:
             todo.append((a.job_id, list(a.gpu_indices)))
         events, procs = self._start_all(todo, now)
         return refused + events, procs
+
+    def forbid(self, job_id: str, reason: str, now: float) -> list[JobEvent]:
+        """A job killed before it started here: never start it. If it was placed here
+        and waits for its command, it is answered `failed` now and its GPUs freed."""
+        if job_id in self.started:
+            return []
+        self.forbidden[job_id] = reason
+        self.forbidden.move_to_end(job_id)
+        while len(self.forbidden) > FORBIDDEN_KEPT:
+            self.forbidden.popitem(last=False)
+        if self.waiting.pop(job_id, None) is None:
+            return []
+        self.free(job_id)
+        self.started.add(job_id)
+        return [self._killed_before_start(job_id, now)]
+
+    def _killed_before_start(self, job_id: str, now: float) -> JobEvent:
+        why = self.forbidden[job_id]
+        detail = f"killed before it started{f' ({why})' if why else ''}"
+        return JobEvent(job_id, "failed", now, [self.node_id], detail)
 
     def conflict(self, job_id: str, gpus: Sequence[int]) -> str | None:
         """Why `job_id` cannot have `gpus` of this node, or None if it can."""

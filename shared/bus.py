@@ -353,6 +353,7 @@ class _Loop:
         self.stop = asyncio.Event()
         self.producer = Producer(settings, client_id=spec.name)
         self.consumer = self._consumer()
+        self.metrics_task: asyncio.Task[None] | None = None  # the snapshot being published
         self._set_handler(spec)
 
     def _consumer(self) -> AIOKafkaConsumer:
@@ -393,6 +394,10 @@ class _Loop:
             self.consumer.subscribe(list(self.spec.topics), listener=_Ownership(self))
 
     async def close(self) -> None:
+        if self.metrics_task is not None and not self.metrics_task.done():
+            self.metrics_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.metrics_task
         with contextlib.suppress(Exception):  # last counters; never block a shutdown
             await asyncio.wait_for(self.producer.publish([(self.metrics_message(), [])]), 2.0)
         for part in (self.consumer, self.producer):
@@ -463,7 +468,10 @@ class _Loop:
                 BROKER.down(f"consume: {exc}")
                 await _pause(stop, backoff.next())
             if time.monotonic() >= next_metrics:
-                await self._publish_metrics()
+                # beside the loop, one snapshot in flight at a time: a publish the broker
+                # will not take waits out its timeout without holding up the inputs
+                if self.metrics_task is None or self.metrics_task.done():
+                    self.metrics_task = asyncio.create_task(self._publish_metrics())
                 next_metrics = time.monotonic() + self.spec.metrics_interval_s
             self.health.turn()
 

@@ -31,6 +31,7 @@ class PolicyRun:
     summary: dict[str, object]
     records: list[JobRecord]
     wall_s: float
+    total_gpus: int | None = None  # the run's cluster, where runs differ (`whatif`)
 
 
 COLUMNS = (
@@ -140,7 +141,7 @@ def write_plots(runs: Sequence[PolicyRun], total_gpus: int, out: Path) -> list[P
     paths.append(_save(fig, ax, out / "queue_delay.png"))
     fig, ax = plt.subplots(figsize=(8, 5))
     for run in runs:
-        t, u = utilisation_series(run.records, total_gpus, bin_s)
+        t, u = utilisation_series(run.records, run.total_gpus or total_gpus, bin_s)
         ax.plot([(x - t0) / DAY for x in t], u, label=run.label)
     ax.set(xlabel="time (days)", ylabel="share of GPUs held", ylim=(0, 1.05),
            title=f"GPU utilisation per {bin_s / 3600:.1f} h")  # fmt: skip

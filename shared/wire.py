@@ -368,7 +368,12 @@ async def read_back(
         auto_offset_reset="earliest",
         max_partition_fetch_bytes=8 << 20,
     )
-    await c.start()
+    try:
+        await c.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await c.stop()  # (a client that never connected still holds its resources)
+        raise
     seen: Counter[str] = Counter()
     try:
         parts = await partitions_of(c, topics)

@@ -80,6 +80,7 @@ class ScoringState:
         self.started_at: dict[str, float] = {}
         self.run_s: dict[str, float] = {}  # GPU-holding time of finished jobs
         self.ended: set[str] = set()
+        self.cancelled: set[str] = set()  # failed before they started (killed while queued)
         self.seq = 0
         self.rounds = RoundState()
         self.counts: Counter[str] = Counter()
@@ -105,7 +106,9 @@ class ScoringState:
 
     def event(self, ev: JobEvent, free: bool) -> None:
         jid = ev.job_id
-        if ev.kind == "started":
+        if ev.kind == "failed" and jid not in self.started_at and jid not in self.ended:
+            self._cancel(jid, free)  # killed before it started: it never runs
+        elif ev.kind == "started":
             if jid in self.started_at or jid in self.ended:
                 return
             self.started_at[jid] = ev.time
@@ -125,6 +128,41 @@ class ScoringState:
         elif ev.kind == "rejected_placement" and free and jid not in self.started_at:
             self._stop(jid, requeue=True)  # the executor refused it: it waits again
         self.dirty = True
+
+    def where(self, jid: str) -> str:
+        """Where a job stands here: `queued`, `placed` (given GPUs, not started yet),
+        `running`, `ended` or `unknown` (not accepted yet, or rejected)."""
+        if jid in self.ended:
+            return "ended"
+        if jid in self.started_at:
+            return "running"
+        if jid in self.running:
+            return "placed"
+        if jid in self.queued:
+            return "queued"
+        return "unknown"
+
+    def cancel(self, jid: str) -> bool:
+        """Free rounds: take a waiting job out of the queue for good (killed before it
+        started); False if it is not waiting here. The caller reports it `failed`."""
+        if self.where(jid) != "queued":
+            return False
+        self._cancel(jid, free=True)
+        return True
+
+    def _cancel(self, jid: str, free: bool) -> None:
+        self.ended.add(jid)
+        self.cancelled.add(jid)
+        self.counts["cancelled"] += 1
+        self.dirty = True
+        if not free:
+            return  # (replay: the queue is rebuilt without it)
+        q = self.queued.pop(jid, None)
+        if q is not None:
+            self.waiting.remove(q)
+            self.policy.remove(q)
+        elif (q := self.running.pop(jid, None)) is not None:  # placed, refused at the host
+            self.vc_held[q.vc] = self.vc_held.get(q.vc, 0.0) - q.gpus
 
     def placed(self, job_ids: list[str], round_id: int | None = None) -> None:
         """Free rounds: jobs placement gave GPUs leave the window (they hold them now)
@@ -269,6 +307,8 @@ class ScoringState:
         if free:
             for job in sorted(self.jobs.values(), key=lambda j: (j.submit_time, j.job_id)):
                 jid = job.job_id
+                if jid in self.cancelled:
+                    continue  # never ran: no run time to learn from
                 if jid in self.ended:
                     self.history.record(queued_job(job, -1), self.run_s.get(jid, 0.0))
                 elif jid in self.started_at:

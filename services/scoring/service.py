@@ -1,7 +1,7 @@
 """Scoring service: the waiting queue and the policy → `sched.priorities`.
 
-Consumes `jobs.accepted`, `jobs.rejected`, `jobs.events`, `cluster.nodes`,
-`sched.rounds` and `rl.rewards`; owns the dead letters of `sched.rounds` and
+Consumes `jobs.accepted`, `jobs.rejected`, `jobs.events`, `jobs.kill`,
+`cluster.nodes`, `sched.rounds` and `rl.rewards`; owns the dead letters of `sched.rounds` and
 `rl.rewards` (bad `cluster.nodes` / `jobs.events` messages are counted here and
 dead-lettered by telemetry). The logic is `services.scoring.queue`.
 
@@ -14,6 +14,14 @@ Rewards on `rl.rewards` are read and counted; with `--learn` (off by default;
 learned policies only) they train the policy online with PPO
 (`services.scoring.online`): it then samples its rankings, and every
 `--learn-episodes` rewards one update changes the weights it ranks with.
+
+A `KillRequest` on `jobs.kill` for a job that is still waiting (free rounds) takes
+it out of the queue and publishes it `failed` on `jobs.events` ("killed while
+queued"), so placement never places it and telemetry counts it; a kill that comes
+before the job's accepted record is remembered (the last `PENDING_KILLS`) and
+applied when it arrives. A job already given GPUs or running is the host agent's
+to stop; under driven rounds the executor's simulator owns the queue, and kills
+are counted (`kills_ignored_driven`) and left alone.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +48,7 @@ from shared.errors import UserError
 from shared.messages import (
     Job,
     JobEvent,
+    KillRequest,
     NodeStatus,
     PlacementBatch,
     PriorityBatch,
@@ -55,6 +65,7 @@ NAME = "scoring"
 log = logging.getLogger("rltune.scoring")
 ROUND_MODES = ("auto", "driven", "free")
 RETRY_S = 1.0  # free rounds: ask again this often while jobs wait
+PENDING_KILLS = 10_000  # kills of jobs not seen yet, kept until their accepted record
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,9 @@ class ScoringHandler:
         self._round = msgspec.json.Decoder(RoundRequest)
         self._reward = msgspec.json.Decoder(Reward)
         self._rejection = msgspec.json.Decoder(Rejection)
+        self._kill = msgspec.json.Decoder(KillRequest)
+        self._pending_kills: OrderedDict[str, str] = OrderedDict()
+        self._out: list[Outgoing] = []  # events a record causes (jobs killed while queued)
         self._replayed: list[RoundRequest] = []
         self._answered = -1
         self._rebuilt = False
@@ -125,6 +139,7 @@ class ScoringHandler:
             self.t.sched_rounds: self._rounds,
             self.t.rl_rewards: self._rewards,
             self.t.sched_placements: self._placements,
+            self.t.jobs_kill: self._kills,
         }
         self._placement = msgspec.json.Decoder(PlacementBatch)
         self.learner: Any = None
@@ -144,7 +159,8 @@ class ScoringHandler:
     def __call__(self, rec: Record) -> Sequence[Outgoing]:
         self._rebuild()
         self._routes[rec.topic](rec)
-        out = [
+        out, self._out = self._out, []
+        out += [
             Outgoing(self.t.sched_priorities, str(b.round_id), encode(b))
             for b in self.state.answer_rounds()
         ]
@@ -155,9 +171,43 @@ class ScoringHandler:
     # ---- topics ---------------------------------------------------------------------------
     def _accepted(self, rec: Record) -> None:
         try:
-            self.state.accepted(self._job.decode(rec.value or b""), self.free)
+            job = self._job.decode(rec.value or b"")
         except msgspec.MsgspecError:
             self.stats.extra["ignored_bad_job"] += 1
+            return
+        self.state.accepted(job, self.free)
+        reason = self._pending_kills.pop(job.job_id, None)
+        if reason is not None:
+            self._cancel(job.job_id, reason)
+
+    def _kills(self, rec: Record) -> None:
+        try:
+            req = self._kill.decode(rec.value or b"")
+        except msgspec.MsgspecError:
+            self.stats.extra["ignored_bad_kill"] += 1  # the host agents dead-letter it
+            return
+        if not self.free:
+            self.stats.extra["kills_ignored_driven"] += 1
+            return
+        where = self.state.where(req.job_id)
+        if where == "unknown" and req.job_id not in self.state.dropped:
+            self._pending_kills[req.job_id] = req.reason  # its accepted record may follow
+            self._pending_kills.move_to_end(req.job_id)
+            while len(self._pending_kills) > PENDING_KILLS:
+                self._pending_kills.popitem(last=False)
+        elif where == "queued":
+            self._cancel(req.job_id, req.reason)
+        else:
+            self.stats.extra[f"kills_{where}"] += 1  # placed/running: the host agent's
+
+    def _cancel(self, job_id: str, reason: str) -> None:
+        if not self.free or not self.state.cancel(job_id):
+            return
+        detail = f"killed while queued{f' ({reason})' if reason else ''}"
+        event = JobEvent(job_id, "failed", time.time(), [], detail)
+        self._out.append(Outgoing(self.t.jobs_events, job_id, encode(event)))
+        self.stats.extra["kills_queued"] += 1
+        log.info("%s %s", job_id, detail)
 
     def _rejected(self, rec: Record) -> None:
         with contextlib.suppress(msgspec.MsgspecError):
@@ -327,7 +377,7 @@ async def serve(
         name=NAME,
         topics=[
             t.jobs_accepted, t.jobs_rejected, t.jobs_events, t.cluster_nodes, t.sched_rounds,
-            t.rl_rewards, t.sched_placements,
+            t.rl_rewards, t.sched_placements, t.jobs_kill,
         ],
         handle=handler,
         group_id=group_id or "",

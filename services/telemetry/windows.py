@@ -98,6 +98,9 @@ class Telemetry:
                 js.done = True
                 js.failed = ev.kind == "failed"
                 self.finished_at.append((ev.time, ev.job_id))
+        elif ev.kind == "failed" and js.open_start is None:  # killed while it waited
+            js.done = js.failed = True
+            self.counts["cancelled"] += 1
         elif ev.kind == "rejected_placement":
             self.counts["rejected_placement"] += 1
 
@@ -120,7 +123,9 @@ class Telemetry:
     def records(self, since: float | None = None) -> list[JobRecord]:
         out = []
         for js in self.jobs.values():
-            if not js.done or (since is not None and js.segments[-1].finish_s < since):
+            if not js.done or not js.segments:  # (a job killed before it ever ran)
+                continue
+            if since is not None and js.segments[-1].finish_s < since:
                 continue
             j = js.job
             milli = j.gpu_milli if j.num_gpus == 1 else FULL_GPU
@@ -174,6 +179,7 @@ class Telemetry:
             "failed": failed,
             "rounds": len(solves),
             "rejected_placement": self.counts["rejected_placement"],
+            "cancelled": self.counts["cancelled"],
             "rejected_total": float(sum(self.rejected.values())),
             "placement_solve_p50_ms": percentile(solves, 50) if solves else 0.0,
             "placement_solve_p99_ms": percentile(solves, 99) if solves else 0.0,

@@ -16,6 +16,7 @@ __all__ = [
     "add_bus_args",
     "bus_settings",
     "non_negative_int",
+    "out_dir",
     "port_number",
     "positive_float",
     "positive_int",
@@ -105,3 +106,13 @@ def write_json(data: object, out: str, sort_keys: bool = False) -> None:
         Path(out).write_text(text)
     except OSError as exc:
         raise UserError(f"cannot write {out}: {exc.strerror or exc}") from exc
+
+
+def out_dir(path: str) -> Path:
+    """`--out DIR`, created if needed (one line if it cannot be)."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create --out {out}: {exc.strerror or exc}") from exc
+    return out

@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+from shared.cli.common import out_dir
 from shared.cli.simulate import (
     add_run_args,
     check_outcome,
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--policies names no policy")
     policies = [make_policy(n) for n in names]  # every name checked before any long run
     make_placer(args.placer, reproducible=True)
-    out = _out_dir(args.out)
+    out = out_dir(args.out)
     cluster = load_run_cluster(args)
     stats = SkipStats()
     jobs = mark_offload(args, load_run_jobs(args, cluster, stats))
@@ -94,15 +95,6 @@ def jobs_file(name: str) -> str:
     if name.startswith("rl:"):
         name = "rl:" + Path(name[3:]).stem
     return "jobs-" + re.sub(r"[^A-Za-z0-9._-]+", "_", name) + ".csv"
-
-
-def _out_dir(path: str) -> Path:
-    out = Path(path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"cannot create --out {out}: {exc.strerror or exc}") from exc
-    return out
 
 
 def _preamble(args: argparse.Namespace, n: int, stats: SkipStats, gpus: int) -> str:

@@ -1,7 +1,9 @@
 """Live mode: two host agents with configured inventories (no GPU), the real broker,
 arrival, scoring, placement and telemetry; jobs whose commands are short real
 processes run on the GPUs placement gave them, and their exit codes come back; a
-long one is killed on request (`jobs.kill`), process group and all."""
+long one is killed on request (`jobs.kill`), process group and all; a job still
+waiting in the queue, and one whose kill came before its submission, are killed
+without ever starting."""
 
 from __future__ import annotations
 
@@ -74,31 +76,50 @@ async def test_two_agents_run_placed_jobs_with_their_gpus(bus: BusSettings, tmp_
         f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}'); time.sleep(600)"
     )
     sleeper = JobSpec(job_id="sleeper", num_gpus=1, command=[sys.executable, "-c", script])
+    # every GPU of the cluster: it cannot start while the sleeper holds one
+    whole = JobSpec(job_id="whole", num_gpus=6, command=[sys.executable, "-c", "0"])
+    early = JobSpec(job_id="early", num_gpus=6, command=[sys.executable, "-c", "0"])
+
+    def kill(job_id: str, reason: str) -> list[str]:
+        argv = ["submit", "--kill", job_id, "--reason", reason]
+        return [*argv, "--bootstrap", bus.bootstrap, "--topic-prefix", bus.topic_prefix]
+
     async with services(bus, runs):
         await asyncio.sleep(2.0)  # the agents report their inventories first
         async with Producer(bus) as p:
-            for spec in [sleeper, *jobs]:
+            assert await asyncio.to_thread(main, kill("early", "before")) == 0
+            for spec in [sleeper, *jobs, whole, early]:
                 await (await p.send(bus.topics.jobs_submit, spec.job_id, encode(spec)))
             for _ in range(240):  # once it runs (and has started its child), kill it
                 if pids.exists() and len(pids.read_text().split()) == 2:
                     break
                 await asyncio.sleep(0.5)
-            argv = ["submit", "--kill", "sleeper", "--reason", "test"]
-            argv += ["--bootstrap", bus.bootstrap, "--topic-prefix", bus.topic_prefix]
-            assert await asyncio.to_thread(main, argv) == 0  # a KillRequest on jobs.kill
+            assert await asyncio.to_thread(main, kill("whole", "queued")) == 0
+            for _ in range(60):  # (killed first: with the sleeper gone it could start)
+                if any(e.job_id == "whole" and e.kind == "failed" for e in await _events(bus)):
+                    break
+                await asyncio.sleep(0.5)
+            assert await asyncio.to_thread(main, kill("sleeper", "test")) == 0
             await (await p.send(bus.topics.jobs_kill, "sleeper", b"{not json"))  # rejected
         ended: dict[str, JobEvent] = {}
         for _ in range(240):
             ended = {e.job_id: e for e in await _events(bus) if e.kind in ("finished", "failed")}
-            if len(ended) == len(jobs) + 1:
+            if len(ended) == len(jobs) + 3:
                 break
             await asyncio.sleep(0.5)
         await asyncio.sleep(1.5)  # a snapshot after the last event
     events = await _events(bus)
     started = {e.job_id: e for e in events if e.kind == "started"}
-    assert set(ended) == {j.job_id for j in jobs} | {"sleeper"}
+    assert set(ended) == {j.job_id for j in jobs} | {"sleeper", "whole", "early"}
     assert ended["sleeper"].kind == "failed"
     assert ended["sleeper"].detail.startswith("killed on request (test); exit code")
+    assert ended["whole"].kind == "failed" and "whole" not in started
+    assert ended["whole"].detail == "killed while queued (queued)"
+    assert ended["early"].kind == "failed" and "early" not in started  # never ran
+    assert ended["early"].detail in (  # (which of the two saw it first)
+        "killed while queued (before)",
+        "killed before it started (before)",
+    )
     for pid in map(int, pids.read_text().split()):  # the job and its child are gone
         assert not _alive(pid), pid
     rejected: list[Record] = []
@@ -129,7 +150,8 @@ async def test_two_agents_run_placed_jobs_with_their_gpus(bus: BusSettings, tmp_
         for s in (msgspec.json.decode(r.value or b"", type=MetricsSnapshot) for r in snaps)
         if s.source == "telemetry.all"
     ]
-    assert tel[-1].counters["done"] == 5 and tel[-1].counters["failed"] == 2
+    assert tel[-1].counters["done"] == 7 and tel[-1].counters["failed"] == 4
+    assert tel[-1].counters["cancelled"] == 2 and tel[-1].jobs == 5  # JCTs: jobs that ran
 
 
 def _alive(pid: int) -> bool:

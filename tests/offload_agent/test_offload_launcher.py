@@ -64,6 +64,43 @@ def test_runner_starts_each_placed_job_once() -> None:
     assert calls[-1][:2] == (["go"], [2])
 
 
+def test_a_job_killed_before_it_started_here_is_never_started() -> None:
+    """A kill can race the job's placement: a job forbidden here (killed while not
+    running here) is answered `failed` when its placement comes, takes no GPU, and is
+    not answered twice; one already placed and waiting for its command is failed at
+    once and its GPUs freed; a job that runs here is not affected."""
+    from offload_agent.jobs import FORBIDDEN_KEPT, JobRunner
+    from shared.messages import Assignment, Job, PlacementBatch
+
+    class FakeProc:
+        pid = 42
+
+        def poll(self) -> None:
+            return None
+
+    runner = JobRunner("n1", lambda cmd, gpus, *, env: FakeProc(), gpus=4)  # type: ignore[arg-type,return-value]
+    runner.learn(Job("a", 1, 0.0, command=["a"]), 0.0)
+    assert runner.forbid("a", "user", 1.0) == []  # not placed here yet
+    batch = PlacementBatch(1, 2.0, [Assignment("a", "n1", [0])])
+    events, procs = runner.place(batch, 2.0)
+    assert [(e.job_id, e.kind, e.detail) for e in events] == [
+        ("a", "failed", "killed before it started (user)")
+    ]
+    assert procs == [] and runner.busy == {}
+    assert runner.place(batch, 3.0) == ([], [])  # a redelivery: answered once
+    runner.place(PlacementBatch(2, 4.0, [Assignment("b", "n1", [1, 2])]), 4.0)
+    assert runner.waiting == {"b": [1, 2]} and runner.busy == {1: "b", 2: "b"}
+    (ev,) = runner.forbid("b", "", 5.0)
+    assert (ev.job_id, ev.kind, ev.detail) == ("b", "failed", "killed before it started")
+    assert runner.waiting == {} and runner.busy == {}
+    runner.learn(Job("c", 1, 0.0, command=["c"]), 0.0)
+    runner.place(PlacementBatch(3, 6.0, [Assignment("c", "n1", [3])]), 6.0)
+    assert runner.forbid("c", "x", 7.0) == [] and "c" not in runner.forbidden  # it runs
+    for i in range(FORBIDDEN_KEPT + 5):  # memory is bounded: the newest are kept
+        runner.forbid(f"z{i}", "", 8.0)
+    assert len(runner.forbidden) == FORBIDDEN_KEPT and f"z{FORBIDDEN_KEPT + 4}" in runner.forbidden
+
+
 def test_stats_become_prometheus_gauges() -> None:
     from prometheus_client import REGISTRY
 

@@ -102,3 +102,45 @@ def test_free_rounds_pipeline_k_new_jobs_while_offers_are_in_flight() -> None:
     assert [score for _, score in b.jobs] == sorted((score for _, score in b.jobs), reverse=True)
     b = s.free_round(4, 0.3 + 2.5)  # every offer older than INFLIGHT_S: back to K
     assert b is not None and [j for j, _ in b.jobs] == ids[6:10]
+
+
+def test_a_job_killed_while_queued_never_runs_and_teaches_no_run_time() -> None:
+    """Free rounds: a cancelled job leaves the window at once and for good (a
+    redelivered accepted record does not bring it back); a failed event for a job
+    that never started (another replica's kill, or the host refusing a killed job it
+    was placed on) does the same, giving back what the placement held; after a
+    restart the rebuilt queue leaves it out and its history has no run time of it."""
+    s = ScoringState(make_policy("fifo"), None)
+    s.node(NodeStatus("h", "V100", 8, list(range(8))))
+    jobs = _jobs(4)
+    for j in jobs:
+        s.accepted(j, free=True)
+    assert s.where("j1") == "queued" and s.where("nope") == "unknown"
+    assert s.cancel("j1") and not s.cancel("j1")  # (the second time it is not waiting)
+    assert s.where("j1") == "ended"
+    s.accepted(jobs[1], free=True)
+    assert [j for j, _ in s.free_round(0, 0.0).jobs] == ["j0", "j2", "j3"]  # type: ignore[union-attr]
+    s.placed(["j2"])
+    assert s.where("j2") == "placed" and s.vc_held == {"": 1.0}
+    s.event(JobEvent("j2", "failed", 1.0, ["h"], "killed before it started"), free=True)
+    assert s.where("j2") == "ended" and s.vc_held == {"": 0.0}
+    s.event(JobEvent("j0", "started", 1.0), free=True)
+    assert not s.cancel("j0")  # running: the host agent's to stop
+    s.event(JobEvent("j0", "finished", 11.0), free=True)
+    assert [j for j, _ in s.free_round(1, 0.0).jobs] == ["j3"]  # type: ignore[union-attr]
+    assert s.counts["cancelled"] == 2
+    # a restart: the same records read back, then rebuilt
+    r = ScoringState(make_policy("fifo"), None)
+    r.node(NodeStatus("h", "V100", 8, list(range(8))))
+    for j in jobs:
+        r.accepted(j, free=False)
+    for ev in [
+        JobEvent("j1", "failed", 0.5, [], "killed while queued"),
+        JobEvent("j2", "failed", 1.0, ["h"], "killed before it started"),
+        JobEvent("j0", "started", 1.0),
+        JobEvent("j0", "finished", 11.0),
+    ]:
+        r.event(ev, free=False)
+    r.rebuild([], -1, free=True)
+    assert sorted(r.queued) == ["j3"] and r.cancelled == {"j1", "j2"}
+    assert r.history.mean_run("u0", 1) == 10.0 and r.history.mean_run("u1", 2) is None

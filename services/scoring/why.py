@@ -1,0 +1,450 @@
+"""Why a job waits, what would start it, and when it is expected to (`rltune why`).
+
+Pure logic: `WhyState` is fed the records of `jobs.accepted`, `jobs.rejected`,
+`jobs.events`, `cluster.nodes`, `sched.priorities` and `sched.placements` (read
+from the beginning, any interleaving of topics), and `explain(job_id)` answers
+from what they say:
+
+* where the job stands: never seen, rejected (and why), waiting, given GPUs but
+  not started, running, ended;
+* for a waiting job: its rank in the latest round that ranked it and the jobs
+  ranked ahead of it that still wait; whether the free GPUs of the types it
+  allows would hold it now; if not, how many more it needs and which running
+  jobs free them soonest; whether another GPU type has room now;
+* its expected start (ETA), two ways, from run-time estimates learned from the
+  finished jobs exactly as EASY backfill reserves with (`History.estimate`: the
+  mean run of the user's finished jobs of that size, else of all the user's, else
+  of every finished job, else one hour), an estimate already overrun counting as
+  ending now: `eta_alone_s`, when the GPUs of its types come back for it alone
+  (a lower bound), and `eta_s`, with the jobs ranked ahead of it that may use
+  those types served first, each holding its GPUs for its own estimate
+  (conservative backfilling's profile). GPUs are counted per type, not per
+  node: a job that must fit on one node may need longer.
+
+The clock is the cluster's: the latest time on any event, node status or round
+(wall time for live hosts, virtual time under `cluster-sim`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from itertools import accumulate
+from typing import Any
+
+import msgspec
+
+from services.scoring.queue import queued_job
+from shared.messages import Job, JobEvent, NodeStatus, PlacementBatch, PriorityBatch, Rejection
+from shared.placement_api import FULL_GPU
+from shared.policy_api import History
+from shared.topics import Topics
+from shared.wire import Record
+
+__all__ = ["Answer", "WhyState", "eta_profile"]
+
+_AHEAD_SHOWN = 5  # jobs ranked ahead, and running jobs that would free GPUs, named
+
+
+@dataclass
+class Answer:
+    """What `explain` found; `lines` is the text `rltune why` prints."""
+
+    job_id: str
+    state: str  # unknown, rejected, waiting, placed, running, finished, failed
+    now: float
+    lines: list[str] = field(default_factory=list)
+    rank: int | None = None  # 1 = first, in the latest round that ranked it
+    ahead: list[str] = field(default_factory=list)  # ranked ahead of it, still waiting
+    free_now: float = 0.0  # free GPUs of the types it allows
+    needs_more: float = 0.0  # GPUs short of starting now (0: it would fit)
+    eta_alone_s: float | None = None  # cluster time its GPUs come back for it alone
+    eta_s: float | None = None  # the same with the jobs ranked ahead served first
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in self.__dict__.items()
+        }
+
+
+@dataclass
+class _Run:
+    start: float
+    nodes: list[str]
+
+
+class WhyState:
+    def __init__(self, topics: Topics) -> None:
+        self.t = topics
+        self.jobs: dict[str, Job] = {}
+        self.rejected: dict[str, str] = {}
+        self.nodes: dict[str, NodeStatus] = {}
+        self.running: dict[str, _Run] = {}
+        self.ended: dict[str, JobEvent] = {}
+        self.started_at: dict[str, float] = {}  # the first start of each job
+        self.placed: dict[str, tuple[float, list[str]]] = {}  # given GPUs, not started yet
+        self.finished: list[tuple[str, float]] = []  # (job, GPU-holding seconds) in order
+        self.held: dict[str, float] = {}  # run time of earlier segments (preempted)
+        self.rounds: dict[str, tuple[int, float, int, list[str]]] = {}  # job -> last ranking
+        self.now = 0.0
+        self._dec: dict[str, msgspec.json.Decoder[Any]] = {
+            topics.jobs_accepted: msgspec.json.Decoder(Job),
+            topics.jobs_rejected: msgspec.json.Decoder(Rejection),
+            topics.jobs_events: msgspec.json.Decoder(JobEvent),
+            topics.cluster_nodes: msgspec.json.Decoder(NodeStatus),
+            topics.sched_priorities: msgspec.json.Decoder(PriorityBatch),
+            topics.sched_placements: msgspec.json.Decoder(PlacementBatch),
+        }
+
+    @property
+    def topics(self) -> list[str]:
+        return list(self._dec)
+
+    # ---- reading ------------------------------------------------------------------------
+    def add(self, rec: Record) -> None:
+        dec = self._dec.get(rec.topic)
+        if dec is None:
+            return
+        try:
+            msg = dec.decode(rec.value or b"")
+        except msgspec.MsgspecError:
+            return  # (the owners of these topics count and dead-letter bad records)
+        if isinstance(msg, Job):
+            self.jobs.setdefault(msg.job_id, msg)
+        elif isinstance(msg, Rejection):
+            if msg.job_id and rec.topic == self.t.jobs_rejected:
+                self.rejected.setdefault(msg.job_id, msg.reason)
+        elif isinstance(msg, JobEvent):
+            self.event(msg)
+        elif isinstance(msg, NodeStatus):
+            self.nodes[msg.node_id] = msg
+            self.now = max(self.now, msg.time)
+        elif isinstance(msg, PriorityBatch):
+            ids = [jid for jid, _ in msg.jobs]
+            for rank, jid in enumerate(ids):
+                self.rounds[jid] = (msg.round_id, msg.time, rank, ids)
+            self.now = max(self.now, msg.time)
+        elif isinstance(msg, PlacementBatch):
+            for a in msg.assignments:
+                if a.job_id not in self.running and a.job_id not in self.ended:
+                    nodes = self.placed.get(a.job_id, (msg.time, []))[1]
+                    self.placed[a.job_id] = (msg.time, [*nodes, a.node_id])
+            self.now = max(self.now, msg.time)
+
+    def event(self, ev: JobEvent) -> None:
+        jid = ev.job_id
+        self.now = max(self.now, ev.time)
+        if jid in self.ended:
+            return
+        if ev.kind == "started" and jid not in self.running:
+            self.running[jid] = _Run(ev.time, list(ev.node_ids))
+            self.started_at.setdefault(jid, ev.time)
+            self.placed.pop(jid, None)
+        elif ev.kind in ("finished", "failed", "preempted"):
+            run = self.running.pop(jid, None)
+            held = self.held.get(jid, 0.0) + (ev.time - run.start if run else 0.0)
+            self.placed.pop(jid, None)
+            if ev.kind == "preempted":
+                self.held[jid] = held
+                return
+            self.ended[jid] = ev
+            if run is not None:
+                self.finished.append((jid, held))
+        elif ev.kind == "rejected_placement":
+            self.placed.pop(jid, None)
+
+    # ---- answering ----------------------------------------------------------------------
+    def history(self) -> History:
+        h = History()
+        for jid, run_s in self.finished:
+            job = self.jobs.get(jid)
+            if job is not None:
+                h.record(queued_job(job, -1), run_s)
+        return h
+
+    def explain(self, job_id: str) -> Answer:
+        job = self.jobs.get(job_id)
+        now = self.now
+        if job is None:
+            if job_id in self.rejected:
+                a = Answer(job_id, "rejected", now)
+                a.lines.append(f"{job_id} was rejected on arrival: {self.rejected[job_id]}")
+                return a
+            a = Answer(job_id, "unknown", now)
+            a.lines.append(
+                f"no job {job_id} on {self.t.jobs_accepted} or {self.t.jobs_rejected} "
+                "(not submitted, or not read by the arrival service yet)"
+            )
+            return a
+        if job_id in self.ended:
+            return self._ended(job, self.ended[job_id])
+        if job_id in self.running:
+            return self._running(job, self.running[job_id])
+        return self._waiting(job)
+
+    def _ended(self, job: Job, ev: JobEvent) -> Answer:
+        a = Answer(job.job_id, ev.kind, self.now)
+        start = self.started_at.get(job.job_id)
+        if start is None:
+            a.lines.append(f"{job.job_id} {ev.kind} without ever starting: {ev.detail}")
+            return a
+        a.lines.append(
+            f"{job.job_id} {ev.kind} at {_t(ev.time)}: waited {_dur(start - job.submit_time)}, "
+            f"JCT {_dur(ev.time - job.submit_time)}{f' ({ev.detail})' if ev.detail else ''}"
+        )
+        return a
+
+    def _running(self, job: Job, run: _Run) -> Answer:
+        a = Answer(job.job_id, "running", self.now)
+        est = self.history().estimate(queued_job(job, -1))
+        left = run.start + est - self.now
+        a.lines.append(
+            f"{job.job_id} runs on {', '.join(run.nodes) or 'its nodes'} since {_t(run.start)} "
+            f"(waited {_dur(self.started_at[job.job_id] - job.submit_time)}, running "
+            f"{_dur(self.now - run.start)}); by its estimate ({_dur(est)}) it ends "
+            + (f"in {_dur(left)}" if left > 0 else "any time now (past its estimate)")
+        )
+        return a
+
+    def _waiting(self, job: Job) -> Answer:
+        jid, now = job.job_id, self.now
+        if jid in self.placed:
+            t, nodes = self.placed[jid]
+            a = Answer(jid, "placed", now)
+            a.lines.append(
+                f"{jid} was given GPUs on {', '.join(nodes)} at {_t(t)} and waits for the "
+                "host to start it (a host that cannot gives it back to the queue)"
+            )
+            return a
+        a = Answer(jid, "waiting", now)
+        types = self._types(job)
+        a.lines.append(
+            f"{jid} waits since {_t(job.submit_time)} ({_dur(max(0.0, now - job.submit_time))}) "
+            f"for {_ask(job)} of {'/'.join(types) or 'any type'}"
+        )
+        capacity = sum(n.gpus for n in self.nodes.values() if n.gpu_type in types)
+        if not self.nodes:
+            a.lines.append("no node has reported on cluster.nodes yet")
+            return a
+        if capacity < job.num_gpus:
+            a.lines.append(
+                f"the cluster has {capacity} GPUs of {'/'.join(types) or 'its types'}: it can "
+                "never start as it is (its GPU types, or the nodes that report, must change)"
+            )
+            return a
+        a.free_now = free = self._free(job, types)
+        self._rank(job, a)
+        est = self.history()
+        if free >= _need(job):
+            a.lines.append(
+                f"the free GPUs would hold it now ({_num(free)} of its types free)"
+                + (
+                    f"; it waits behind the {len(a.ahead)} jobs ranked ahead of it"
+                    if a.ahead
+                    else "; the next round should place it"
+                )
+            )
+        else:
+            a.needs_more = _need(job) - free
+            a.lines.append(
+                f"{_num(free)} GPUs of its types are free: it would start with "
+                f"{_num(a.needs_more)} more"
+            )
+            self._freed_by(job, types, est, a)
+            others = self._room_elsewhere(job, types)
+            if others:
+                a.lines.append(f"other types have room now: {others} (it does not allow them)")
+        releases = self._releases(types, est)
+        ahead = [self.jobs[j] for j in a.ahead if j in self.jobs]
+        ahead = [j for j in ahead if set(self._types(j)) & set(types)]
+        a.eta_alone_s = eta_profile(now, free, releases, [], _need(job), 0.0)
+        a.eta_s = eta_profile(
+            now,
+            free,
+            releases,
+            [(_need(j), est.estimate(queued_job(j, -1))) for j in ahead],
+            _need(job),
+            est.estimate(queued_job(job, -1)),
+        )
+        a.lines.append(
+            f"expected start by run-time estimates: {_eta(a.eta_s, now)} with the jobs ranked "
+            f"ahead served first; {_eta(a.eta_alone_s, now)} for it alone (GPUs counted by "
+            "type, not by node)"
+        )
+        if a.needs_more and a.eta_alone_s is not None and a.eta_alone_s <= now:
+            a.lines.append(
+                "(the running jobs it waits for are past their estimates, which count as "
+                "ending now: the estimates cannot say when they will)"
+            )
+        return a
+
+    # ---- pieces -------------------------------------------------------------------------
+    def _types(self, job: Job) -> list[str]:
+        known = sorted({n.gpu_type for n in self.nodes.values()})
+        return sorted(set(job.gpu_types) & set(known)) if job.gpu_types else known
+
+    def _free(self, job: Job, types: list[str]) -> float:
+        nodes = [n for n in self.nodes.values() if n.gpu_type in types]
+        if job.num_gpus == 1 and job.gpu_milli < FULL_GPU:  # a share: the best one GPU
+            best = max((max(_milli(n), default=0) for n in nodes), default=0)
+            return min(1.0, best / FULL_GPU) if best >= job.gpu_milli else 0.0
+        return float(sum(sum(1 for m in _milli(n) if m == FULL_GPU) for n in nodes))
+
+    def _rank(self, job: Job, a: Answer) -> None:
+        seen = self.rounds.get(job.job_id)
+        if seen is None:
+            a.lines.append("no round has ranked it yet")
+            return
+        rid, t, rank, ids = seen
+        a.rank = rank + 1
+        a.ahead = [j for j in ids[:rank] if self._still_waiting(j)]
+        names = ", ".join(
+            f"{j} ({_ask(self.jobs[j])})" for j in a.ahead[:_AHEAD_SHOWN] if j in self.jobs
+        )
+        more = f" and {len(a.ahead) - _AHEAD_SHOWN} more" if len(a.ahead) > _AHEAD_SHOWN else ""
+        a.lines.append(
+            f"ranked {rank + 1} of {len(ids)} in round {rid} ({_t(t)}); "
+            + (f"still waiting ahead of it: {names}{more}" if a.ahead else "none ahead still waits")
+        )
+
+    def _still_waiting(self, jid: str) -> bool:
+        return jid not in self.running and jid not in self.ended and jid not in self.placed
+
+    def _releases(self, types: list[str], est: History) -> list[tuple[float, float]]:
+        """(expected end, GPUs of `types` it frees) of every running job, by estimate."""
+        out = []
+        for jid, run in self.running.items():
+            job = self.jobs.get(jid)
+            if job is None:
+                continue
+            on = [n for n in run.nodes if n in self.nodes]
+            mine = sum(1 for n in on if self.nodes[n].gpu_type in types)
+            if not on or not mine:
+                continue
+            gpus = _need(job) * mine / len(on)  # (a multi-node job: an even share per node)
+            end = max(self.now, run.start + est.estimate(queued_job(job, -1)))
+            out.append((end, gpus))
+        return sorted(out)
+
+    def _freed_by(self, job: Job, types: list[str], est: History, a: Answer) -> None:
+        ends = []
+        for jid, run in self.running.items():
+            j = self.jobs.get(jid)
+            if j is not None and any(
+                self.nodes[n].gpu_type in types for n in run.nodes if n in self.nodes
+            ):
+                ends.append((run.start + est.estimate(queued_job(j, -1)), jid, j, run))
+        got, names = 0.0, []
+        for end, jid, j, run in sorted(ends, key=lambda e: (e[0], e[1])):
+            when = (
+                f"ends in about {_dur(end - self.now)}" if end > self.now else "past its estimate"
+            )
+            names.append(f"{jid} ({_ask(j)} on {', '.join(run.nodes)}, {when})")
+            got += _need(j)
+            if got >= a.needs_more or len(names) >= _AHEAD_SHOWN:
+                break
+        if names:
+            a.lines.append(
+                "running jobs that free its types soonest (by estimate): " + "; ".join(names)
+            )
+
+    def _room_elsewhere(self, job: Job, types: list[str]) -> str:
+        out = []
+        for t in sorted({n.gpu_type for n in self.nodes.values()} - set(types)):
+            free = sum(
+                sum(1 for m in _milli(n) if m == FULL_GPU)
+                for n in self.nodes.values()
+                if n.gpu_type == t
+            )
+            if free >= _need(job):
+                out.append(f"{t} {free} free")
+        return ", ".join(out)
+
+
+def eta_profile(
+    now: float,
+    free: float,
+    releases: Iterable[tuple[float, float]],
+    ahead: Iterable[tuple[float, float]],
+    gpus: float,
+    run_s: float,
+) -> float:
+    """The earliest time `gpus` GPUs are free for `run_s` seconds (0: just free) in a
+    pool with `free` GPUs now and `releases` (time, GPUs) to come, after each job of
+    `ahead` (GPUs, run seconds), in order, has taken the earliest such slot of its own
+    (conservative backfilling on one pool). `inf` if it never fits."""
+    steps: list[tuple[float, float]] = [(now, free)]  # (time, change of free GPUs)
+    steps += [(max(t, now), g) for t, g in releases]
+    for need, dur in ahead:
+        start = _earliest(steps, now, need, dur)
+        if math.isinf(start):
+            continue  # (one that can never start does not hold the rest back)
+        steps += [(start, -need), (start + max(dur, 0.0), need)]
+    return _earliest(steps, now, gpus, run_s)
+
+
+def _earliest(steps: list[tuple[float, float]], now: float, need: float, dur: float) -> float:
+    """The earliest t >= now with at least `need` free over [t, t + dur)."""
+    change: dict[float, float] = {}
+    for t, g in steps:
+        change[max(t, now)] = change.get(max(t, now), 0.0) + g
+    times = sorted(change)
+    levels = list(accumulate(change[t] for t in times))  # free from times[i] on
+    eps = 1e-9
+    for i, t0 in enumerate(times):
+        if levels[i] + eps < need:
+            continue
+        j = i + 1
+        while j < len(times) and times[j] < t0 + dur:  # it must hold until t0 + dur
+            if levels[j] + eps < need:
+                break
+            j += 1
+        else:
+            return t0
+    return math.inf
+
+
+def _milli(n: NodeStatus) -> list[int]:
+    if n.free_milli is not None:
+        return list(n.free_milli)
+    free = set(n.free_gpus)
+    return [FULL_GPU if g in free else 0 for g in range(n.gpus)]
+
+
+def _need(job: Job) -> float:
+    return job.gpu_milli / FULL_GPU if job.num_gpus == 1 else float(job.num_gpus)
+
+
+def _ask(job: Job) -> str:
+    if job.num_gpus == 1 and job.gpu_milli < FULL_GPU:
+        return f"{job.gpu_milli / FULL_GPU:g} GPU"
+    return f"{job.num_gpus} GPU" + ("s" if job.num_gpus != 1 else "")
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def _dur(s: float) -> str:
+    s = max(0.0, s)
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _t(t: float) -> str:
+    """A time: UTC when it is a wall-clock or trace date, else cluster seconds."""
+    if t > 1e8:  # (after 1973: a date, live hosts' wall time or a dated trace)
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"t={t:.0f} s"
+
+
+def _eta(t: float | None, now: float) -> str:
+    if t is None or math.isinf(t):
+        return "never (not enough GPUs of its types even once everything running ends)"
+    return "now" if t <= now else f"in {_dur(t - now)} ({_t(t)})"

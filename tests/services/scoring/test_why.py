@@ -1,0 +1,163 @@
+"""`rltune why`: the answer for a hand-built cluster whose expected starts are worked
+out by hand, every state a job can be in, and the ETA profile against a brute-force
+time-grid computation on random instances."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from services.scoring.why import WhyState, eta_profile
+from shared.messages import (
+    Assignment,
+    Job,
+    JobEvent,
+    NodeStatus,
+    PlacementBatch,
+    PriorityBatch,
+    Rejection,
+    encode,
+)
+from shared.topics import Topics
+from shared.wire import Record
+
+T = Topics("rltune.")
+
+
+def _state(*msgs: tuple[str, object]) -> WhyState:
+    s = WhyState(T)
+    for i, (topic, msg) in enumerate(msgs):
+        s.add(Record(topic, 0, i, None, encode(msg)))
+    return s
+
+
+def _cluster() -> list[tuple[str, object]]:
+    """Nodes a (8 V100), b (4 V100), c (4 P100). History: u's 4-GPU job ran 100 s, w's
+    2-GPU job 400 s. Running: r1 (u, 4 on a, since 950: ends 1050 by estimate), r3
+    (u, 4 on a, since 1000: 1100), r2 (w, 2 on b, since 900: 1300), r4 (w, 2 on b,
+    since 990: 1390). Round 7 at t=1000 ranks q1 (u, 4 V100), target (w, 8 V100), q3."""
+    a, v, ev = T.jobs_accepted, T.cluster_nodes, T.jobs_events
+    out: list[tuple[str, object]] = [
+        (v, NodeStatus("a", "V100", 8, [], time=1000.0)),
+        (v, NodeStatus("b", "V100", 4, [], time=1000.0)),
+        (v, NodeStatus("c", "P100", 4, [0, 1, 2, 3], time=1000.0)),
+    ]
+    jobs = [
+        Job("h1", 4, 0.0, user="u"), Job("h2", 2, 0.0, user="w"),
+        Job("r1", 4, 900.0, user="u"), Job("r2", 2, 850.0, user="w"),
+        Job("r3", 4, 900.0, user="u"), Job("r4", 2, 900.0, user="w"),
+        Job("q1", 4, 960.0, user="u", gpu_types=["V100"]),
+        Job("target", 8, 970.0, user="w", gpu_types=["V100"]),
+        Job("q3", 1, 980.0, user="u"),
+    ]  # fmt: skip
+    out += [(a, j) for j in jobs]
+    spans: list[tuple[str, float, float | None, str]] = [
+        ("h1", 0.0, 100.0, "a"), ("h2", 0.0, 400.0, "b"), ("r1", 950.0, None, "a"),
+        ("r2", 900.0, None, "b"), ("r3", 1000.0, None, "a"), ("r4", 990.0, None, "b"),
+    ]  # fmt: skip
+    for jid, start, end, node in spans:
+        out.append((ev, JobEvent(jid, "started", start, [node])))
+        if end is not None:
+            out.append((ev, JobEvent(jid, "finished", end, [node])))
+    out.append(
+        (T.sched_priorities, PriorityBatch(7, 1000.0, [("q1", 3), ("target", 2), ("q3", 1)]))
+    )
+    return out
+
+
+def test_a_waiting_job_worked_out_by_hand() -> None:
+    s = _state(*_cluster())
+    a = s.explain("target")
+    assert (a.state, a.now, a.rank, a.ahead) == ("waiting", 1000.0, 2, ["q1"])
+    assert (a.free_now, a.needs_more) == (0.0, 8.0)
+    # alone: V100s come back 4 at 1050 (r1), 4 more at 1100 (r3) -> 8 at 1100
+    assert a.eta_alone_s == 1100.0
+    # q1 first takes 4 from 1050 to 1150; then 8 are free from 1150 on, for w's 400 s
+    assert a.eta_s == 1150.0
+    text = "\n".join(a.lines)
+    assert "ranked 2 of 3 in round 7" in text and "q1 (4 GPUs)" in text
+    assert "it would start with 8 more" in text
+    assert "r1 (4 GPUs on a, ends in about 50 s); r3 (4 GPUs on a, ends in about 100 s)" in text
+    assert "in 2 min (t=1150 s) with the jobs ranked ahead served first" in text
+    assert "other types have room" not in text  # 4 P100s free < 8
+    q3 = s.explain("q3")  # 1 GPU of any type: P100s are free now
+    assert (q3.free_now, q3.needs_more, q3.eta_alone_s) == (4.0, 0.0, 1000.0)
+    assert "the free GPUs would hold it now (4 of its types free)" in "\n".join(q3.lines)
+
+
+def test_every_other_state() -> None:
+    msgs = _cluster()
+    msgs += [
+        (T.jobs_rejected, Rejection("bad", "num_gpus must be positive", "{}")),
+        (T.jobs_accepted, Job("p", 1, 990.0, user="u")),
+        (T.sched_placements, PlacementBatch(8, 1001.0, [Assignment("p", "c", [0])])),
+        (T.jobs_accepted, Job("k", 2, 995.0)),
+        (T.jobs_events, JobEvent("k", "failed", 1002.0, [], "killed while queued (x)")),
+        (T.jobs_accepted, Job("huge", 64, 999.0, gpu_types=["V100"])),
+    ]
+    s = _state(*msgs)
+    assert s.explain("nope").state == "unknown"
+    bad = s.explain("bad")
+    assert bad.state == "rejected" and "num_gpus must be positive" in bad.lines[0]
+    assert s.explain("p").state == "placed" and "given GPUs on c" in s.explain("p").lines[0]
+    k = s.explain("k")
+    assert k.state == "failed" and k.lines == [
+        "k failed without ever starting: killed while queued (x)"
+    ]
+    h1 = s.explain("h1")
+    assert h1.state == "finished" and "waited 0 s, JCT 100 s" in h1.lines[0]
+    r3 = s.explain("r3")
+    assert r3.state == "running" and "ends in 98 s" in r3.lines[0]  # est 100 s, 2 s in
+    huge = s.explain("huge")
+    assert huge.eta_s is None and "can never start" in huge.lines[-1]  # 12 V100s in all
+
+
+def _grid(now: int, free: int, rel: list[tuple[int, int]], ahead: list[tuple[int, int]],
+          need: int, dur: int, horizon: int) -> float:  # fmt: skip
+    """The same schedule on a one-second grid: free GPUs per second, each job in order
+    taking the first window of its length with enough free in every second."""
+    level = [free] * horizon
+    for t, g in rel:
+        for x in range(max(t, now) - now, horizon):
+            level[x] += g
+
+    def first(n: int, d: int) -> int | None:
+        for x in range(horizon - max(d, 1)):
+            if all(level[y] >= n for y in range(x, x + max(d, 1))):
+                return x
+        return None
+
+    for n, d in ahead:
+        x = first(n, d)
+        if x is not None:
+            for y in range(x, x + d):
+                level[y] -= n
+    x = first(need, dur)
+    return math.inf if x is None else float(now + x)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_eta_profile_matches_a_time_grid(seed: int) -> None:
+    rng = random.Random(seed)
+    now, horizon = 100, 1000
+    free = rng.randint(0, 4)
+    rel = [(rng.randint(90, 200), rng.randint(1, 4)) for _ in range(rng.randint(0, 6))]
+    ahead = [(rng.randint(1, 8), rng.randint(1, 60)) for _ in range(rng.randint(0, 5))]
+    need, dur = rng.randint(1, 10), rng.randint(1, 60)
+    total = free + sum(g for _, g in rel)
+    releases = [(float(t), float(g)) for t, g in rel]
+    jobs = [(float(n), float(d)) for n, d in ahead]
+    got = eta_profile(float(now), float(free), releases, jobs, float(need), float(dur))
+    want = _grid(now, free, rel, [(n, d) for n, d in ahead if n <= total], need, dur, horizon)
+    assert got == want, (seed, got, want)
+
+
+def test_past_their_estimates_is_said_not_hidden() -> None:
+    """Once every running job has overrun its estimate, the estimates say "now" (as EASY
+    reserves): the answer says that this is all they can say."""
+    s = _state(*_cluster(), (T.cluster_nodes, NodeStatus("c", "P100", 4, [], time=2000.0)))
+    a = s.explain("target")
+    assert (a.now, a.eta_alone_s, a.needs_more) == (2000.0, 2000.0, 8.0)
+    assert a.lines[-1].startswith("(the running jobs it waits for are past their estimates")

@@ -1,0 +1,26 @@
+"""Telemetry's figures for jobs that never ran: a job killed while it waited counts as
+failed and done, and no JCT, queueing delay or reward part is computed from it."""
+
+from __future__ import annotations
+
+from services.telemetry.windows import Telemetry
+from shared.messages import Job, JobEvent, NodeStatus
+
+
+def test_a_job_killed_while_queued_is_failed_with_no_jct() -> None:
+    t = Telemetry(window_s=100.0)
+    t.node(NodeStatus("h", "V100", 2, [0, 1], time=0.0))
+    t.accepted(Job("ran", 1, 0.0))
+    t.accepted(Job("killed", 2, 0.0))
+    t.event(JobEvent("ran", "started", 10.0, ["h"]))
+    c = t.counters()
+    assert (c["waiting"], c["running"], c["done"], c["failed"]) == (1, 1, 0, 0)
+    t.event(JobEvent("killed", "failed", 20.0, [], "killed while queued"))
+    t.event(JobEvent("ran", "finished", 40.0, ["h"]))
+    t.event(JobEvent("killed", "failed", 41.0, ["h"], "killed before it started"))  # again
+    c = t.counters()
+    assert (c["waiting"], c["running"], c["done"], c["failed"], c["cancelled"]) == (0, 0, 2, 1, 1)
+    for window in ("all", "window"):  # only the job that ran has a JCT (40 s, 10 s queued)
+        snap = t.snapshot(50.0, window)
+        assert (snap.jobs, snap.avg_jct_s, snap.avg_queue_s) == (1, 40.0, 10.0)
+    assert t.reward().parts["jobs"] == 1.0
