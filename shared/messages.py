@@ -152,6 +152,8 @@ class RoundRequest(Struct, omit_defaults=True):
     jobs: list[tuple[str, float]] = []
     estimates: list[float] = []  # place: run-time estimates of `jobs` from history (EASY)
     releases: list[ExpectedRelease] = []  # place: running jobs' GPUs and when due back
+    # score: jobs a preemptive policy stopped since the last round, back in the queue
+    preempted: list[str] = []
 
 
 class ExpectedRelease(Struct, omit_defaults=True):

@@ -13,6 +13,11 @@ of deciding themselves:
   candidates, queue limits and all, with the history estimates and, under EASY,
   the running jobs' expected releases) and returns placement's `PlacementBatch`
   (placement applies the order rule and the discipline around its placer).
+* With `--preempt` and a preemptive policy (`las`), the simulator stops running
+  jobs as `simulate --preempt` does: which ones is a pure function of attained
+  service (`rank`, `next_threshold`), computed here by the same policy class; each
+  stop goes out as a `preempted` event and in the next round's `preempted` list,
+  and scoring puts the job back in its queue with the service it attained.
 
 Everything else (arrivals from the trace, run times, finishes, conflicts, the
 per-job records and the summary) is the simulator's, unchanged, so that the
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from shared.cluster import ClusterSpec
 from shared.messages import (
@@ -65,6 +70,11 @@ class _Pending:
     started: list[str]
     finished: list[str]
     events: list[JobEvent]
+    preempted: list[str]
+
+    @classmethod
+    def empty(cls) -> _Pending:
+        return cls([], [], [], [], [])
 
 
 class Rounds:
@@ -76,7 +86,8 @@ class Rounds:
         self.sim: Simulator | None = None
         self.round_id = -1
         self.now = 0.0
-        self.pending = _Pending([], [], [], [])
+        self.pending = _Pending.empty()
+        self.requeue: str | None = None  # the job being put back by a preemption
         self.sent: dict[int, tuple[int, ...]] = {}  # node index -> free row last published
         self.by_id: dict[str, QueuedJob] = {}  # waiting jobs, as the simulator holds them
         self.unknown = 0  # job ids in an answer that are not waiting here
@@ -90,7 +101,7 @@ class Rounds:
         asks for the head alone under EASY, then for the window) is answered from the
         same round: scoring's state and clock are the same, so is its answer."""
         p = self.pending
-        unchanged = not (p.arrived or p.started or p.finished or p.events)
+        unchanged = not (p.arrived or p.started or p.finished or p.events or p.preempted)
         if unchanged and self.answer is not None and self.answer[0] == now:
             nodes = self._changed_nodes(now)
             if not nodes:
@@ -99,7 +110,7 @@ class Rounds:
             nodes = self._changed_nodes(now)
         self.round_id += 1
         self.now = now
-        self.pending = _Pending([], [], [], [])
+        self.pending = _Pending.empty()
         for n in nodes:
             n.round_id = self.round_id
         req = RoundRequest(
@@ -111,6 +122,7 @@ class Rounds:
             started=p.started,
             finished=p.finished,
             nodes=[n.node_id for n in nodes],
+            preempted=p.preempted,
         )
         offload, self.offload = self.offload, []
         batch = self.channel.score(req, nodes, p.events, offload)
@@ -193,14 +205,24 @@ def node_status(
 
 
 class RemotePolicy:
-    """A `Policy` whose every window is scoring's answer to a round request."""
+    """A `Policy` whose every window is scoring's answer to a round request. With
+    `local` (a preemptive policy, under `--preempt`) its `rank` and `next_threshold`,
+    pure functions of a job's attained service, decide the simulator's preemptions."""
 
     oracle = False
 
-    def __init__(self, name: str, time_invariant: bool, rounds: Rounds) -> None:
+    def __init__(self, name: str, time_invariant: bool, rounds: Rounds, local: Any = None) -> None:
         self.name = name
         self.time_invariant = time_invariant
         self.rounds = rounds
+        self.local = local
+        self.preemptive = bool(getattr(local, "preemptive", False))
+
+    def rank(self, job: QueuedJob, attained_gpu_s: float) -> Any:
+        return self.local.rank(job, attained_gpu_s)
+
+    def next_threshold(self, attained_gpu_s: float) -> float | None:
+        return self.local.next_threshold(attained_gpu_s)
 
     @property
     def label(self) -> str:
@@ -211,7 +233,10 @@ class RemotePolicy:
 
     def add(self, job: QueuedJob) -> None:
         self.rounds.by_id[job.job_id] = job
-        self.rounds.pending.arrived.append(job.job_id)
+        if job.job_id == self.rounds.requeue:
+            self.rounds.pending.preempted.append(job.job_id)
+        else:
+            self.rounds.pending.arrived.append(job.job_id)
 
     def remove(self, job: QueuedJob) -> None:
         self.rounds.by_id.pop(job.job_id, None)
@@ -288,6 +313,15 @@ class BusSimulator(Simulator):
                 step_ms=cost.step_ms,
                 time=now,
             ))  # fmt: skip
+
+    def preempt(self, run: _Run, now: float) -> None:
+        nodes = sorted({self.state.node_ids[i] for i, _ in run.claim})
+        self.rounds.requeue = run.job.job_id
+        try:
+            super().preempt(run, now)
+        finally:
+            self.rounds.requeue = None
+        self.rounds.pending.events.append(JobEvent(run.job.job_id, "preempted", now, nodes))
 
     def _finish(self, run: _Run, now: float) -> None:
         nodes = sorted({self.state.node_ids[i] for i, _ in run.claim})

@@ -102,6 +102,7 @@ class SimSettings:
     exit_when_done: bool = False
     replay: bool = False  # submit the trace's jobs to jobs.submit as they arrive
     offload_fraction: float = 0.0  # as simulate's --offload-fraction (seeded marking)
+    preempt: bool = False  # as simulate's --preempt (a preemptive policy: las)
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -122,6 +123,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="mark this share of the jobs without a model size as offloading (as simulate)",
     )
+    p.add_argument("--preempt", action="store_true", help="let a preemptive policy (las) preempt")
     p.add_argument(
         "--resend", type=float, default=5.0, help="ask a round again after this many s unanswered"
     )
@@ -150,8 +152,18 @@ def from_args(args: argparse.Namespace) -> SimSettings:
         discipline=args.discipline,
         lockstep=args.lockstep, speedup=args.speedup, json_out=args.json_out,
         jobs_out=args.jobs_out, exit_when_done=args.exit_when_done, replay=args.replay,
-        resend_s=args.resend, offload_fraction=args.offload_fraction,
+        resend_s=args.resend, offload_fraction=args.offload_fraction, preempt=args.preempt,
     )  # fmt: skip
+
+
+def _local(conf: SimSettings) -> Any:
+    """Under `--preempt`, the policy itself, for its preemption ranks (pure functions of
+    attained service); None otherwise."""
+    if not conf.preempt:
+        return None
+    from services.scoring.policies import make_policy
+
+    return make_policy(conf.policy)
 
 
 def time_invariant(policy: str) -> bool:
@@ -403,9 +415,14 @@ async def serve(
         rounds = Rounds(channel, conf.window)
         sim = BusSimulator(
             cluster,
-            RemotePolicy(conf.policy, time_invariant(conf.policy), rounds),
+            RemotePolicy(conf.policy, time_invariant(conf.policy), rounds, _local(conf)),
             RemotePlacer(conf.placer, rounds),
-            SimConfig(window=conf.window, seed=conf.seed, discipline=conf.discipline),
+            SimConfig(
+                window=conf.window,
+                seed=conf.seed,
+                discipline=conf.discipline,
+                preempt=conf.preempt,
+            ),
         )
         if ready is not None:
             ready.set()

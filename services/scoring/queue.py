@@ -79,6 +79,9 @@ class ScoringState:
         self.running: dict[str, QueuedJob] = {}
         self.started_at: dict[str, float] = {}
         self.run_s: dict[str, float] = {}  # GPU-holding time of finished jobs
+        self.attained: dict[str, float] = {}  # GPU-seconds of the segments that ended
+        self.preempts: Counter[str] = Counter()  # preempted events seen, per job
+        self.requeued: Counter[str] = Counter()  # preemptions applied (driven rounds)
         self.ended: set[str] = set()
         self.cancelled: set[str] = set()  # failed before they started (killed while queued)
         self.seq = 0
@@ -117,8 +120,14 @@ class ScoringState:
         elif ev.kind in ("finished", "failed", "preempted"):
             if jid not in self.started_at or jid in self.ended:
                 return
-            self.run_s[jid] = self.run_s.get(jid, 0.0) + ev.time - self.started_at.pop(jid)
+            start = self.started_at.pop(jid)
+            self.run_s[jid] = self.run_s.get(jid, 0.0) + ev.time - start
+            job = self.jobs.get(jid)
+            if job is not None:  # (summed per segment, as the simulator sums it)
+                gpus = queued_job(job, -1).gpus
+                self.attained[jid] = self.attained.get(jid, 0.0) + gpus * (ev.time - start)
             if ev.kind == "preempted":
+                self.preempts[jid] += 1
                 if free:
                     self._stop(jid, requeue=True)
                 return
@@ -200,6 +209,10 @@ class ScoringState:
         """What a round still waits for (for `why` and for the logs)."""
         miss = [f"job {j}" for j in req.arrived if j not in self.jobs and j not in self.dropped]
         miss += [f"finish of {j}" for j in req.finished if j not in self.run_s]
+        due = Counter(req.preempted)
+        miss += [
+            f"preemption of {j}" for j, n in due.items() if self.preempts[j] < self.requeued[j] + n
+        ]
         miss += [f"node {n}" for n in req.nodes if self.view.round_of.get(n, -1) < req.round_id]
         return miss
 
@@ -218,6 +231,12 @@ class ScoringState:
             job = self.jobs.get(jid)
             if job is not None:
                 self._enqueue(job)
+        for jid in req.preempted:  # back in the queue with the service it attained
+            self.requeued[jid] += 1
+            q = self.running.get(jid)
+            if q is not None:
+                q.attained_gpu_s = self.attained.get(jid, 0.0)
+                self._stop(jid, requeue=True)
 
     # ---- free rounds --------------------------------------------------------------------
     def free_round(self, round_id: int, now: float) -> PriorityBatch | None:

@@ -74,6 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0.0,
         help="share of jobs without a model size marked as offloading (as simulate)",
     )
+    p.add_argument("--preempt", action="store_true", help="let a preemptive policy (las) preempt")
     p.add_argument("--until-done", action="store_true", help="exit when the trace is done")
     p.add_argument("--json", default=None, help="summary JSON at the end (as simulate)")
     p.add_argument("--jobs-out", default=None, help="per-job CSV at the end (as simulate)")
@@ -147,6 +148,7 @@ class Services:
         sim += ["--speedup", str(args.speedup)] + (["--lockstep"] if args.lockstep else [])
         sim += ["--limit", str(args.limit)] if args.limit else []
         sim += ["--offload-fraction", str(args.offload_fraction)] if args.offload_fraction else []
+        sim += ["--preempt"] if args.preempt else []
         if args.until_done:
             sim += ["--exit-when-done"]
             sim += ["--json", args.json] if args.json else []

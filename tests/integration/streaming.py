@@ -73,11 +73,13 @@ def lockstep_runs(
     limit: int,
     tmp: Path,
     offload_fraction: float = 0.0,
+    preempt: bool = False,
 ) -> dict[str, Callable[[asyncio.Event], Awaitable[Any]]]:
     sim_conf = cluster_sim.SimSettings(
         trace=str(PHILLY), format="philly", cluster=str(cluster), policy=policy, placer=placer,
         limit=limit, lockstep=True, json_out=str(tmp / "up.json"),
         jobs_out=str(tmp / "up.csv"), exit_when_done=True, offload_fraction=offload_fraction,
+        preempt=preempt,
     )  # fmt: skip
     return {
         "arrival": lambda stop: arrival.serve(settings, stop),

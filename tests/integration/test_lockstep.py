@@ -1,7 +1,8 @@
 """Lockstep over the real broker gives `rltune simulate`'s per-job start times, with
 or without garbage on every internal topic (dead-lettered once, by its owner), for
 the learned policy (with offloading jobs: their `OffloadStats` from cluster-sim's
-cost model reach the reward) and sjf-est."""
+cost model reach the reward), sjf-est, and LAS with preemption (jobs stopped and
+put back in the queue through the services, their attained service carried)."""
 
 from __future__ import annotations
 
@@ -56,10 +57,13 @@ async def _publish_garbage(bus: BusSettings) -> int:
 LIMIT = 60
 
 
-def _simulate(tmp: Path, cluster: Path, policy: str, placer: str, offload: float) -> Path:
+def _simulate(
+    tmp: Path, cluster: Path, policy: str, placer: str, offload: float, preempt: bool
+) -> Path:
     out = tmp / "sim.csv"
     argv = ["simulate", "--trace", str(PHILLY), "--format", "philly", "--cluster", str(cluster)]
     argv += ["--policy", policy, "--placer", placer, "--limit", str(LIMIT), "--jobs-out", str(out)]
+    argv += ["--preempt"] if preempt else []
     assert main([*argv, "--offload-fraction", str(offload)]) == 0
     return out
 
@@ -86,15 +90,16 @@ def _in_process(cluster: Path, offload: float) -> SimResult:
 
 
 @pytest.mark.parametrize(
-    ("policy", "bad_input", "offload"), [("rl", False, 0.5), ("sjf-est", True, 0.0)]
+    ("policy", "bad_input", "offload", "preempt"),
+    [("rl", False, 0.5, False), ("sjf-est", True, 0.0, False), ("las", False, 0.0, True)],
 )
 async def test_lockstep_same_start_times_as_simulate(
-    bus: BusSettings, tmp_path: Path, policy: str, bad_input: bool, offload: float
+    bus: BusSettings, tmp_path: Path, policy: str, bad_input: bool, offload: float, preempt: bool
 ) -> None:
     cluster = small_cluster(tmp_path)
     per_topic = await _publish_garbage(bus) if bad_input else 0
     await publish_trace(bus, cluster, LIMIT)
-    runs = lockstep_runs(bus, cluster, policy, "milp", LIMIT, tmp_path, offload)
+    runs = lockstep_runs(bus, cluster, policy, "milp", LIMIT, tmp_path, offload, preempt)
     conf = telemetry.TelemetrySettings(interval_s=0.5)
     runs["telemetry"] = lambda stop: telemetry.serve(bus, stop, conf=conf)
     async with services(bus, runs) as tasks:
@@ -134,9 +139,14 @@ async def test_lockstep_same_start_times_as_simulate(
         assert got_rates.keys() == {j for j, r in result.offload.items() if r.run_s > 0}
         for jid, rate in got_rates.items():
             assert rate == pytest.approx(result.offload[jid].hit_rate, rel=1e-9), jid
-    expected = _simulate(tmp_path, cluster, policy, "milp", offload).read_text()
+    expected = _simulate(tmp_path, cluster, policy, "milp", offload, preempt).read_text()
     got = (tmp_path / "up.csv").read_text()
     starts = [line.split(",")[:5] for line in expected.splitlines()]
-    assert len(starts) == LIMIT + 1
+    ids = [s[0] for s in starts[1:]]
+    assert len(set(ids)) == LIMIT
+    if preempt:  # stopped and started again: a row per run segment
+        assert len(ids) - LIMIT > 20
+    else:
+        assert len(ids) == LIMIT
     assert sum(1 for s in starts[1:] if s[3] and float(s[3]) > float(s[2])) > 5  # jobs queued
     assert got == expected
