@@ -17,6 +17,7 @@ __all__ = [
     "FEATURE_SETS",
     "HEURISTICS",
     "OBJECTIVES",
+    "REWARDS",
     "TEACHERS",
     "Args",
     "validate",
@@ -24,6 +25,7 @@ __all__ = [
 ]
 
 OBJECTIVES = ("bsld", "queue", "jct", "util")
+REWARDS = ("episode", "round")
 
 _BASE = tuple(f for f in JOB_FEATURES if f not in OFFLOAD_FEATURES)
 FEATURE_SETS = {
@@ -33,7 +35,9 @@ FEATURE_SETS = {
 }
 # none knows run times; `las` is `fifo` without preemption, so it is not run twice
 HEURISTICS = ("fifo", "sjf-est", "f1", "multifactor", "smallest", "drf")
-TEACHERS = ("sjf-est", "drf", "drf-sjf")  # rankings the warm start can imitate
+# rankings the warm start can imitate; the last two read true run times (privileged:
+# the trainer has them, the network's inputs never do)
+TEACHERS = ("sjf-est", "drf", "drf-sjf", "sjf-oracle", "drf-oracle")
 
 
 @dataclass
@@ -73,9 +77,13 @@ class Args:
     baseline: str = "drf"
     """the heuristic of the prefix and of the reward"""
     teacher: str = "drf"
-    """the heuristic ranking the warm start imitates: sjf-est, drf or drf-sjf"""
+    """the ranking the warm start imitates: sjf-est, drf, drf-sjf, or the privileged
+    sjf-oracle / drf-oracle (true run times, seen by the trainer only)"""
     objective: str = "bsld"
     """what the reward improves: bsld, queue, jct or util"""
+    reward: str = "episode"
+    """credit: episode (the gain on the last round) or round (split over the rounds
+    by when each job started; same sum; util stays per episode)"""
     placer: str = "greedy"
     """placement in the loop"""
     window: int = 128
@@ -143,6 +151,8 @@ def validate(args: Args) -> None:
     """UserError (one line) for the first argument that cannot work."""
     if args.objective not in OBJECTIVES:
         raise UserError(f"--objective {args.objective!r}: choose from {', '.join(OBJECTIVES)}")
+    if args.reward not in REWARDS:
+        raise UserError(f"--reward {args.reward!r}: choose from {', '.join(REWARDS)}")
     if args.teacher not in TEACHERS:
         raise UserError(f"--teacher {args.teacher!r}: choose from {', '.join(TEACHERS)}")
     if args.features not in FEATURE_SETS:

@@ -10,6 +10,18 @@ under the baseline alone; the reward is the improvement of the objective over
 that run, relative to it, on the jobs both runs still had to schedule at the
 switch (the prefix is the same in both, so those are the same jobs).
 
+Per-round credit (`EpisodeConfig.dense`): the same reward, split over the
+rounds the policy ranked (`round_rewards`). For a per-job objective (bsld,
+queue, jct) the relative gain is a sum over jobs, (mean_b - mean_p) / mean_b =
+sum_j (v_b(j) / n_b - v_p(j) / n_p) / mean_b, and each job's term goes to the
+last recorded round at or before the job started under the policy (a job that
+never started: the last round). A round's return-to-go (gamma = 1) then counts
+only the jobs still waiting when it was decided, which its ranking could
+change; the terms of jobs already running are left out of it, so PPO's
+advantages carry less of the noise that whole-episode credit carries. The
+rounds' rewards add up to the episode's reward exactly, which stays the figure
+reported. `util` (not a sum over jobs) keeps the reward on the last round.
+
 Objectives (`OBJECTIVES`): avg bounded slowdown (default), avg queueing
 delay, avg JCT (lower is better), and GPU utilisation over the episode's
 submission span (higher is better).
@@ -22,6 +34,7 @@ W · (part under the policy − part under the baseline), the part being
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +64,7 @@ __all__ = [
     "capacity",
     "demand",
     "objective",
+    "round_rewards",
     "run_episode",
 ]
 
@@ -66,6 +80,7 @@ class EpisodeConfig:
     placer: str = "greedy"
     window: int = 128
     offload_reward: float = 0.0  # W of the offload part (module doc); 0: off
+    dense: bool = False  # split the reward over the rounds (module doc, `round_rewards`)
 
 
 @dataclass(frozen=True)
@@ -87,6 +102,11 @@ class EpisodeResult:
     decisions: int  # rounds the policy ranked
     sim_s: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
+    # per kept step, summing to `reward` (EpisodeConfig.dense); None: all on the last
+    step_rewards: np.ndarray | None = None
+    # the true run time (reference type) of every episode job, by simulator seq: the
+    # trainer's, for a privileged teacher's ranking only; never an input of the network
+    run_s: np.ndarray | None = None
 
 
 def demand(jobs: Sequence[TraceJob]) -> float:
@@ -153,6 +173,7 @@ class _Keep:
 
     def __init__(self) -> None:
         self.steps: list[Step] = []
+        self.times: list[float] = []  # when each kept step was decided
         self.rounds = 0
         self._open: Step | None = None
         self._left = 0
@@ -160,7 +181,7 @@ class _Keep:
     def record(self, step: Step, now: float) -> None:
         self._close()
         self.rounds += 1
-        self._open, self._left = step, len(step.pool)
+        self._open, self._left, self._now = step, len(step.pool), now
 
     def removed(self, seq: int) -> None:
         if self._open is not None:
@@ -170,6 +191,7 @@ class _Keep:
         s = self._open
         if s is not None and len(s.pool) >= 2 and s.pulled >= 1 and self._left > 0:
             self.steps.append(s)
+            self.times.append(self._now)
         self._open = None
 
     def finish(self) -> list[Step]:
@@ -199,6 +221,55 @@ def objective(records: Sequence[JobRecord], which: str, seqs: set[int], total_gp
         )
         return held / (total_gpus * span)
     raise ValueError(f"unknown objective {which!r}; choose from {', '.join(OBJECTIVES)}")
+
+
+_PER_JOB = {"bsld": "bsld", "queue": "queue_s", "jct": "jct_s"}
+
+
+def round_rewards(
+    base: Sequence[JobRecord],
+    run: Sequence[JobRecord],
+    seqs: set[int],
+    which: str,
+    times: Sequence[float],
+    reward: float,
+) -> np.ndarray:
+    """The episode's `reward` split over the kept rounds decided at `times`
+    (ascending): each job of `seqs` adds (v_b / n_b - v_p / n_p) / mean_b to the last
+    round at or before its start under the policy (module doc). The terms add up to
+    the relative gain; they are scaled to `reward` when that differs (the -100%
+    floor), and whatever is left (an offload part, a `util` objective) goes to the
+    last round."""
+    out = np.zeros(len(times), dtype=np.float64)
+    if not len(times):
+        return out
+    attr = _PER_JOB.get(which)
+    fb = [i for i in sorted(seqs) if base[i].finished]
+    fp = [i for i in sorted(seqs) if run[i].finished]
+    if attr is None or not fb or not fp:
+        out[-1] = reward
+        return out
+    mean_b = float(np.mean([getattr(base[i], attr) for i in fb]))
+    gain = relative_gain(which, float(np.mean([getattr(run[i], attr) for i in fp])), mean_b)
+    if mean_b <= 0 or gain == 0.0:
+        out[-1] = reward
+        return out
+    last = len(times) - 1
+
+    def slot(i: int) -> int:
+        segs = run[i].segments
+        if not segs:
+            return last
+        return min(max(bisect.bisect_right(times, segs[0].start_s) - 1, 0), last)
+
+    for i in fb:
+        out[slot(i)] += getattr(base[i], attr) / (len(fb) * mean_b)
+    for i in fp:
+        out[slot(i)] -= getattr(run[i], attr) / (len(fp) * mean_b)
+    own = max(gain, -1.0)  # the objective's part of `reward` (run_episode's floor)
+    out *= own / gain
+    out[-1] += reward - own
+    return out
 
 
 def relative_gain(which: str, policy: float, base: float) -> float:
@@ -248,6 +319,10 @@ def run_episode(
         pb, pp = _offload_part(base, ids), _offload_part(run, ids)
         extra = {"offload_part": pp.value, "offload_part_baseline": pb.value}
         reward += cfg.offload_reward * (pp.value - pb.value)
+    dense = None
+    if cfg.dense:
+        dense = round_rewards(base.records, run.records, todo, cfg.objective, keep.times, reward)
+    ordered = sorted(jobs, key=lambda j: j.submit_s)  # the simulator's seq order
     return EpisodeResult(
         spec,
         steps,
@@ -258,6 +333,8 @@ def run_episode(
         decisions=keep.rounds,
         sim_s=base.wall_s + run.wall_s,
         extra=extra,
+        step_rewards=dense,
+        run_s=np.asarray([j.duration_s or 0.0 for j in ordered], dtype=np.float64),
     )
 
 

@@ -24,7 +24,15 @@ from shared.cluster import ClusterSpec
 from shared.policy_features import JOB_FEATURES
 from shared.traces import TraceJob
 
-__all__ = ["TEACHERS", "Batch", "Rollouts", "make_batch", "sjf_est_ranking", "teacher_ranking"]
+__all__ = [
+    "ORACLE_TEACHERS",
+    "TEACHERS",
+    "Batch",
+    "Rollouts",
+    "make_batch",
+    "sjf_est_ranking",
+    "teacher_ranking",
+]
 
 _GROUP_RUN = JOB_FEATURES.index("log_mean_run_group_s")
 _WAIT = JOB_FEATURES.index("log_wait_s")
@@ -48,11 +56,30 @@ def drf_sjf_ranking(x: np.ndarray) -> np.ndarray:
     return np.lexsort((-x[:, _WAIT], x[:, _GROUP_RUN], x[:, _VC_SHARE])).astype(np.int64)
 
 
+def sjf_oracle_ranking(x: np.ndarray, run_s: np.ndarray) -> np.ndarray:
+    """The `sjf-oracle` order: the shortest true run time first, then submit order
+    (the rows of `x` are in (submit, seq) order, RLPolicy.candidates)."""
+    return np.lexsort((np.arange(len(x)), run_s)).astype(np.int64)
+
+
+def drf_oracle_ranking(x: np.ndarray, run_s: np.ndarray) -> np.ndarray:
+    """`drf` across VCs, `sjf-oracle` within one."""
+    return np.lexsort((np.arange(len(x)), run_s, x[:, _VC_SHARE])).astype(np.int64)
+
+
 TEACHERS = {"sjf-est": sjf_est_ranking, "drf": drf_ranking, "drf-sjf": drf_sjf_ranking}
+# privileged teachers: they read the true run times of the round's jobs, which the
+# trainer has (it built the episode) and the network never does (Step holds none)
+ORACLE_TEACHERS = {"sjf-oracle": sjf_oracle_ranking, "drf-oracle": drf_oracle_ranking}
 
 
-def teacher_ranking(name: str, x: np.ndarray) -> np.ndarray:
-    """The ranking heuristic `name` (a key of TEACHERS) gives the rows of `x`."""
+def teacher_ranking(name: str, x: np.ndarray, run_s: np.ndarray | None = None) -> np.ndarray:
+    """The ranking heuristic `name` (a key of TEACHERS or ORACLE_TEACHERS) gives the
+    rows of `x`; an oracle teacher also reads `run_s`, the rows' true run times."""
+    if name in ORACLE_TEACHERS:
+        if run_s is None:
+            raise ValueError(f"teacher {name!r} needs the true run times of the round's jobs")
+        return ORACLE_TEACHERS[name](x, run_s)
     return TEACHERS[name](x)
 
 
@@ -126,7 +153,7 @@ class Batch:
     perm: torch.Tensor  # [T, N] the drawn ranking, empty slots last
     pulled: torch.Tensor  # [T] ranks the simulator read
     teacher: torch.Tensor  # [T, N] the teacher heuristic's ranking of the same jobs
-    rewards: np.ndarray  # [T] the episode's reward on its last step, else 0
+    rewards: np.ndarray  # [T] per-round rewards, or the episode's reward on its last step
     ends: np.ndarray  # [T] bool: last step of an episode
 
     def __len__(self) -> int:
@@ -138,32 +165,41 @@ def make_batch(
 ) -> Batch | None:
     """Stack the episodes' steps (an episode with none contributes nothing), keeping
     the job-feature columns `features` (steps record all of JOB_FEATURES), with the
-    `teacher_name` heuristic's ranking of each step (the warm start imitates it)."""
-    steps = [(r, s) for r in results for s in r.steps]
+    `teacher_name` heuristic's ranking of each step (the warm start imitates it).
+    An episode with `step_rewards` (one per step, env.round_rewards) spreads its
+    reward over its rounds; otherwise the whole reward is on its last step. An
+    oracle teacher reads the episode's `run_s` (true run time by job seq)."""
+    steps = [(r, s, j) for r in results for j, s in enumerate(r.steps)]
     if not steps:
         return None
-    n = max(len(s.pool) for _, s in steps)
+    n = max(len(s.pool) for _, s, _ in steps)
     t = len(steps)
     cols = np.asarray([JOB_FEATURES.index(name) for name in features], dtype=np.int64)
     f = len(cols)
     x = np.zeros((t, n, f), dtype=np.float32)
     mask = np.zeros((t, n), dtype=bool)
-    g = np.stack([s.g for _, s in steps]).astype(np.float32)
+    g = np.stack([s.g for _, s, _ in steps]).astype(np.float32)
     perm = np.tile(np.arange(n, dtype=np.int64), (t, 1))
     pulled = np.zeros(t, dtype=np.int64)
     teacher = perm.copy()
     rewards = np.zeros(t, dtype=np.float64)
     ends = np.zeros(t, dtype=bool)
-    for i, (res, s) in enumerate(steps):
+    for i, (res, s, j) in enumerate(steps):
         k = len(s.pool)
         x[i, :k] = s.x[:, cols]
         mask[i, :k] = True
         perm[i, :k] = s.perm[:k]
         pulled[i] = s.pulled
-        teacher[i, :k] = teacher_ranking(teacher_name, s.x)
-        if s is res.steps[-1]:
+        run_s = getattr(res, "run_s", None)
+        truth = run_s[np.asarray(s.pool, dtype=np.int64)] if run_s is not None else None
+        teacher[i, :k] = teacher_ranking(teacher_name, s.x, truth)
+        dense = getattr(res, "step_rewards", None)
+        if dense is not None:
+            rewards[i] = dense[j]
+        if j == len(res.steps) - 1:
             ends[i] = True
-            rewards[i] = res.reward
+            if dense is None:
+                rewards[i] = res.reward
     return Batch(
         torch.from_numpy(x),
         torch.from_numpy(mask),

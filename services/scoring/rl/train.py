@@ -252,7 +252,7 @@ def train(
     features = FEATURE_SETS[args.features]
     cfg = EpisodeConfig(
         args.prefix, args.jobs, args.load_lo, args.load_hi, args.baseline, args.objective,
-        args.placer, args.window, args.offload_reward,
+        args.placer, args.window, args.offload_reward, args.reward == "round",
     )  # fmt: skip
     train_jobs, clusters, val_jobs = load_world(args)
     # ---- the network, the optimizer, or both from a checkpoint ----

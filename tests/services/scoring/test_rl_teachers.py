@@ -1,8 +1,11 @@
-"""The warm start's teacher rankings, computed from the encoded features, are the
-orders the real heuristic policies give (services.scoring.policies), on many
-random queues."""
+"""The warm start's teacher rankings, computed from the encoded features (and, for
+the privileged teachers, the true run times the trainer holds), are the orders
+the real heuristic policies give (services.scoring.policies), on many random
+queues."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -10,8 +13,8 @@ import pytest
 from services.scoring.policies import make_policy
 from services.scoring.rl.rollout import teacher_ranking
 from shared.cluster import parse_cluster
-from shared.policy_api import History, PolicyContext, QueuedJob
-from shared.policy_features import encode
+from shared.policy_api import History, OracleContext, PolicyContext, QueuedJob
+from shared.policy_features import JOB_FEATURES, encode
 from shared.sim.observe import SimObservation, WaitingIndex
 from shared.sim.state import ClusterState
 
@@ -45,3 +48,53 @@ def test_teacher_is_the_heuristic(name: str) -> None:
         for j in jobs:
             policy.add(j)
         assert mine == [j.seq for j in policy.window(len(jobs), obs)]
+
+
+def _random_queue(rng: np.random.Generator) -> tuple[list[QueuedJob], dict[int, float], dict]:
+    jobs = [
+        QueuedJob(i, f"j{i}", float(rng.integers(0, 900)), int(rng.choice([1, 2, 4])),
+                  vc=str(rng.choice(["a", "b", "c", "d"])))
+        for i in range(int(rng.integers(2, 40)))
+    ]  # fmt: skip
+    jobs.sort(key=lambda j: (j.submit_s, j.seq))  # the pool's order (RLPolicy.candidates)
+    run = {
+        j.seq: float(rng.choice([10.0, 60.0, 3600.0, float(rng.integers(1, 9999))])) for j in jobs
+    }
+    held = {vc: float(rng.integers(0, 3)) * 4 for vc in "abcd"}
+    return jobs, run, held
+
+
+def _lookup(run: dict[int, float]) -> Callable[[QueuedJob], float]:
+    return lambda j: run[j.seq]
+
+
+def test_oracle_teacher_is_sjf_oracle() -> None:
+    """The privileged teacher's ranking is the real `sjf-oracle` policy's window
+    (run times with many ties, so the submit-order tie-break is exercised too)."""
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        jobs, run, held = _random_queue(rng)
+        waiting = WaitingIndex()
+        for j in jobs:
+            waiting.add(j)
+        obs = SimObservation(ClusterState(CLUSTER), waiting, History(), held)
+        obs.now = 1000.0
+        x, _ = encode(jobs, obs, len(jobs))
+        truth = np.asarray([run[j.seq] for j in jobs])
+        mine = [jobs[i].seq for i in teacher_ranking("sjf-oracle", x, truth)]
+        policy = make_policy("sjf-oracle")
+        policy.reset(OracleContext(CLUSTER, History(), 0, true_run_s=_lookup(run)))
+        for j in jobs:
+            policy.add(j)
+        assert mine == [j.seq for j in policy.window(len(jobs), obs)]
+        # drf-oracle: a reference in one line, the VC holding the fewest GPUs first
+        ref = sorted(jobs, key=lambda j: (held[j.vc], run[j.seq], j.submit_s, j.seq))
+        assert [jobs[i].seq for i in teacher_ranking("drf-oracle", x, truth)] == [
+            j.seq for j in ref
+        ]
+
+
+def test_oracle_teacher_needs_run_times() -> None:
+    x = np.zeros((3, len(JOB_FEATURES)), dtype=np.float32)
+    with pytest.raises(ValueError, match="true run times"):
+        teacher_ranking("sjf-oracle", x)

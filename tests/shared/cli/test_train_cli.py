@@ -83,6 +83,8 @@ def test_train_ablation_features(tmp_path: Path) -> None:
         (["--iterations", "0"], "--iterations must be positive"),
         (["--until", "yesterday"], "cannot read time 'yesterday'"),
         (["--offload-fraction", "1.5"], "--offload-fraction must be between 0 and 1"),
+        (["--reward", "job"], "--reward 'job'"),
+        (["--teacher", "oracle"], "--teacher 'oracle'"),
     ],
 )
 def test_train_user_errors_are_one_line(
@@ -113,3 +115,23 @@ def test_train_with_offload_reward_and_feature(tmp_path: Path) -> None:
     assert ckpt.features[-1] == "offload_pressure" and ckpt.net.cfg.n_job == len(ckpt.features)
     assert "50% of jobs" in ckpt.meta["offload_marking"]
     assert ckpt.meta["args"]["offload_reward"] == 1.0
+
+
+def test_train_privileged_teacher_and_round_credit(tmp_path: Path) -> None:
+    """`--teacher drf-oracle` imitates another ranking than `drf` (the true run
+    times reach the teacher: one imitation iteration, nothing else differs), and
+    `--reward round` trains through PPO; both are recorded in the checkpoint,
+    whose features are the usual run-time-free ones."""
+    one = ("--iterations", "1", "--warm-iterations", "1")
+    assert main([*_train(tmp_path, "d.pt", *one), "--teacher", "drf"]) == 0
+    assert main([*_train(tmp_path, "o.pt", *one), "--teacher", "drf-oracle"]) == 0
+    d, o = _weights(tmp_path / "d.last.pt"), _weights(tmp_path / "o.last.pt")
+    assert not all(torch.equal(d[k], o[k]) for k in d)
+    two = ("--iterations", "2", "--warm-iterations", "1", "--val-every", "2")
+    argv = [*_train(tmp_path, "r.pt", *two), "--teacher", "drf-oracle", "--reward", "round"]
+    assert main(argv) == 0
+    ckpt = load_checkpoint(tmp_path / "r.last.pt")
+    assert ckpt.meta["args"]["teacher"] == "drf-oracle" and ckpt.meta["args"]["reward"] == "round"
+    assert ckpt.features == load_checkpoint(tmp_path / "d.last.pt").features
+    rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+    assert rows[0]["losses/imitation"] != "nan" and rows[1]["losses/policy"] != "nan"
