@@ -9,7 +9,8 @@ compute did not hide / run time without it), priority inversions; then each
 offload-aware placer against its unaware twin. `--out DIR` writes the table as
 JSON and a bar plot (offload_placement.png). `--policies` runs every placer under
 each policy (rows "policy / placer"; a learned one as `rl:PATH`), `--since` /
-`--until` pick the slice as `rltune simulate` does, and `--jobs-out DIR` writes
+`--until` pick the slice as `rltune simulate` does (each run's wall and CPU
+seconds are in the JSON: `wall_s`, `cpu_s`), and `--jobs-out DIR` writes
 each run's per-job CSV and summary JSON (as `simulate --jobs-out`, `--json`): every
 figure of the table is recomputed from the CSV (tests/shared/sim/jobs_check.py,
 ../shared/tools/check_jobs.py).
@@ -18,6 +19,7 @@ figure of the table is recomputed from the CSV (tests/shared/sim/jobs_check.py,
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +92,9 @@ def main(argv: list[str]) -> int:
                 bar.update(task, completed=done)
 
             placer = make_placer(name, reproducible=True)
+            cpu = time.process_time()
             res = simulate(jobs, cluster, make_policy(pol), placer, config, tick)
+            cpu = time.process_time() - cpu
             s = res.summary()
             if not s.get("offload_jobs"):
                 raise UserError("no offloading job finished: raise --fraction or --limit")
@@ -98,6 +102,7 @@ def main(argv: list[str]) -> int:
             s["others_avg_jct_s"] = sum(others) / len(others) if others else 0.0
             rows[label] = {k: s[k] for k in (*KEYS, "offload_jobs", "priority_inversions")}
             rows[label]["wall_s"] = round(res.wall_s, 1)
+            rows[label]["cpu_s"] = round(cpu, 2)  # this process's CPU time for the run
             if a.jobs_out:
                 Path(a.jobs_out).mkdir(parents=True, exist_ok=True)
                 safe = "".join(c if c.isalnum() or c in "+-." else "_" for c in label)

@@ -13,9 +13,10 @@ Two levels, because the two kinds of demand touch disjoint resources:
 A pattern is what one member of a class receives: for a node, a multiset of
 whole-GPU slot sizes (a size-1 slot may also be opened for sharing); for a GPU,
 a multiset of share sizes. A whole-GPU slot of an offloading job is its own kind
-of slot, keyed k + STREAM (slot_gpus gives its k back), so a node pattern says how
-many of the GPUs it fills will stream (offload_term.py charges what they cost each
-other); without offloading jobs every key is plain. The MILP picks how many
+of slot, keyed k + kind · STREAM (kind >= 1 per offloading job kind; slot_gpus
+gives its k back), so a node pattern says which streaming jobs it starts on one
+node (offload_term.py charges what they cost each other); without offloading
+jobs every key is plain. The MILP picks how many
 members take each pattern, so the model grows with distinct shapes and window
 sizes, not with nodes.
 """
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 GpuRef = tuple[int, int]  # (node position in the input, GPU index on that node)
-STREAM = 1 << 16  # slot key offset of a whole-GPU slot taken by an offloading job
+STREAM = 1 << 16  # slot key step per streaming kind (a whole-GPU slot of an offloading job)
 
 
 def slot_gpus(key: int) -> int:

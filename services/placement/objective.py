@@ -17,8 +17,9 @@ scores a placement (the MILP's greedy comparison, the benchmark, the tests).
 with the node and GPU terms of the ATC'23 fragmentation F_n (frag.py). A job
 spread over nodes of several types runs at the slowest type's speed. S_n is 0
 unless a `Contention` is given (offload_term.py): then the whole-GPU slots of
-offloading jobs are their own slot kind (classes.STREAM) and S_n charges what
-the single-node offloading jobs started together on node n cost each other.
+offloading jobs are slot kinds of their own (k + kind · classes.STREAM, one kind
+per offloading job kind) and S_n charges what the single-node offloading jobs
+started together on node n cost each other.
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ __all__ = ["Contention", "ObjectiveWeights", "Scorer"]
 class Contention(Protocol):
     """What jobs placed together on one node in one window cost each other."""
 
-    def streams(self, job: JobRequest) -> bool:
-        """Whether the job's whole-GPU slots are streaming slots (it offloads)."""
+    def kind(self, job: JobRequest) -> int:
+        """The job's streaming kind (>= 1; jobs of one kind cost alike), 0 if its
+        whole-GPU slots are plain (it does not offload)."""
         ...
 
     def cost(self, gpu_type: str, slots: Sequence[tuple[int, int]]) -> int:
-        """S_n of one node of `gpu_type` given (GPUs per slot, slots) of the streaming
-        slots it receives this window; 0 for a single slot."""
+        """S_n of one node of `gpu_type` given (slot key, slots) of the streaming slots
+        it receives this window (key = GPUs + kind · STREAM); 0 for a single slot."""
         ...
 
 
@@ -112,17 +114,17 @@ class Scorer:
 
     def slot_key(self, job: JobRequest) -> int:
         """The slot kind the job fills: its share (milli), its GPUs, or its GPUs +
-        STREAM when it streams (classes.py)."""
+        kind · STREAM when it streams (classes.py)."""
         if job.gpu_milli < FULL_GPU:
             return job.gpu_milli
-        streams = self.contention is not None and self.contention.streams(job)
-        return job.num_gpus + (STREAM if streams else 0)
+        kind = self.contention.kind(job) if self.contention is not None else 0
+        return job.num_gpus + STREAM * kind
 
     def pattern_charge(self, gpu_type: str, sizes: Sequence[int], pattern: Sequence[int]) -> int:
         """S_n of a node pattern (counts over slot keys `sizes`)."""
         if self.contention is None:
             return 0
-        slots = [(k - STREAM, c) for k, c in zip(sizes, pattern, strict=True) if c and k > STREAM]
+        slots = [(k, c) for k, c in zip(sizes, pattern, strict=True) if c and k > STREAM]
         return self.contention.cost(gpu_type, slots) if slots else 0
 
     def _squash(self, gpu_type: str) -> float:
@@ -163,8 +165,9 @@ class Scorer:
         streaming: dict[str, list[tuple[int, int]]] = defaultdict(list)  # node -> slots
         for a in allocs:
             job = self.jobs[self._pos[a.job_id]]
-            if len(a.gpus) == 1 and self.slot_key(job) > STREAM:
-                streaming[a.gpus[0][0]].append((job.num_gpus, 1))
+            key = self.slot_key(job)
+            if len(a.gpus) == 1 and key > STREAM:
+                streaming[a.gpus[0][0]].append((key, 1))
             types = [by_id[n].gpu_type for n in a.node_ids]
             slowest = min(types, key=lambda t: self.speed.get(t, 1.0))
             value += self.value(self._pos[a.job_id], slowest)

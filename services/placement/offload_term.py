@@ -3,69 +3,80 @@ cause to the offloading jobs already there, charged on each node class.
 
 `OffloadAwarePlacer` wraps the MILP or the greedy placer. It reads an
 `OffloadView` (in simulation, the simulator's shared.sim.offload_state.OffloadState):
-which window jobs offload, how many offloading GPUs stream on each node, and the
-cost model's estimate for a job on a node. Windows without an offloading job go to
+which window jobs offload, a node's signature (what the cost model reads of it),
+and the cost model's estimate for a job on a node. Windows without an offloading job go to
 the wrapped placer unchanged.
 
-MILP. The node classes gain a bandwidth dimension: a node of type t with b
-offloading GPUs streaming on it (b capped at 8) becomes type "t~b~d", same
-speed, d the class of the slowdown Δ the window's first offloading job would add
-to the offloading GPUs there (edges DELTA_STEPS; nodes with equal b can hold
-jobs that suffer very differently); jobs allowed t may use every t~b~d. For an
-offloading job j on class c = t~b~d the objective is charged
+MILP. The node classes gain a bandwidth dimension where offloading jobs run: a
+node of type t becomes type "t~i", same speed, i its class among the nodes of
+type t by what the cost model reads of it (OffloadView.signature: its PCIe and
+NVMe GB/s, host memory per GPU, and the offloading jobs streaming there with
+their sizes and GPUs on it). Nodes of one class give every job that fits them
+the same estimate, so one member (the one with the most GPUs, for a multi-node
+job's largest part) stands for all of them; nodes without offloading jobs stay
+one class per type and hardware. Jobs allowed t may
+use every t~i. For an offloading job j on class c = t~i the objective is charged
 
     raw_j,c = round(value_scale · g_j · w_j · speed_t · WEIGHT · min(x, 1))
     x       = (1 − 1/f_j) + Δ_j
     C_j,c   = raw_j,c − max_{c' allowed} raw_j,c'
 
-f_j the job's own slowdown on the class's representative node (its first) with
-its GPUs added, Δ_j the slowdown it adds to the offloading GPUs already there (Σ
-over them of f_after − f_before, per GPU of j): x is the share of a GPU's
-throughput the placement loses. C joins T_j,t (the Scorer's per-job, per-type
-cost), so it is in the model, the warm start, the one-job enumeration and the
-greedy comparison alike. Measured from the job's dearest class, C is a bonus (≤ 0)
-that never makes a job less worth starting than without the term (ordered.py
-chooses which jobs start, and the MILP's answer must start exactly those); only
-where it starts changes. WEIGHT = 16 job
+f_j the job's own slowdown on a node of the class with its GPUs added (a
+multi-node job: its part there, at most the node's GPUs; it runs at its slowest
+node, and all its parts are on one class), Δ_j the slowdown it adds to the
+offloading jobs already there (Σ over them of f_after − f_before, per GPU of j):
+x is the share of a GPU's throughput the placement loses. C joins T_j,t (the
+Scorer's per-job, per-type cost), so it is in the model, the warm start, the
+one-job enumeration and the greedy comparison alike. Measured from the job's
+dearest class, C is a bonus (≤ 0) that never makes a job less worth starting
+than without the term (ordered.py chooses which jobs start, and the MILP's
+answer must start exactly those); only where it starts changes. WEIGHT = 16 job
 values per lost GPU makes the offload estimate outweigh the fragmentation
-differences between places (chosen on the README's tuning slice: offload slowdown
-0.421, 0.380, 0.370, 0.369, 0.376 at WEIGHT 2, 4, 8, 16, 32, against 1.063
-without the term; the earlier shape, 0.45 · x / (1 + x) from the cheapest class,
-left 0.492).
+differences between places (chosen on the README's tuning slices).
 
 Jobs of one window placed on one node share its bandwidth too. The whole-GPU
-slots of offloading single-node jobs are their own slot kind (classes.STREAM),
-so each node pattern says how many offloading GPUs o it starts there, and the
-pattern is charged what they cost each other (objective.py's S_n):
+slots of offloading single-node jobs are slot kinds of their own, one per job
+kind (parameter bytes, GPUs, weight: jobs of one kind have the same raw charge
+everywhere), key k + kind · classes.STREAM, so each node pattern says which
+offloading jobs it starts together there, and the pattern is charged what they
+cost each other (objective.py's S_n):
 
-    S_c(pattern) = Σ_{streaming slots s of k GPUs} (C̄_{k,c}(o − k) − C̄_{k,c}(0))
+    S_c(pattern) = Σ_{streaming slots s of kind κ, k GPUs} (raw_κ,c(o − k) − raw_κ,c(0))
 
-C̄_{k,c}(e) the mean over the window's offloading k-GPU jobs allowed t of their
-raw charge raw_j,c computed with e more offloading GPUs on the node (one slot alone
+raw_κ,c(e) the raw charge of a job of kind κ on class c computed with e more
+offloading GPUs on the node, o the pattern's streaming GPUs (one slot alone
 costs nothing more; two or more pay for each other). Multi-node jobs' parts stay
-plain slots (not charged for each other).
+plain slots (not charged for the window's other offloading jobs on their nodes).
 
 Greedy. The same estimate per node: an offloading job goes to the nodes of the
-cheapest estimate (rounded to 0.01) where it fits, then the next, and so on
-(greedy.py's rule within each); others are placed as greedy.py places them.
+cheapest estimate (rounded to 0.01) that can hold it whole, then the next, and
+so on (greedy.py's rule within each); a job no node holds whole is spread over
+the cheapest nodes that can hold it together; others are placed as greedy.py
+places them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from functools import partial
 from typing import Protocol
 
+from services.placement.classes import STREAM, slot_gpus
 from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpPlacer
 from services.placement.state import apply_allocations
-from shared.placement_api import Allocation, JobRequest, NodeFree, PlacementResult, Placer
+from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, PlacementResult, Placer
 
-__all__ = ["WEIGHT", "OffloadAwarePlacer", "OffloadView", "SameRound", "offload_cost"]
+__all__ = [
+    "WEIGHT",
+    "OffloadAwarePlacer",
+    "OffloadView",
+    "SameRound",
+    "offload_classes",
+    "offload_cost",
+]
 
-BUCKETS = 8  # offloading GPUs on a node: 0, 1, .., 8+
 WEIGHT = 16.0  # charge per GPU of throughput lost, in job values per GPU (module doc)
-DELTA_STEPS = (0.05, 0.15, 0.3, 0.6, 1.2)  # edges of Δ classes of nodes with streams
 
 
 class OffloadView(Protocol):
@@ -73,7 +84,10 @@ class OffloadView(Protocol):
         """(param bytes, GPUs) of an offloading job; None if it does not offload."""
         ...
 
-    def streams_on(self, node_id: str) -> int: ...
+    def signature(self, node_id: str) -> tuple[object, ...]:
+        """What the estimates read of a node besides its GPU type: nodes of one type
+        with equal signatures give every job the same estimate."""
+        ...
 
     def estimate(
         self, param_bytes: int, gpus: int, node_id: str, take: int, extra: int = 0
@@ -126,12 +140,15 @@ class OffloadAwarePlacer:
         nodes: Sequence[NodeFree],
         speed: Mapping[str, float],
     ) -> PlacementResult:
-        rep: dict[str, str] = {}  # virtual type -> its representative (first) node
+        vtype = offload_classes(view, nodes)
+        # virtual type -> the member with the most GPUs (all members give a job that
+        # fits them the same estimate; a multi-node job's largest part is its slowest)
+        rep: dict[str, NodeFree] = {}
         vnodes = []
-        probe = next(j for j in jobs if view.job(j.job_id) is not None)
         for n in nodes:
-            vt = f"{n.gpu_type}~{_bucket(view, probe, n.node_id)}"
-            rep.setdefault(vt, n.node_id)
+            vt = vtype[n.node_id]
+            if vt not in rep or len(n.free_milli) > len(rep[vt].free_milli):
+                rep[vt] = n
             vnodes.append(NodeFree(n.node_id, vt, n.free_milli))
         base = {vt: vt.split("~", 1)[0] for vt in rep}
         vjobs = [_virtual(j, base) for j in jobs]
@@ -143,7 +160,7 @@ class OffloadAwarePlacer:
         def raw(job: JobRequest, vt: str, extra: int = 0) -> int:
             key = (job.job_id, vt, extra)
             if key not in cache:
-                cost = offload_cost(view, job, rep[vt], extra) if vt in rep else 0.0
+                cost = offload_cost(view, job, rep[vt].node_id, extra) if vt in rep else 0.0
                 g = job.num_gpus * job.gpu_milli / 1000
                 share = WEIGHT * min(cost, 1.0)
                 cache[key] = round(scale * g * job.weight * vspeed.get(vt, 1.0) * share)
@@ -155,7 +172,7 @@ class OffloadAwarePlacer:
             return raw(job, vt) - top[job.job_id]
 
         streaming = [j for j in vjobs if view.job(j.job_id) is not None and j.gpu_milli >= 1000]
-        together = SameRound(streaming, raw)
+        together = SameRound(streaming, raw, partial(_kind_of, view))
         return milp.place_charged(vjobs, vnodes, vspeed, charge, together)
 
     # ---- greedy: cheapest estimate first ----------------------------------------------
@@ -181,44 +198,60 @@ class OffloadAwarePlacer:
 
 class SameRound:
     """What offloading jobs started together on one node cost each other (S_n above):
-    a `Contention` for the MILP's objective (objective.py)."""
+    a `Contention` for the MILP's objective (objective.py). `kind_of` keys jobs that
+    cost alike; `charge(job, class, e)` is raw_j,c with e more offloading GPUs there."""
 
     def __init__(
-        self, streaming: Sequence[JobRequest], charge: Callable[[JobRequest, str, int], int]
+        self,
+        streaming: Sequence[JobRequest],
+        charge: Callable[[JobRequest, str, int], int],
+        kind_of: Callable[[JobRequest], Hashable],
     ) -> None:
-        self._ids = {j.job_id for j in streaming}
-        self._jobs = streaming
+        self._kind: dict[str, int] = {}  # job id -> kind (1, 2, ..)
+        self._rep: list[JobRequest] = []  # kind − 1 -> its first job
+        kinds: dict[Hashable, int] = {}
+        for j in streaming:
+            key = kind_of(j)
+            if key not in kinds:
+                self._rep.append(j)
+                kinds[key] = len(self._rep)
+            self._kind[j.job_id] = kinds[key]
         self._charge = charge
-        self._extra: dict[tuple[str, int, int], float] = {}  # (t~b, k, o) -> C̄(o−k) − C̄(0)
+        self._extra: dict[tuple[str, int, int], int] = {}  # (class, key, o) -> slot's S
 
-    def streams(self, job: JobRequest) -> bool:
-        return job.job_id in self._ids
+    def kind(self, job: JobRequest) -> int:
+        return self._kind.get(job.job_id, 0)
 
     def cost(self, gpu_type: str, slots: Sequence[tuple[int, int]]) -> int:
-        o = sum(k * c for k, c in slots)
-        return round(sum(c * self._slot(gpu_type, k, o) for k, c in slots))
+        o = sum(slot_gpus(key) * c for key, c in slots)
+        return sum(c * self._slot(gpu_type, key, o) for key, c in slots)
 
-    def _slot(self, vt: str, k: int, o: int) -> float:
-        key = (vt, k, o)
-        v = self._extra.get(key)
+    def _slot(self, vt: str, key: int, o: int) -> int:
+        k = slot_gpus(key)
+        if o <= k:
+            return 0
+        v = self._extra.get((vt, key, o))
         if v is None:
-            like = [j for j in self._jobs if j.num_gpus == k and j.allows(vt)]
-            diffs = [self._charge(j, vt, o - k) - self._charge(j, vt, 0) for j in like]
-            v = self._extra[key] = sum(diffs) / len(diffs) if diffs and o > k else 0.0
+            rep = self._rep[key // STREAM - 1]
+            v = self._charge(rep, vt, o - k) - self._charge(rep, vt, 0)
+            self._extra[(vt, key, o)] = v
         return v
 
 
-def _bucket(view: OffloadView, probe: JobRequest, node_id: str) -> str:
-    """A node's offload class: offloading GPUs streaming there (0 .. 8+), and how much
-    the window's first offloading job would slow them (Δ, in steps)."""
-    b = view.streams_on(node_id)
-    if not b:
-        return "0"
-    spec = view.job(probe.job_id)
-    assert spec is not None
-    caused = view.estimate(spec[0], spec[1], node_id, probe.num_gpus)[1]
-    step = sum(1 for edge in DELTA_STEPS if caused >= edge)
-    return f"{min(b, BUCKETS)}~{step}"
+def offload_classes(view: OffloadView, nodes: Sequence[NodeFree]) -> dict[str, str]:
+    """Node id -> its class "t~i": i numbers the distinct signatures of type t's nodes
+    (in an order that does not depend on the nodes' order)."""
+    sig = {n.node_id: (n.gpu_type, view.signature(n.node_id)) for n in nodes}
+    index: dict[tuple[str, tuple[object, ...]], str] = {}
+    count: dict[str, int] = {}
+    for t, s in sorted(set(sig.values()), key=repr):
+        index[(t, s)] = f"{t}~{count.get(t, 0)}"
+        count[t] = count.get(t, 0) + 1
+    return {node_id: index[key] for node_id, key in sig.items()}
+
+
+def _kind_of(view: OffloadView, job: JobRequest) -> Hashable:
+    return (view.job(job.job_id), job.num_gpus, job.gpu_milli, job.weight)
 
 
 def _virtual(j: JobRequest, base: Mapping[str, str]) -> JobRequest:
@@ -236,12 +269,31 @@ def _cost_on(view: OffloadView, job: JobRequest, added: Mapping[str, int], node_
 def _cheapest_first(
     job: JobRequest, nodes: Sequence[NodeFree], cost: Callable[[str], float]
 ) -> list[Allocation]:
+    """The job on the nodes of the cheapest estimate that can hold it whole (greedy.py's
+    rule among them); a job no node holds whole is spread (greedy.py's rule) over the
+    cheapest nodes that can hold it together."""
     tiers: dict[float, list[NodeFree]] = {}
+    whole: dict[float, list[NodeFree]] = {}
     for n in nodes:
         if job.allows(n.gpu_type) and n.free_milli and max(n.free_milli) >= job.gpu_milli:
-            tiers.setdefault(round(cost(n.node_id), 2), []).append(n)
-    for c in sorted(tiers):
-        got = greedy_allocations([job], tiers[c])
+            c = round(cost(n.node_id), 2)
+            tiers.setdefault(c, []).append(n)
+            if _holds(n, job):
+                whole.setdefault(c, []).append(n)
+    for c in sorted(whole):
+        got = greedy_allocations([job], whole[c])
         if got:
             return got
-    return greedy_allocations([job], nodes)  # spread over tiers (a multi-node job)
+    pool: list[NodeFree] = []
+    for c in sorted(tiers):
+        pool += tiers[c]
+        got = greedy_allocations([job], pool)
+        if got:
+            return got
+    return []
+
+
+def _holds(n: NodeFree, job: JobRequest) -> bool:
+    if job.gpu_milli < FULL_GPU:
+        return bool(n.free_milli) and max(n.free_milli) >= job.gpu_milli
+    return sum(1 for f in n.free_milli if f >= FULL_GPU) >= job.num_gpus

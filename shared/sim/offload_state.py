@@ -79,6 +79,8 @@ class OffloadState:
         self._free: dict[frozenset[str], float] = {}  # free_gbps at `_free_version`
         self._free_version = -1
         self._gbps: dict[str, float] = {}  # demand_gbps by job id
+        self._sig: dict[str, tuple[object, ...]] = {}  # signature by node at `_sig_version`
+        self._sig_version = -1
 
     # ---- what a job asks -------------------------------------------------------------
     def add_job(self, seq: int, job_id: str, param_bytes: int, gpus: int) -> None:
@@ -154,9 +156,11 @@ class OffloadState:
         """(slowdown of a job of this size taking `take` GPUs of `node_id`, slowdown it
         adds in total to the offloading jobs already there, Σ over their GPUs of
         f_after − f_before, per GPU of the new job). `extra`: offloading GPUs placed
-        there meanwhile (the same round), counted as streams."""
+        there meanwhile (the same round), counted as streams. A multi-node job's part
+        on the node is at most the node's GPUs (`take` is cut to them)."""
         i = self.index[node_id]
         n = self.nodes[i]
+        take = min(take, n.gpus)
         s = self.streams[i] + extra + take
         d = self.demand(param_bytes, gpus, i)
         rel = self.rel_speed[n.gpu_type]
@@ -170,6 +174,26 @@ class OffloadState:
 
     def streams_on(self, node_id: str) -> int:
         return self.streams[self.index[node_id]]
+
+    def signature(self, node_id: str) -> tuple[object, ...]:
+        """What `estimate` reads of a node besides its GPU type and GPU count: its PCIe
+        and NVMe GB/s, host memory per GPU, and the offloading jobs on it ((parameter
+        bytes, GPUs, GPUs there), sorted). Two nodes of one type with equal signatures
+        give every job that fits on either the same estimate (a larger part of a
+        multi-node job only fits the larger)."""
+        if self._sig_version != self.version:
+            self._sig, self._sig_version = {}, self.version
+        got = self._sig.get(node_id)
+        if got is None:
+            got = self._sig[node_id] = self._signature(self.index[node_id])
+        return got
+
+    def _signature(self, i: int) -> tuple[object, ...]:
+        n = self.nodes[i]
+        here = sorted(
+            (self.param_bytes[s], self.gpus[s], self.placed[s][i]) for s in self.on_node[i]
+        )
+        return (n.pcie_gbps, n.nvme_gbps, n.host_mem_gib / max(n.gpus, 1), tuple(here))
 
     # ---- what the policy reads (shared/offload_signal.py) ------------------------------
     def demand_gbps(self, job_id: str) -> float:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from services.placement import milp_model
 from services.placement.checker import violations
+from services.placement.classes import slot_gpus
 from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpConfig, MilpPlacer, _split
 from services.placement.objective import Scorer
@@ -130,12 +131,14 @@ class _Toy:
     def __init__(self, w: dict[str, int] | None = None) -> None:
         self.w = w or {"A": 300, "B": 170}
 
-    def streams(self, job: JobRequest) -> bool:
-        return job.job_id[-1] in "02468"
+    def kind(self, job: JobRequest) -> int:
+        return 1 if job.job_id[-1] in "02468" else 0
 
     def cost(self, gpu_type: str, slots: Sequence[tuple[int, int]]) -> int:
-        o = sum(k * c for k, c in slots)
-        return self.w.get(gpu_type, 90) * sum(c * k * (o - k) for k, c in slots)
+        o = sum(slot_gpus(key) * c for key, c in slots)
+        return self.w.get(gpu_type, 90) * sum(
+            c * slot_gpus(key) * (o - slot_gpus(key)) for key, c in slots
+        )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -8,18 +8,28 @@ from typing import Any
 
 import pytest
 
+from services.placement.classes import STREAM
 from services.placement.greedy import GreedyPlacer
 from services.placement.milp import MilpConfig, MilpPlacer
-from services.placement.offload_term import OffloadAwarePlacer, offload_cost
+from services.placement.offload_term import (
+    OffloadAwarePlacer,
+    SameRound,
+    offload_classes,
+    offload_cost,
+)
 from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
-from shared.cluster import load_cluster
+from shared.cluster import load_cluster, parse_cluster
 from shared.placement_api import JobRequest, NodeFree
 from shared.sim import SimConfig, load_jobs, simulate
-from shared.sim.offload_jobs import mark_offloading
+from shared.sim.offload_cost import default_calibration, step_cost
+from shared.sim.offload_jobs import BYTES_PER_PARAM, mark_offloading
+from shared.sim.offload_state import OffloadState
 from shared.traces import SkipStats
 
 ROOT = Path(__file__).resolve().parents[3]
+GPT2XL = int(1.56e9 * BYTES_PER_PARAM)
+T5 = int(2.85e9 * BYTES_PER_PARAM)
 
 
 class View:
@@ -33,8 +43,8 @@ class View:
     def job(self, job_id: str) -> tuple[int, int] | None:
         return (1, 1) if job_id in self.offloading else None
 
-    def streams_on(self, node_id: str) -> int:
-        return 1 if node_id == "busy" else 0
+    def signature(self, node_id: str) -> tuple[object, ...]:
+        return (node_id == "busy",)
 
     def estimate(
         self, param_bytes: int, gpus: int, node_id: str, take: int, extra: int = 0
@@ -116,3 +126,113 @@ def test_order_rule_kept_and_offload_slowdown_cut_on_a_philly_slice() -> None:
         out[name] = s
     assert out["milp+offload"]["offload_slowdown"] < out["milp"]["offload_slowdown"]
     assert out["greedy+offload"]["offload_slowdown"] < out["milp"]["offload_slowdown"]
+
+
+class Kinds(View):
+    """Jobs "a…" stream heavily: alone on a node 1.25x slower, beside another offloading
+    GPU 2x; jobs "b…" fit their GPU and move nothing (1x). No node has offloading jobs."""
+
+    def job(self, job_id: str) -> tuple[int, int] | None:
+        return (1 if job_id.startswith("a") else 2, 1)
+
+    def signature(self, node_id: str) -> tuple[object, ...]:
+        return ()
+
+    def estimate(
+        self, param_bytes: int, gpus: int, node_id: str, take: int, extra: int = 0
+    ) -> tuple[float, float]:
+        if param_bytes == 2:
+            return 1.0, 0.0
+        return (1.25 if extra + take == 1 else 2.0), 0.0
+
+
+def test_same_window_charge_is_each_jobs_own_not_a_mean() -> None:
+    """A heavy job and two light ones (all 1 GPU), a 2-GPU node and a 1-GPU node: every
+    placement that starts all three fills both nodes (same fragmentation). The heavy job
+    beside a light one pays raw(e=1) − raw(e=0) = 16,000 · (0.5 − 0.2) = 4,800; the two
+    light ones together pay 0. So the optimum puts the heavy job alone on the 1-GPU
+    node. (A mean over the window's 1-GPU jobs charged every pair 3,200 alike.)"""
+    nodes = [NodeFree("n1", "V100", (1000, 1000)), NodeFree("n2", "V100", (1000,))]
+    window = [JobRequest("b1", 1), JobRequest("a", 1), JobRequest("b2", 1)]
+    view = Kinds(set())
+
+    def raw(job: JobRequest, vt: str, extra: int = 0) -> int:
+        x = offload_cost(view, job, "n1", extra)
+        return round(1000 * 16 * min(x, 1.0))
+
+    same = SameRound(window, raw, lambda j: view.job(j.job_id))
+    ka, kb = same.kind(window[1]), same.kind(window[0])
+    assert ka != kb and same.kind(window[2]) == kb and 0 not in (ka, kb)
+    a_slot, b_slot = 1 + ka * STREAM, 1 + kb * STREAM
+    assert same.cost("V100~0", [(a_slot, 1), (b_slot, 1)]) == 4800
+    assert same.cost("V100~0", [(b_slot, 2)]) == 0
+    assert same.cost("V100~0", [(a_slot, 1)]) == 0
+    p = OffloadAwarePlacer(MilpPlacer(MilpConfig(time_limit_s=5.0)))
+    p.offload_view = view
+    got = {a.job_id: a.node_ids for a in p.place(window, nodes, SPEED).allocations}
+    assert got == {"a": ("n2",), "b1": ("n1",), "b2": ("n1",)}
+
+
+def test_node_classes_split_by_offloading_jobs_and_estimates_exact_per_class() -> None:
+    """Real OffloadState: nodes with the same offloading jobs on them share a class and
+    give every job the same estimate; other loads get their own class; nodes without
+    offloading jobs and equal hardware per GPU share one. A job's own estimate on a node is the cost
+    model's step (shared/sim/offload_cost.py) at the node's bandwidth over the streaming
+    GPUs; a multi-node job's part is at most the node's GPUs."""
+    cluster = parse_cluster(
+        {"name": "four", "reference": "V100",
+         "nodes": [{"name": "n", "count": 4, "gpu_type": "V100", "gpus": 8},
+                   {"name": "s", "count": 1, "gpu_type": "V100", "gpus": 2,
+                    "host_mem_gib": 64}]}
+    )  # fmt: skip
+    st = OffloadState(cluster)
+    ids = [n.node_id for n in cluster.nodes]  # n-0 .. n-3, s-0
+    st.add_job(0, "x", GPT2XL, 1)
+    st.add_job(1, "y", GPT2XL, 1)
+    st.add_job(2, "z", T5, 1)
+    st.start(0, [(0, 1)])  # one GPT-2 XL GPU on n-0 and one on n-1
+    st.start(1, [(1, 1)])
+    st.start(2, [(2, 1)])  # a T5-3B GPU on n-2
+    free = [NodeFree(i, "V100", (1000,) * n.gpus) for i, n in zip(ids, cluster.nodes, strict=True)]
+    cls = offload_classes(st, list(reversed(free)))
+    assert cls[ids[0]] == cls[ids[1]]
+    assert len({cls[ids[0]], cls[ids[2]], cls[ids[3]]}) == 3
+    assert cls[ids[3]] == cls[ids[4]]  # no offloading job on either
+    assert offload_classes(st, free) == cls  # whatever the nodes' order
+    for size, gpus, take in ((GPT2XL, 1, 1), (T5, 2, 2), (GPT2XL, 4, 3)):
+        assert st.estimate(size, gpus, ids[0], take) == st.estimate(size, gpus, ids[1], take)
+    d = st.demand(GPT2XL, 1, 0)
+    h = default_calibration().hidden_fraction
+    want = step_cost(d.traffic, d.compute_ms, h, 16 / 2, 3 / 2).slowdown
+    assert st.estimate(GPT2XL, 1, ids[0], 1)[0] == pytest.approx(want, rel=1e-12)
+    assert st.estimate(GPT2XL, 1, ids[3], 1) == (pytest.approx(_alone(st, GPT2XL, 1)), 0.0)
+    big = int(13e9 * BYTES_PER_PARAM)
+    assert st.estimate(big, 16, ids[4], 16) == st.estimate(big, 16, ids[4], 2)
+
+
+def _alone(st: OffloadState, size: int, gpus: int) -> float:
+    d = st.demand(size, gpus, 0)
+    return step_cost(d.traffic, d.compute_ms, st.h, 16.0, 3.0).slowdown
+
+
+class Sizes(View):
+    """A 2-GPU offloading job: 1.5x slower on `big`, 1.25x on the 1-GPU nodes."""
+
+    def estimate(
+        self, param_bytes: int, gpus: int, node_id: str, take: int, extra: int = 0
+    ) -> tuple[float, float]:
+        return (1.5 if node_id == "big" else 1.25), 0.0
+
+
+def test_greedy_variant_keeps_a_job_on_one_node_when_one_holds_it() -> None:
+    """The cheapest nodes cannot hold the job whole: it goes whole to `big`, not spread
+    over the two cheap ones."""
+    nodes = [
+        NodeFree("big", "V100", (1000, 1000)),
+        NodeFree("c1", "V100", (1000,)),
+        NodeFree("c2", "V100", (1000,)),
+    ]
+    p = _wrapped(GreedyPlacer(), {"j"})
+    p.offload_view = Sizes({"j"})
+    got = p.place([JobRequest("j", 2)], nodes, SPEED).allocations
+    assert [a.node_ids for a in got] == [("big",)]
