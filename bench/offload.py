@@ -35,6 +35,7 @@ from rich.table import Table
 
 from offload_agent.device import CpuDevice
 from offload_agent.engine import EngineConfig, OffloadEngine
+from offload_agent.link import LinkEmulation
 from offload_agent.models import ARCHS, Workload, workload
 from offload_agent.nvme import NvmeStore
 from offload_agent.optim import AdamW
@@ -44,6 +45,7 @@ from offload_agent.strategies import STRATEGIES
 from services.profiler.planner import build_plan
 from shared.cli.common import write_json
 from shared.errors import UserError
+from shared.sim.offload_cost import TOKENS_PER_GPU_STEP
 
 __all__ = ["main"]
 
@@ -66,6 +68,10 @@ class BenchArgs:
     seed: int = 0
     nvme_dir: str | None = None
     json: str | None = None
+    # none: copies are memcpys (the fast tier is host memory); auto: they also take
+    # the wall time of a GPU's links, scaled to this machine (`_link_rates`);
+    # PCIE,NVME: those rates in GB/s
+    link_gbps: str = "none"
 
 
 def _parse(argv: list[str]) -> BenchArgs:
@@ -79,7 +85,86 @@ def _parse(argv: list[str]) -> BenchArgs:
     unknown = set(a.archs.split(",")) - set(ARCHS)
     if unknown:
         raise UserError(f"--archs: unknown {sorted(unknown)}; choose from {', '.join(ARCHS)}")
+    if a.link_gbps not in ("none", "auto"):
+        _explicit_rates(a.link_gbps)
     return a
+
+
+def _explicit_rates(text: str) -> tuple[float, float]:
+    try:
+        pcie, nvme = (float(x) for x in text.split(","))
+    except ValueError:
+        pcie = nvme = 0.0
+    if not (pcie > 0 and nvme > 0):
+        raise UserError(
+            f"--link-gbps {text!r}: give none, auto, or two rates PCIE,NVME in GB/s (e.g. 0.9,0.2)"
+        )
+    return pcie, nvme
+
+
+# The GPU the emulated link stands for: an A100 computing in fp32 (the bench's
+# dtype; PyTorch does not use TF32 for fp32 matmuls by default) behind a
+# PCIe 4.0 x16 link, with a PCIe 4.0 NVMe SSD. Spec-sheet figures, stated.
+GPU_FP32_TFLOPS = 19.5  # A100 fp32 peak
+GPU_PCIE_GBPS = 25.0  # PCIe 4.0 x16, achieved host <-> GPU copy rate (32 GB/s raw)
+GPU_NVME_GBPS = 6.0  # PCIe 4.0 NVMe SSD, sequential (6-7 GB/s reads on the spec sheets)
+
+
+def _matmul_gflops(seconds: float = 0.3, rounds: int = 5) -> float:
+    """This machine's fp32 matmul throughput on the bench's one torch thread
+    (median of `rounds`: the load the bench's compute sees)."""
+    a, b = torch.randn(256, 512), torch.randn(512, 2048)
+    flop = 2 * 256 * 512 * 2048
+    a @ b
+    rates = []
+    for _ in range(rounds):
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            a @ b
+            n += 1
+        rates.append(n * flop / (time.perf_counter() - t0) / 1e9)
+    return statistics.median(rates)
+
+
+def _link_rates(a: BenchArgs) -> dict[str, Any]:
+    """The emulated link, or none. `auto` keeps a GPU's ratio of compute to link
+    speed: the A100's PCIe and NVMe rates times (this machine's measured matmul
+    GFLOP/s / the A100's) times (the work of a GPU step / the bench's step), a
+    GPU step being 16,384 tokens (8 sequences of 2,048: the simulator's
+    assumption, shared/sim/offload_cost.py), i.e. 16,384 / (batch x context)
+    bench steps, ResNet-18 included (256 images at the defaults)."""
+    if a.link_gbps == "none":
+        return {"mode": "memcpy only (no link emulation)"}
+    if a.link_gbps != "auto":
+        pcie, nvme = _explicit_rates(a.link_gbps)
+        return {"mode": "given", "pcie_gbps": pcie, "nvme_gbps": nvme}
+    gflops = _matmul_gflops()
+    work = TOKENS_PER_GPU_STEP / (a.batch * a.seq)
+    scale = gflops / (GPU_FP32_TFLOPS * 1e3) * work
+    return {
+        "mode": "auto",
+        "pcie_gbps": round(GPU_PCIE_GBPS * scale, 4),
+        "nvme_gbps": round(GPU_NVME_GBPS * scale, 4),
+        "cpu_matmul_gflops": round(gflops, 2),
+        "gpu": f"A100 fp32 {GPU_FP32_TFLOPS} TFLOP/s, PCIe 4.0 x16 {GPU_PCIE_GBPS} GB/s, "
+        f"NVMe {GPU_NVME_GBPS} GB/s",
+        "gpu_step_in_bench_steps": round(work, 3),
+    }
+
+
+def _describe_link(link: dict[str, Any]) -> str:
+    if "pcie_gbps" not in link:
+        return "copies: memcpy only (no link emulation)"
+    text = (
+        f"copies: emulated link, PCIe {link['pcie_gbps']:.3g} GB/s, "
+        f"NVMe {link['nvme_gbps']:.3g} GB/s"
+    )
+    if link["mode"] == "auto":
+        text += (
+            f" (= {link['gpu']}, scaled by this machine's {link['cpu_matmul_gflops']:.1f} GFLOP/s "
+            f"matmul / the GPU's and a GPU step of {link['gpu_step_in_bench_steps']:g} bench steps)"
+        )
+    return text
 
 
 def _workload(a: BenchArgs, arch: str) -> Workload:
@@ -96,7 +181,12 @@ def _state_bytes(model: torch.nn.Module) -> int:
 
 
 def _engine(
-    a: BenchArgs, w: Workload, strategy: str, root: Path, io: ThreadPoolExecutor
+    a: BenchArgs,
+    w: Workload,
+    strategy: str,
+    root: Path,
+    io: ThreadPoolExecutor,
+    link: dict[str, Any] | None = None,
 ) -> OffloadEngine:
     model = _workload(a, w.arch).model  # a fresh copy from the same seed
     total = _state_bytes(model)
@@ -107,13 +197,24 @@ def _engine(
         host_budget=int(total * a.host_frac),
     )
     engine = OffloadEngine(
-        model, AdamW(lr=3e-4), config, device=CpuDevice(), store=NvmeStore(root / strategy), io=io
+        model,
+        AdamW(lr=3e-4),
+        config,
+        device=CpuDevice(link=_emulation(link or {})),
+        store=NvmeStore(root / strategy),
+        io=io,
     )
     try:
         engine.start()
     except ValueError as exc:  # budgets below the buffers a step holds at once
         raise UserError(f"{w.arch} under {strategy}: {exc}; raise --fast-frac") from exc
     return engine
+
+
+def _emulation(link: dict[str, Any]) -> LinkEmulation | None:
+    if "pcie_gbps" not in link:
+        return None
+    return LinkEmulation(link["pcie_gbps"], link["nvme_gbps"])
 
 
 def _step(
@@ -137,12 +238,14 @@ def _step(
     return float(loss.item()), ms, cpu
 
 
-def _run(a: BenchArgs, w: Workload, root: Path, console: Console) -> dict[str, dict[str, Any]]:
+def _run(
+    a: BenchArgs, w: Workload, root: Path, console: Console, link: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
     """Per strategy its summary; under "profile", tencache's recorded warm-up profile
     (what the simulator's offload cost model predicts step times from)."""
     out: dict[str, dict[str, Any]] = {}
     with ThreadPoolExecutor(a.io_threads, thread_name_prefix="offload-io") as io:
-        engines = {s: _engine(a, w, s, root, io) for s in STRATEGIES}
+        engines = {s: _engine(a, w, s, root, io, link) for s in STRATEGIES}
         losses: dict[str, list[float]] = {s: [] for s in STRATEGIES}
         times: dict[str, list[float]] = {s: [] for s in STRATEGIES}
         cpus: dict[str, list[float]] = {s: [] for s in STRATEGIES}
@@ -185,7 +288,8 @@ def _summary(
         "peak_fast_bytes": st.peak_fast_bytes,
         "peak_host_bytes": st.peak_host_bytes,
         "fast_overflow_bytes": st.overflow_bytes,
-        "plan_window": getattr(engine.cache.policy, "window", 0),
+        "plan_window": getattr(engine.cache.policy, "lead", engine.cache.policy.window),
+        "fetch_ahead": engine.cache.policy.window,
         "migration_ms_p50": round(percentile(st.migration_ms, 50), 3),
         "migration_ms_p99": round(percentile(st.migration_ms, 99), 3),
         "tensors_on_nvme": sum(h is Tier.NVME for h in homes),
@@ -224,12 +328,17 @@ def _model_facts(a: BenchArgs, w: Workload) -> dict[str, Any]:
     }
 
 
-def _table(result: dict[str, Any]) -> Table:
+def _table(result: dict[str, Any], link: dict[str, Any]) -> Table:
     m = result["model"]
+    copies = (
+        f"link PCIe {link['pcie_gbps']:.3g} / NVMe {link['nvme_gbps']:.3g} GB/s"
+        if "pcie_gbps" in link
+        else "copies memcpy only"
+    )
     t = Table(
         title=f"{m['arch']}: {m['parameters'] / 1e6:.1f}M parameters, fast tier "
-        f"{m['fast_budget_bytes'] / 1e6:.0f} MB, host {m['host_budget_bytes'] / 1e6:.0f} MB "
-        "(median step; hit rate over measured steps)"
+        f"{m['fast_budget_bytes'] / 1e6:.0f} MB, host {m['host_budget_bytes'] / 1e6:.0f} MB, "
+        f"{copies} (median step; hit rate over measured steps)"
     )
     for col in (
         "strategy",
@@ -238,7 +347,7 @@ def _table(result: dict[str, Any]) -> Table:
         "MB moved/step",
         "fast MB",
         "host MB",
-        "window",
+        "lead / ahead",
         "loss = none",
     ):
         t.add_column(col, justify="right")
@@ -251,20 +360,22 @@ def _table(result: dict[str, Any]) -> Table:
             f"{r['bytes_moved_per_step'] / 1e6:.0f}",
             f"{r['peak_fast_bytes'] / 1e6:.0f}",
             f"{r['peak_host_bytes'] / 1e6:.0f}",
-            str(r["plan_window"]),
+            f"{r['plan_window']} / {r['fetch_ahead']}" if s in ("fixed", "tencache") else "-",
             str(result["losses_identical_to_none"][s]),
         )
     ratios = result["ratios"]
     t.caption = (
         f"tencache vs lru: {ratios['tencache_vs_lru']:.2f}x faster per step   "
-        f"tencache vs fixed: {ratios['tencache_vs_fixed']:.2f}x faster per step"
+        f"tencache vs fixed: {ratios['tencache_vs_fixed']:.2f}x faster per step   ({copies})"
     )
     return t
 
 
-def _arch_result(a: BenchArgs, arch: str, root: Path, console: Console) -> dict[str, Any]:
+def _arch_result(
+    a: BenchArgs, arch: str, root: Path, console: Console, link: dict[str, Any]
+) -> dict[str, Any]:
     w = _workload(a, arch)
-    runs = _run(a, w, root / arch, console)
+    runs = _run(a, w, root / arch, console, link)
     result: dict[str, Any] = {s: runs[s] for s in STRATEGIES}
     result["model"] = _model_facts(a, w)
     ref = runs["none"]["losses"]
@@ -286,10 +397,12 @@ def main(argv: list[str]) -> int:
     console = Console(stderr=a.json == "-")
     root = Path(tempfile.mkdtemp(prefix="rltune-offload-", dir=a.nvme_dir))
     result: dict[str, Any] = {}
+    link = _link_rates(a)
+    console.print(_describe_link(link))
     try:
         for arch in a.archs.split(","):
-            result[arch] = _arch_result(a, arch, root, console)
-            console.print(_table(result[arch]))
+            result[arch] = _arch_result(a, arch, root, console, link)
+            console.print(_table(result[arch], link))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result["settings"] = {
@@ -300,6 +413,7 @@ def main(argv: list[str]) -> int:
         "fast_frac": a.fast_frac,
         "host_frac": a.host_frac,
         "swap_dir": str(root),
+        "link": link,
     }
     if a.json:
         write_json(result, a.json)

@@ -141,16 +141,24 @@ class TensorCache:
         self.residency[tensor_id].dirty = True
 
     def prefetch(self) -> None:
-        """Start copies for the policy's upcoming tensors while buffers allow."""
+        """Start copies for the policy's upcoming tensors while buffers allow: at
+        most `policy.window` tensors fetched ahead and not yet used (a tensor
+        already in the fast tier is passed over, not counted), in the order
+        they are needed; the first that finds no buffer ends the round."""
+        ahead: set[str] = set()
         for tensor_id, distance in self.policy.upcoming():
-            entry = self.residency.entries.get(tensor_id)
-            if entry is None or entry.tier in (Tier.FAST, Tier.FETCHING):
-                continue
-            got = self._slot_for(entry, demand=False, distance=distance)
-            if got is None:
+            if len(ahead) >= self.policy.window:
                 return
-            entry.last_use = self.clock  # just fetched: not the next LRU victim
-            self._submit(entry, *got)
+            entry = self.residency.entries.get(tensor_id)
+            if entry is None or entry.tier is Tier.FAST:
+                continue
+            if entry.tier is not Tier.FETCHING:
+                got = self._slot_for(entry, demand=False, distance=distance)
+                if got is None:
+                    return
+                entry.last_use = self.clock  # just fetched: not the next LRU victim
+                self._submit(entry, *got)
+            ahead.add(tensor_id)
 
     def drain(self) -> None:
         """Wait for every copy in flight (end of a run, before a re-plan)."""
@@ -202,24 +210,30 @@ class TensorCache:
         self, entry: Entry, *, demand: bool, distance: float
     ) -> tuple[Slot, WriteBack | None] | None:
         """A fast buffer for `entry`: a free one, or the evicted buffer of the holder
-        the policy ranks first. A prefetch gives up instead of evicting a tensor that
-        is needed sooner than the one it would bring in. A demand that finds every
-        buffer of its class in use borrows a larger one (free, else evicted)."""
+        the policy ranks first. A demand that finds every buffer of its class in use
+        borrows a larger one (free, else evicted). A prefetch under a policy that
+        protects sooner uses (Belady, 10Cache) takes a free buffer of its class or,
+        failing that, of a larger one (the few largest tensors' buffers are idle
+        most of the step), else evicts among those the holder needed furthest
+        away, and gives up rather than evict a tensor needed sooner than the one
+        it would bring in."""
         c = entry.fast_class
         if self.fast.free_count(c):
             return self.fast.take(c), None
         rank = self.policy.eviction_rank
-        candidates = [e for e in self._holders.get(c, ()) if e.evictable]
+        borrow = not demand and self.policy.protect_sooner
+        pool = [c, *(b for b in self.fast.classes() if b > c)] if borrow else [c]
+        if borrow:
+            for b in pool[1:]:  # smallest first
+                if self.fast.free_count(b):
+                    return self.fast.take(b), None
+        candidates = [e for b in pool for e in self._holders.get(b, ()) if e.evictable]
         if not candidates:
             if not demand:
                 return None
             return self._borrow(entry)
         victim = max(candidates, key=lambda e: rank(e.spec.tensor_id, e.last_use))
-        if (
-            not demand
-            and self.policy.protect_sooner
-            and rank(victim.spec.tensor_id, victim.last_use) <= distance
-        ):
+        if borrow and rank(victim.spec.tensor_id, victim.last_use) <= distance:
             return None
         return self._evict(victim)
 

@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 import torch
 
+from offload_agent.link import LinkEmulation
+
 __all__ = ["ALIGN", "CpuDevice", "CudaDevice", "Device", "Ready", "align_up", "select_device"]
 
 ALIGN = 4096  # O_DIRECT needs buffer address, offset and length aligned to the block size
@@ -42,6 +44,7 @@ class Device(Protocol):
     name: str
     fast_device: torch.device
     allocations: int  # slab allocations made so far (tests check it stays flat)
+    link: LinkEmulation | None  # transfer times emulated for a host-memory fast tier
 
     def alloc_fast(self, nbytes: int) -> torch.Tensor: ...
 
@@ -67,11 +70,14 @@ def _aligned(nbytes: int, *, device: torch.device, pin: bool) -> torch.Tensor:
 
 @dataclass
 class CpuDevice:
-    """No CUDA: the fast tier is host memory; pinning and streams are no-ops."""
+    """No CUDA: the fast tier is host memory; pinning and streams are no-ops. With
+    `link`, the I/O threads' copies also take the wall time of a PCIe / NVMe link
+    of those rates (`offload_agent/link.py`), as DMA transfers would."""
 
     name: str = "cpu"
     fast_device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     allocations: int = 0
+    link: LinkEmulation | None = None
 
     def alloc_fast(self, nbytes: int) -> torch.Tensor:
         self.allocations += 1
@@ -99,6 +105,7 @@ class CudaDevice:
     index: int = 0
     name: str = "cuda"
     allocations: int = 0
+    link: LinkEmulation | None = field(init=False, default=None)  # the real one
     fast_device: torch.device = field(init=False)
     _stream: Any = field(init=False, default=None)
 

@@ -107,6 +107,17 @@ class Mover:
         if before is not None:
             before.result()  # submitted earlier, so already running or done
         ready = self.copy_in(spec, home, host_slot, slot)
+        link = self.device.link
+        if link is not None:  # a host-memory fast tier behind an emulated link
+            link.wait_until(
+                link.transfer_end(
+                    t0,
+                    out_bytes=out,
+                    out_nvme=write is not None and write.home is Tier.NVME,
+                    in_bytes=spec.nbytes,
+                    in_nvme=home is Tier.NVME,
+                )
+            )
         ms = (time.perf_counter() - t0) * 1e3
         self.stats.migrated(spec.nbytes, out, ms)
         return ms, ready

@@ -1,10 +1,13 @@
 """What to fetch ahead and what to evict: the part that differs between strategies.
 
 * `PlanPolicy` (10Cache): the plan's prefetch order is the recorded access
-  order of one step; a cursor follows the accesses, the next `window` entries
-  are fetched ahead, and the victim is the buffer whose next use is furthest
-  away (Belady's rule, exact here because the order repeats every step). A
-  prefetch never evicts something needed sooner than what it brings in.
+  order of one step; a cursor follows the accesses; up to `window` tensors
+  among the next LOOKAHEAD accesses that are not in the fast tier yet are
+  fetched ahead (at least PREFETCH_AHEAD, whatever lead the plan's buffers
+  were sized for: a prefetch may also take a free buffer of a larger class);
+  the victim is the buffer whose next use is furthest away (Belady's rule,
+  exact here because the order repeats every step). A prefetch never evicts
+  something needed sooner than what it brings in.
 * `LayerOrderPolicy` (ZeRO-Infinity style): prefetch the next `window`
   parameters in module (layer) order, forward in the forward pass and backward
   in the backward pass; optimizer states come on demand; evict the least
@@ -22,6 +25,8 @@ from typing import Protocol
 __all__ = ["LayerOrderPolicy", "OnDemandPolicy", "PlanPolicy", "Policy"]
 
 _FAR = float("inf")
+LOOKAHEAD = 64  # accesses a plan's prefetch looks ahead for its `window` fetches
+PREFETCH_AHEAD = 8  # a plan's fetches in flight at least (buffers permitting)
 
 
 class Policy(Protocol):
@@ -81,8 +86,11 @@ class PlanPolicy:
     name = "tencache"
     protect_sooner = True
 
-    def __init__(self, order: Sequence[str], window: int) -> None:
-        self.window = window
+    def __init__(self, order: Sequence[str], window: int, ahead: int = PREFETCH_AHEAD) -> None:
+        self.lead = window  # the lead the plan's buffers were sized for
+        # fetches in flight at run time: more than the sized lead where buffers
+        # allow (a free one, or one whose tensor is needed later: never sooner)
+        self.window = max(window, ahead)
         self._cursor = _Cursor(order)
 
     def begin_step(self) -> None:
@@ -92,7 +100,10 @@ class PlanPolicy:
         self._cursor.advance(tensor_id)
 
     def upcoming(self) -> list[tuple[str, float]]:
-        return self._cursor.ahead(self.window)
+        """The next LOOKAHEAD accesses: the cache fetches up to `window` of them
+        that are not in the fast tier yet (repeats and tensors already there are
+        passed over, so the lead is `window` fetches, not `window` accesses)."""
+        return self._cursor.ahead(LOOKAHEAD if self.window else 0)
 
     def eviction_rank(self, tensor_id: str, last_use: int) -> float:
         return self._cursor.distance(tensor_id)

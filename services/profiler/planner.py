@@ -98,16 +98,22 @@ def _validate_profile(profile: TensorProfile) -> dict[str, int]:
 
 
 def _window_need(order: Sequence[str], cls: dict[str, int], window: int) -> Counter[int]:
-    """Per class, the most accesses of that class in any `window` consecutive ones."""
+    """Per class, the most distinct tensors of that class in any `window` consecutive
+    accesses (a tensor used twice in a row is fetched once)."""
     need: Counter[int] = Counter()
     live: Counter[int] = Counter()
+    seen: Counter[str] = Counter()
     for i, tid in enumerate(order):
-        live[cls[tid]] += 1
+        seen[tid] += 1
+        if seen[tid] == 1:
+            live[cls[tid]] += 1
         if i >= window:
-            live[cls[order[i - window]]] -= 1
+            old = order[i - window]
+            seen[old] -= 1
+            if seen[old] == 0:
+                live[cls[old]] -= 1
         c = cls[tid]
-        if live[c] > need[c]:
-            need[c] = live[c]
+        need[c] = max(need[c], live[c])
     return need
 
 

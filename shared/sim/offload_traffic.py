@@ -160,6 +160,7 @@ class _Replay:
         self.dirty: set[str] = set()
         self.counting = False
         self.counts = [0, 0, 0, 0, 0]  # ahead, demand, nvme, prefetches, demand misses
+        self.ahead: set[str] = set()  # fetched ahead, not used yet
 
     def loaded(self, t: str) -> bool:
         c = self.lay.cls.get(t)
@@ -183,6 +184,7 @@ class _Replay:
             ):
                 return False
             held.discard(victim)
+            self.ahead.discard(victim)
             if victim in self.dirty:  # written back before its buffer is refilled
                 self.dirty.discard(victim)
                 moved += self.sizes[victim]
@@ -196,12 +198,20 @@ class _Replay:
         return True
 
     def prefetch(self, clock: int, busy: str) -> None:
+        """The engine's rule: at most `policy.window` tensors fetched ahead and not
+        yet used; tensors already loaded are passed over."""
+        counted: set[str] = set()
         for u, distance in self.lay.policy.upcoming():
-            if u not in self.lay.cls or self.loaded(u):
-                continue
-            if not self.fetch(u, clock, demand=False, distance=distance, busy=busy):
+            if len(counted) >= self.lay.policy.window:
                 return
-            self.last_use[u] = clock  # just fetched: not the next LRU victim
+            if u not in self.lay.cls or (self.loaded(u) and u not in self.ahead):
+                continue
+            if u not in self.ahead:
+                if not self.fetch(u, clock, demand=False, distance=distance, busy=busy):
+                    return
+                self.last_use[u] = clock  # just fetched: not the next LRU victim
+                self.ahead.add(u)
+            counted.add(u)
 
 
 def _replay(order: Sequence[str], sizes: dict[str, int], lay: _Layout) -> Traffic:
@@ -216,6 +226,7 @@ def _replay(order: Sequence[str], sizes: dict[str, int], lay: _Layout) -> Traffi
         for i, t in enumerate(order):
             clock += 1
             r.last_use[t] = clock
+            r.ahead.discard(t)
             if not r.loaded(t):
                 r.fetch(t, clock, demand=True, distance=0.0, busy="")
             policy.on_use(t, clock)

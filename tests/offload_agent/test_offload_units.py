@@ -6,17 +6,23 @@ import pytest
 import torch
 
 from offload_agent.device import ALIGN, CpuDevice, select_device
-from offload_agent.policies import LayerOrderPolicy, OnDemandPolicy, PlanPolicy
+from offload_agent.policies import PREFETCH_AHEAD, LayerOrderPolicy, OnDemandPolicy, PlanPolicy
 from offload_agent.residency import Entry, Residency, TensorSpec, Tier
 from offload_agent.slabs import PoolExhausted, SlabPool
 
 
 def test_plan_policy_follows_the_order_and_ranks_by_next_use() -> None:
+    """The candidates are the next accesses (one step's worth here: shorter than
+    LOOKAHEAD), repeats included; the cache fetches `window` of them that are
+    not in the fast tier: the plan's sized lead, or PREFETCH_AHEAD if more."""
     p = PlanPolicy(["a", "b", "c", "a", "d"], window=2)
-    assert p.upcoming() == [("a", 0.0), ("b", 1.0)]
+    assert (p.lead, p.window) == (2, PREFETCH_AHEAD)
+    assert PlanPolicy(["a"], window=PREFETCH_AHEAD + 3).window == PREFETCH_AHEAD + 3
+    assert p.upcoming() == [("a", 0.0), ("b", 1.0), ("c", 2.0), ("a", 3.0), ("d", 4.0)]
     p.on_use("a", 1)
     p.on_use("b", 2)
-    assert p.upcoming() == [("c", 0.0), ("a", 1.0)]
+    assert p.upcoming()[:3] == [("c", 0.0), ("a", 1.0), ("d", 2.0)]
+    assert p.upcoming()[3:] == [("a", 3.0), ("b", 4.0)]  # into the next step
     assert p.eviction_rank("a", 0) == 1.0  # next use: position 3
     assert p.eviction_rank("b", 0) == 4.0  # next step: 1 + 5 - 2
     assert p.eviction_rank("zzz", 0) == float("inf")  # never used again: first out
@@ -24,7 +30,7 @@ def test_plan_policy_follows_the_order_and_ranks_by_next_use() -> None:
     p.on_use("a", 4)
     p.on_use("d", 5)
     p.on_use("a", 6)  # wrapped into the next step
-    assert p.upcoming() == [("b", 0.0), ("c", 1.0)]
+    assert p.upcoming()[:2] == [("b", 0.0), ("c", 1.0)]
 
 
 def test_layer_order_prefetch_turns_around_in_backward() -> None:
@@ -110,3 +116,32 @@ def test_a_demand_borrows_a_larger_buffer_before_growing_past_the_budget() -> No
         # unpinned now: a fourth use evicts instead of growing again
         assert torch.equal(cache.use("t0"), values[0])
         assert fast.overflow_bytes == ALIGN
+
+
+def test_emulated_link_queues_copies_and_chains_nvme_then_pcie() -> None:
+    """Hand-computed reservations (GB/s = 10^9 B/s; no sleeping here): a link is
+    busy until its last reservation ends, copies queue on it in order, an
+    NVMe-homed tensor crosses NVMe then PCIe, a write-back goes first and the
+    other way, and PCIe's two directions do not wait on each other."""
+    from offload_agent.link import Link, LinkEmulation
+
+    link = LinkEmulation(pcie_gbps=2.0, nvme_gbps=0.5)
+    mb = 1_000_000
+    # host-homed fetch of 2 MB at t=10: PCIe host->fast 1 ms
+    assert link.transfer_end(10.0, out_bytes=0, out_nvme=False, in_bytes=2 * mb, in_nvme=False) == (
+        pytest.approx(10.001)
+    )
+    # a second one started at the same time queues behind it
+    end = link.transfer_end(10.0, out_bytes=0, out_nvme=False, in_bytes=2 * mb, in_nvme=False)
+    assert end == pytest.approx(10.002)
+    # NVMe-homed 1 MB at t=20: NVMe 2 ms, then PCIe 0.5 ms
+    end = link.transfer_end(20.0, out_bytes=0, out_nvme=False, in_bytes=mb, in_nvme=True)
+    assert end == pytest.approx(20.0025)
+    # write back 1 MB to NVMe (fast->host 0.5 ms, NVMe 2 ms), then fetch 1 MB from
+    # NVMe (2 ms, after the write on the same NVMe link) and PCIe 0.5 ms
+    end = link.transfer_end(30.0, out_bytes=mb, out_nvme=True, in_bytes=mb, in_nvme=True)
+    assert end == pytest.approx(30.0 + 0.0005 + 0.002 + 0.002 + 0.0005)
+    # fast->host holds only the write-back (to 30.0005), not the later host->fast copy
+    assert link.d2h.occupy(mb, 30.0) == pytest.approx(30.001)
+    with pytest.raises(ValueError, match="not a rate"):
+        Link("x", 0.0)

@@ -102,13 +102,14 @@ def _in_use(size: int, group: int) -> int:
     return group + 1 if size <= SMALL_CLASS else group
 
 
-def _most_in_window(seq: list[int], cls: int, window: int) -> int:
-    """The most accesses of buffer class `cls` in any `window` consecutive ones."""
+def _most_in_window(seq: list[tuple[str, int]], cls: int, window: int) -> int:
+    """The most distinct tensors of buffer class `cls` in any `window` consecutive
+    accesses (`seq`: tensor and buffer class per access; a tensor accessed twice
+    in a window is fetched once)."""
     if window <= 0:
         return 0
-    hits = [int(c == cls) for c in seq]
-    starts = range(max(1, len(hits) - window + 1))
-    return max(sum(hits[i : i + window]) for i in starts)
+    starts = range(max(1, len(seq) - window + 1))
+    return max(len({t for t, c in seq[i : i + window] if c == cls}) for i in starts)
 
 
 @st.composite
@@ -201,7 +202,7 @@ def test_plans_respect_every_budget(case: tuple[TensorProfile, Budgets, int, flo
     bufcls = buffer_classes(plan, sizes)
     for t in streamed:
         assert cls[t] <= bufcls[t] <= cls[t] * plan.merge
-    seq = [bufcls[t] for t in profile.order if t in streamed]
+    seq = [(t, bufcls[t]) for t in profile.order if t in streamed]
     for c in set(cls.values()) | set(bufcls.values()):
         want = sum(1 for t in resident if cls[t] == c)
         if any(bufcls[t] == c for t in streamed):
@@ -301,7 +302,8 @@ def test_one_buffer_of_lead_beats_no_prefetch_when_large_tensors_eat_the_budget(
     assert {plan.placement["emb"], plan.placement["head"]} == {"nvme"}  # streamed, not resident
     policy = PlanPolicy(plan.prefetch, plan.window)
     policy.begin_step()
-    assert [t for t, _ in policy.upcoming()] == plan.prefetch[: plan.window]  # ahead of use
+    assert policy.lead == plan.window
+    assert [t for t, _ in policy.upcoming()][: plan.window] == plan.prefetch[: plan.window]
 
 
 @settings(max_examples=150)
@@ -334,3 +336,17 @@ def test_lru_layout_within_budget_and_enough_for_one_step(mults: list[int], frac
     if floor_bytes > ALIGN:
         with pytest.raises(ValueError, match="minimum"):
             lru_layout(classes, floor_bytes - ALIGN, 3)
+
+
+def test_a_tensor_used_twice_in_a_window_takes_one_lead_buffer() -> None:
+    """Order t0 t0 t1 over seven 4 KiB tensors (three 8 KiB ones resident), window
+    3: the lead is two distinct tensors, so the 4 KiB class streams on its in-use
+    floor (3 + 1 held by backward) plus 2 buffers, not 3 (one per access)."""
+    small = [(f"t{i}", 1, "float32", "param") for i in range(7)]
+    big = [(f"t{i}", ALIGN + 1, "float32", "param") for i in range(7, 10)]
+    profile = TensorProfile(job_id="j", tensors=small + big, order=["t0", "t0", "t1"])
+    budgets = Budgets(fast=12 * ALIGN, host=0)
+    plan = build_plan(profile, budgets, window=3, stream_share=1.0)
+    check_plan(plan, profile, budgets)
+    assert plan.window == 3
+    assert plan.buffers[ALIGN] == {"gpu": in_use_floor(ALIGN) + 2} == {"gpu": 6}
