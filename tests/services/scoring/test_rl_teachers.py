@@ -29,12 +29,7 @@ def test_teacher_is_the_heuristic(name: str) -> None:
         for k in range(int(rng.integers(0, 12))):
             who, gpus = str(rng.choice(["a", "b", "c", "d"])), int(rng.choice([1, 2, 4]))
             history.record(QueuedJob(900 + k, "h", 0.0, gpus, vc=who), float(rng.integers(1, 9999)))
-        jobs = [
-            QueuedJob(i, f"j{i}", float(rng.integers(0, 900)), int(rng.choice([1, 2, 4])),
-                      vc=str(rng.choice(["a", "b", "c", "d"])))
-            for i in range(int(rng.integers(2, 40)))
-        ]  # fmt: skip
-        jobs.sort(key=lambda j: (j.submit_s, j.seq))  # the pool's order (RLPolicy.candidates)
+        jobs = _random_jobs(rng)
         held = {vc: float(rng.integers(0, 3)) * 4 for vc in "abcd"}
         waiting = WaitingIndex()
         for j in jobs:
@@ -50,13 +45,19 @@ def test_teacher_is_the_heuristic(name: str) -> None:
         assert mine == [j.seq for j in policy.window(len(jobs), obs)]
 
 
-def _random_queue(rng: np.random.Generator) -> tuple[list[QueuedJob], dict[int, float], dict]:
+def _random_jobs(rng: np.random.Generator) -> list[QueuedJob]:
+    """2-39 jobs of 1, 2 or 4 GPUs in four VCs, in the pool's order (RLPolicy.candidates)."""
     jobs = [
         QueuedJob(i, f"j{i}", float(rng.integers(0, 900)), int(rng.choice([1, 2, 4])),
                   vc=str(rng.choice(["a", "b", "c", "d"])))
         for i in range(int(rng.integers(2, 40)))
     ]  # fmt: skip
-    jobs.sort(key=lambda j: (j.submit_s, j.seq))  # the pool's order (RLPolicy.candidates)
+    jobs.sort(key=lambda j: (j.submit_s, j.seq))
+    return jobs
+
+
+def _random_queue(rng: np.random.Generator) -> tuple[list[QueuedJob], dict[int, float], dict]:
+    jobs = _random_jobs(rng)
     run = {
         j.seq: float(rng.choice([10.0, 60.0, 3600.0, float(rng.integers(1, 9999))])) for j in jobs
     }
