@@ -76,6 +76,10 @@ class _Run:
     nodes: list[str]
 
 
+# a running job as the ETA reads it: (expected end, id, job, run, GPUs of the types asked)
+_Ending = tuple[float, str, Job, _Run, float]
+
+
 class WhyState:
     def __init__(self, topics: Topics) -> None:
         self.t = topics
@@ -238,6 +242,7 @@ class WhyState:
         a.free_now = free = self._free(job, types)
         self._rank(job, a)
         est = self.history()
+        ending = self._ending(types, est)
         if free >= _need(job):
             a.lines.append(
                 f"the free GPUs would hold it now ({_num(free)} of its types free)"
@@ -253,11 +258,11 @@ class WhyState:
                 f"{_num(free)} GPUs of its types are free: it would start with "
                 f"{_num(a.needs_more)} more"
             )
-            self._freed_by(job, types, est, a)
+            self._freed_by(ending, a)
             others = self._room_elsewhere(job, types)
             if others:
                 a.lines.append(f"other types have room now: {others} (it does not allow them)")
-        releases = self._releases(types, est)
+        releases = [(max(now, end), gpus) for end, _, _, _, gpus in ending]
         ahead = [self.jobs[j] for j in a.ahead if j in self.jobs]
         ahead = [j for j in ahead if set(self._types(j)) & set(types)]
         a.eta_alone_s = eta_profile(now, free, releases, [], _need(job), 0.0)
@@ -291,7 +296,7 @@ class WhyState:
         if job.num_gpus == 1 and job.gpu_milli < FULL_GPU:  # a share: the best one GPU
             best = max((max(_milli(n), default=0) for n in nodes), default=0)
             return min(1.0, best / FULL_GPU) if best >= job.gpu_milli else 0.0
-        return float(sum(sum(1 for m in _milli(n) if m == FULL_GPU) for n in nodes))
+        return float(_whole_free(nodes))
 
     def _rank(self, job: Job, a: Answer) -> None:
         seen = self.rounds.get(job.job_id)
@@ -313,32 +318,24 @@ class WhyState:
     def _still_waiting(self, jid: str) -> bool:
         return jid not in self.running and jid not in self.ended and jid not in self.placed
 
-    def _releases(self, types: list[str], est: History) -> list[tuple[float, float]]:
-        """(expected end, GPUs of `types` it frees) of every running job, by estimate."""
+    def _ending(self, types: list[str], est: History) -> list[_Ending]:
+        """Every running job holding GPUs of `types`, soonest expected end first (by its
+        estimate; an end already past stays as it is, `eta_profile` takes it as now)."""
         out = []
         for jid, run in self.running.items():
             job = self.jobs.get(jid)
-            if job is None:
-                continue
             on = [n for n in run.nodes if n in self.nodes]
             mine = sum(1 for n in on if self.nodes[n].gpu_type in types)
-            if not on or not mine:
+            if job is None or not mine:
                 continue
+            end = run.start + est.estimate(queued_job(job, -1))
             gpus = _need(job) * mine / len(on)  # (a multi-node job: an even share per node)
-            end = max(self.now, run.start + est.estimate(queued_job(job, -1)))
-            out.append((end, gpus))
-        return sorted(out)
+            out.append((end, jid, job, run, gpus))
+        return sorted(out, key=lambda e: (e[0], e[1]))
 
-    def _freed_by(self, job: Job, types: list[str], est: History, a: Answer) -> None:
-        ends = []
-        for jid, run in self.running.items():
-            j = self.jobs.get(jid)
-            if j is not None and any(
-                self.nodes[n].gpu_type in types for n in run.nodes if n in self.nodes
-            ):
-                ends.append((run.start + est.estimate(queued_job(j, -1)), jid, j, run))
+    def _freed_by(self, ending: list[_Ending], a: Answer) -> None:
         got, names = 0.0, []
-        for end, jid, j, run in sorted(ends, key=lambda e: (e[0], e[1])):
+        for end, jid, j, run, _ in ending:
             when = (
                 f"ends in about {_dur(end - self.now)}" if end > self.now else "past its estimate"
             )
@@ -354,11 +351,7 @@ class WhyState:
     def _room_elsewhere(self, job: Job, types: list[str]) -> str:
         out = []
         for t in sorted({n.gpu_type for n in self.nodes.values()} - set(types)):
-            free = sum(
-                sum(1 for m in _milli(n) if m == FULL_GPU)
-                for n in self.nodes.values()
-                if n.gpu_type == t
-            )
+            free = _whole_free(n for n in self.nodes.values() if n.gpu_type == t)
             if free >= _need(job):
                 out.append(f"{t} {free} free")
         return ", ".join(out)
@@ -405,6 +398,11 @@ def _earliest(steps: list[tuple[float, float]], now: float, need: float, dur: fl
         else:
             return t0
     return math.inf
+
+
+def _whole_free(nodes: Iterable[NodeStatus]) -> int:
+    """Untouched GPUs over `nodes`."""
+    return sum(sum(1 for m in _milli(n) if m == FULL_GPU) for n in nodes)
 
 
 def _milli(n: NodeStatus) -> list[int]:
