@@ -63,12 +63,6 @@ class Answer:
     eta_alone_s: float | None = None  # cluster time its GPUs come back for it alone
     eta_s: float | None = None  # the same with the jobs ranked ahead served first
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in self.__dict__.items()
-        }
-
 
 @dataclass
 class _Run:

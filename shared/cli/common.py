@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
@@ -15,6 +16,7 @@ from shared.errors import UserError
 __all__ = [
     "add_bus_args",
     "bus_settings",
+    "finite_or_null",
     "non_negative_int",
     "out_dir",
     "port_number",
@@ -94,6 +96,14 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     import uvloop
 
     return uvloop.run(coro)
+
+
+def finite_or_null(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with its non-finite float values (NaN, e.g. no job finished) as None, so
+    that they are written as JSON null."""
+    return {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()
+    }
 
 
 def write_json(data: object, out: str, sort_keys: bool = False) -> None:

@@ -276,8 +276,4 @@ def _compressed(
 
 def write_json(summary: dict[str, Any], out: str) -> None:
     """The summary as one JSON object (NaN, e.g. no job finished, written as null)."""
-    clean = {
-        k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-        for k, v in summary.items()
-    }
-    common.write_json(clean, out)
+    common.write_json(common.finite_or_null(summary), out)

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from shared.cli.common import out_dir
+from shared.cli.common import finite_or_null, out_dir
 from shared.cli.simulate import (
     add_run_args,
     check_outcome,
@@ -199,11 +199,6 @@ class _TraceCache:
 
 
 def _json(args: argparse.Namespace, runs: Sequence[tuple[Scenario, Any, float]]) -> dict[str, Any]:
-    def clean(d: dict[str, Any]) -> dict[str, Any]:
-        return {
-            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()
-        }
-
     return {
         "settings": {
             "trace": args.trace,
@@ -222,7 +217,7 @@ def _json(args: argparse.Namespace, runs: Sequence[tuple[Scenario, Any, float]])
                 "changes": [list(c) for c in s.changes],
                 "gpus": s.cluster.total_gpus,
                 "offered_load": load,
-                "summary": clean(pr.summary),
+                "summary": finite_or_null(pr.summary),
             }
             for s, pr, load in runs
         ],

@@ -4,12 +4,20 @@ read from the topics of a running deployment (`services.scoring.why` says how)."
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import TYPE_CHECKING
 
 from aiokafka.errors import KafkaError
 
-from shared.cli.common import add_bus_args, bus_settings, run_async, unreachable, write_json
+from shared.cli.common import (
+    add_bus_args,
+    bus_settings,
+    finite_or_null,
+    run_async,
+    unreachable,
+    write_json,
+)
 from shared.config import BusSettings
 from shared.errors import UserError
 
@@ -38,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(answer.lines[0])
     sys.stdout.write("\n".join(answer.lines) + "\n")
     if args.json:
-        write_json(answer.to_dict(), args.json)
+        write_json(finite_or_null(dataclasses.asdict(answer)), args.json)
     return 0
 
 
