@@ -79,7 +79,7 @@ class ScoringState:
         self.running: dict[str, QueuedJob] = {}
         self.started_at: dict[str, float] = {}
         self.run_s: dict[str, float] = {}  # GPU-holding time of finished jobs
-        self.attained: dict[str, float] = {}  # GPU-seconds of the segments that ended
+        self.attained: dict[str, float] = {}  # GPU-seconds of the preempted segments
         self.preempts: Counter[str] = Counter()  # preempted events seen, per job
         self.requeued: Counter[str] = Counter()  # preemptions applied (driven rounds)
         self.ended: set[str] = set()
@@ -122,12 +122,12 @@ class ScoringState:
                 return
             start = self.started_at.pop(jid)
             self.run_s[jid] = self.run_s.get(jid, 0.0) + ev.time - start
-            job = self.jobs.get(jid)
-            if job is not None:  # (summed per segment, as the simulator sums it)
-                gpus = queued_job(job, -1).gpus
-                self.attained[jid] = self.attained.get(jid, 0.0) + gpus * (ev.time - start)
             if ev.kind == "preempted":
                 self.preempts[jid] += 1
+                job = self.jobs.get(jid)
+                if job is not None:  # (summed per segment, as the simulator sums it)
+                    gpus = queued_job(job, -1).gpus
+                    self.attained[jid] = self.attained.get(jid, 0.0) + gpus * (ev.time - start)
                 if free:
                     self._stop(jid, requeue=True)
                 return
@@ -233,10 +233,7 @@ class ScoringState:
                 self._enqueue(job)
         for jid in req.preempted:  # back in the queue with the service it attained
             self.requeued[jid] += 1
-            q = self.running.get(jid)
-            if q is not None:
-                q.attained_gpu_s = self.attained.get(jid, 0.0)
-                self._stop(jid, requeue=True)
+            self._stop(jid, requeue=True)
 
     # ---- free rounds --------------------------------------------------------------------
     def free_round(self, round_id: int, now: float) -> PriorityBatch | None:
@@ -305,7 +302,8 @@ class ScoringState:
         if q is None:
             return
         self.vc_held[q.vc] = self.vc_held.get(q.vc, 0.0) - q.gpus
-        if requeue:
+        if requeue:  # back with the service it attained (what LAS ranks by)
+            q.attained_gpu_s = self.attained.get(jid, 0.0)
             self.queued[jid] = q
             self.waiting.add(q)
             self.policy.add(q)
