@@ -273,7 +273,8 @@ class TensorCache:
         if entry.permanent or entry.tier is not Tier.FAST or entry.fast_slot is None:
             return
         write = WriteBack(entry.spec, entry.home, entry.host_slot)
-        entry.pending = self.io.submit(self.mover.write_behind, write, entry.fast_slot, entry.pending)
+        slot = entry.fast_slot
+        entry.pending = self.io.submit(self.mover.write_behind, write, slot, entry.pending)
         entry.dirty = False
 
     def _evict(self, victim: Entry) -> tuple[Slot, WriteBack | None]:
