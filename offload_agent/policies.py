@@ -93,8 +93,16 @@ class PlanPolicy:
     name = "tencache"
     protect_sooner = True
 
-    def __init__(self, order: Sequence[str], window: int, ahead: int = PREFETCH_AHEAD) -> None:
+    def __init__(
+        self,
+        order: Sequence[str],
+        window: int,
+        ahead: int = PREFETCH_AHEAD,
+        *,
+        write_behind: bool = True,
+    ) -> None:
         self.lead = window  # the lead the plan's buffers were sized for
+        self._write_behind = write_behind
         # fetches in flight at run time: more than the sized lead where buffers
         # allow (a free one, or one whose tensor is needed later: never sooner)
         self.window = max(window, ahead)
@@ -107,7 +115,7 @@ class PlanPolicy:
         self._cursor.advance(tensor_id)
 
     def write_behind(self, tensor_id: str) -> bool:
-        return self._cursor.distance(tensor_id) > LOOKAHEAD
+        return self._write_behind and self._cursor.distance(tensor_id) > LOOKAHEAD
 
     def upcoming(self) -> list[tuple[str, float]]:
         """The next LOOKAHEAD accesses: the cache fetches up to `window` of them
