@@ -36,7 +36,7 @@ from rich.table import Table
 from offload_agent.device import CpuDevice
 from offload_agent.engine import EngineConfig, OffloadEngine
 from offload_agent.link import LinkEmulation
-from offload_agent.models import ARCHS, Workload, workload
+from offload_agent.models import ALL_ARCHS, ARCHS, Workload, workload
 from offload_agent.nvme import NvmeStore
 from offload_agent.optim import AdamW
 from offload_agent.residency import Tier
@@ -82,9 +82,9 @@ def _parse(argv: list[str]) -> BenchArgs:
     a = BenchArgs(**vars(p.parse_args(argv)))
     if a.steps < 1 or a.warmup < 1 or a.dim % 8 or a.fast_frac <= 0:
         raise UserError("need --steps >= 1, --warmup >= 1, --dim a multiple of 8, --fast-frac > 0")
-    unknown = set(a.archs.split(",")) - set(ARCHS)
+    unknown = set(a.archs.split(",")) - set(ALL_ARCHS)
     if unknown:
-        raise UserError(f"--archs: unknown {sorted(unknown)}; choose from {', '.join(ARCHS)}")
+        raise UserError(f"--archs: unknown {sorted(unknown)}; choose from {', '.join(ALL_ARCHS)}")
     if a.link_gbps not in ("none", "auto"):
         _explicit_rates(a.link_gbps)
     return a
