@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from offload_agent.device import CpuDevice
+from offload_agent.device import CpuDevice, CudaDevice, Device
 from offload_agent.engine import EngineConfig, OffloadEngine
 from offload_agent.link import LinkEmulation
 from offload_agent.models import ARCHS, Workload, workload
@@ -72,6 +72,9 @@ class BenchArgs:
     # the wall time of a GPU's links, scaled to this machine (`_link_rates`);
     # PCIE,NVME: those rates in GB/s
     link_gbps: str = "none"
+    # cpu: the fast tier is host memory; cuda: GPU memory, pinned host buffers,
+    # copies on a side stream (the real link); auto: cuda when there is one
+    device: str = "auto"
 
 
 def _parse(argv: list[str]) -> BenchArgs:
@@ -87,7 +90,22 @@ def _parse(argv: list[str]) -> BenchArgs:
         raise UserError(f"--archs: unknown {sorted(unknown)}; choose from {', '.join(ARCHS)}")
     if a.link_gbps not in ("none", "auto"):
         _explicit_rates(a.link_gbps)
+    if a.device not in ("auto", "cpu", "cuda"):
+        raise UserError(f"--device {a.device!r}: choose auto, cpu or cuda")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: torch.cuda.is_available() is False on this machine")
+    if _device_name(a) == "cuda" and a.link_gbps != "none":
+        raise UserError(
+            "--link-gbps emulates a link for a host-memory fast tier; on a GPU "
+            "the link is real: leave it at none (or pass --device cpu)"
+        )
     return a
+
+
+def _device_name(a: BenchArgs) -> str:
+    if a.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return a.device
 
 
 def _explicit_rates(text: str) -> tuple[float, float]:
@@ -133,6 +151,12 @@ def _link_rates(a: BenchArgs) -> dict[str, Any]:
     GPU step being 16,384 tokens (8 sequences of 2,048: the simulator's
     assumption, shared/sim/offload_cost.py), i.e. 16,384 / (batch x context)
     bench steps, ResNet-18 included (256 images at the defaults)."""
+    if _device_name(a) == "cuda":
+        return {
+            "mode": "cuda",
+            "gpu": torch.cuda.get_device_name(),
+            "torch_cuda": str(torch.version.cuda),
+        }
     if a.link_gbps == "none":
         return {"mode": "memcpy only (no link emulation)"}
     if a.link_gbps != "auto":
@@ -153,6 +177,11 @@ def _link_rates(a: BenchArgs) -> dict[str, Any]:
 
 
 def _describe_link(link: dict[str, Any]) -> str:
+    if link["mode"] == "cuda":
+        return (
+            f"copies: the real link of {link['gpu']} (CUDA {link['torch_cuda']}): fast tier in "
+            "GPU memory, pinned host buffers, copies on a side stream"
+        )
     if "pcie_gbps" not in link:
         return "copies: memcpy only (no link emulation)"
     text = (
@@ -169,8 +198,21 @@ def _describe_link(link: dict[str, Any]) -> str:
 
 def _workload(a: BenchArgs, arch: str) -> Workload:
     return workload(
-        arch, dim=a.dim, layers=a.layers, vocab=a.vocab, seq=a.seq, size=a.batch, seed=a.seed
+        arch,
+        dim=a.dim,
+        layers=a.layers,
+        vocab=a.vocab,
+        seq=a.seq,
+        size=a.batch,
+        seed=a.seed,
+        device=_device_name(a),
     )
+
+
+def _device(a: BenchArgs, link: dict[str, Any]) -> Device:
+    if _device_name(a) == "cuda":
+        return CudaDevice(torch.cuda.current_device())
+    return CpuDevice(link=_emulation(link))
 
 
 def _state_bytes(model: torch.nn.Module) -> int:
@@ -200,7 +242,7 @@ def _engine(
         model,
         AdamW(lr=3e-4),
         config,
-        device=CpuDevice(link=_emulation(link or {})),
+        device=_device(a, link or {}),
         store=NvmeStore(root / strategy),
         io=io,
     )
@@ -330,11 +372,12 @@ def _model_facts(a: BenchArgs, w: Workload) -> dict[str, Any]:
 
 def _table(result: dict[str, Any], link: dict[str, Any]) -> Table:
     m = result["model"]
-    copies = (
-        f"link PCIe {link['pcie_gbps']:.3g} / NVMe {link['nvme_gbps']:.3g} GB/s"
-        if "pcie_gbps" in link
-        else "copies memcpy only"
-    )
+    if link["mode"] == "cuda":
+        copies = f"on {link['gpu']}"
+    elif "pcie_gbps" in link:
+        copies = f"link PCIe {link['pcie_gbps']:.3g} / NVMe {link['nvme_gbps']:.3g} GB/s"
+    else:
+        copies = "copies memcpy only"
     t = Table(
         title=f"{m['arch']}: {m['parameters'] / 1e6:.1f}M parameters, fast tier "
         f"{m['fast_budget_bytes'] / 1e6:.0f} MB, host {m['host_budget_bytes'] / 1e6:.0f} MB, "
@@ -414,6 +457,14 @@ def main(argv: list[str]) -> int:
         "host_frac": a.host_frac,
         "swap_dir": str(root),
         "link": link,
+        "device": _device_name(a),
+        "model_dims": {
+            "dim": a.dim,
+            "layers": a.layers,
+            "vocab": a.vocab,
+            "seq": a.seq,
+            "batch": a.batch,
+        },
     }
     if a.json:
         write_json(result, a.json)
