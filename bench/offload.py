@@ -10,9 +10,12 @@ tensors (params included) spill to swap files on the real disk (O_DIRECT when
 it allows). Peak fast-tier and host buffer bytes are reported per strategy.
 Steps are interleaved round-robin across the four engines so that load from
 other processes hits all of them alike; each step's time includes waiting for
-every copy it started (nothing is left running into the next one). Torch
-computes on one thread; the other core is the I/O side (what a GPU's copy
-engines are), as the fast tier here is host memory (no CUDA).
+every copy it started (nothing is left running into the next one). Without
+CUDA (`--device cpu`) the fast tier is host memory: torch computes on one
+thread and the other core is the I/O side (what a GPU's copy engines are).
+With CUDA (`--device cuda`, or `auto` where there is a GPU) the fast tier is
+GPU memory, host buffers are pinned and copies go over the real link on side
+streams; kernels are made deterministic so the losses can match exactly.
 """
 
 from __future__ import annotations
