@@ -39,9 +39,10 @@ bench: install
 	$(BIN)/rltune bench bus
 
 # On a GPU host (installed with the CUDA build): the offload engine's training
-# tests against plain PyTorch on the GPU, bit for bit, then the link it gets
+# tests against plain PyTorch on the GPU, bit for bit (they need no broker or
+# traces: the project-wide conftest is left out), then the link it gets
 gpu-check: install
-	RLTUNE_TEST_DEVICE=cuda $(BIN)/python -m pytest -q tests/offload_agent/test_offload_training.py tests/offload_agent/test_offload_precision.py
+	RLTUNE_TEST_DEVICE=cuda $(BIN)/python -m pytest -q --confcutdir=tests/offload_agent tests/offload_agent/test_offload_training.py tests/offload_agent/test_offload_precision.py
 	$(BIN)/rltune bench offload_link
 
 clean:
