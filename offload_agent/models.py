@@ -120,13 +120,13 @@ def _hf(arch: str, *, dim: int, layers: int, vocab: int, seq: int) -> nn.Module:
             )
         )  # fmt: skip
     if arch == "t5":
-        return tf.T5ForConditionalGeneration(
-            tf.T5Config(
-                d_model=dim, d_ff=4 * dim, d_kv=dim // 8, num_heads=8, vocab_size=vocab,
-                num_layers=max(1, layers // 2), num_decoder_layers=max(1, layers // 2),
-                dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
-            )
+        t5 = tf.T5Config(
+            d_model=dim, d_ff=4 * dim, d_kv=dim // 8, num_heads=8, vocab_size=vocab,
+            num_layers=max(1, layers // 2), num_decoder_layers=max(1, layers // 2),
+            dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
         )  # fmt: skip
+        t5.decoder_start_token_id = 0  # the labels, shifted right, start the decoder
+        return tf.T5ForConditionalGeneration(t5)
     raise ValueError(f"architecture {arch!r}: choose from {', '.join(ALL_ARCHS)}")
 
 
