@@ -336,6 +336,7 @@ def _summary(
         "step_ms": round(statistics.median(times), 1),
         "step_ms_mean": round(statistics.fmean(times), 1),
         "fast_tier_hit_rate": round(st.hit_rate, 4),
+        "copy_wait_ms": round(st.wait_ms / steps, 1),  # per step: copies not hidden
         "late_rate": round(st.late / st.accesses, 4) if st.accesses else 0.0,
         "bytes_moved": moved,
         "bytes_moved_per_step": moved // steps,
@@ -398,6 +399,7 @@ def _table(result: dict[str, Any], link: dict[str, Any]) -> Table:
     for col in (
         "strategy",
         "step ms",
+        "copy wait ms",
         "hit rate",
         "MB moved/step",
         "fast MB",
@@ -409,11 +411,12 @@ def _table(result: dict[str, Any], link: dict[str, Any]) -> Table:
     for s in STRATEGIES:
         r = result[s]
         if "cannot_start" in r:
-            t.add_row(s, "cannot start", *["-"] * 6)
+            t.add_row(s, "cannot start", *["-"] * 7)
             continue
         t.add_row(
             s,
             f"{r['step_ms']:.0f}",
+            f"{r['copy_wait_ms']:.0f}",
             f"{r['fast_tier_hit_rate']:.3f}",
             f"{r['bytes_moved_per_step'] / 1e6:.0f}",
             f"{r['peak_fast_bytes'] / 1e6:.0f}",

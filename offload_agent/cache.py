@@ -13,6 +13,7 @@ made to wait on the copy's event).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, Future
 
@@ -167,11 +168,13 @@ class TensorCache:
 
     def drain(self) -> None:
         """Wait for every copy in flight (end of a run, before a re-plan)."""
+        t0 = time.perf_counter()
         for entry in self.residency:
             if entry.pending is not None:
                 entry.pending.result()
             if entry.tier is Tier.FETCHING:
                 self._settle(entry)
+        self.stats.wait_ms += (time.perf_counter() - t0) * 1e3
 
     def materialize(self, tensor_id: str) -> torch.Tensor:
         """A CPU copy of the tensor's current value, wherever it is."""
@@ -205,6 +208,10 @@ class TensorCache:
         """Wait until the copy into `entry` is done and visible to compute."""
         if entry.tier is Tier.FETCHING:
             assert entry.pending is not None
+            if not entry.pending.done():
+                t0 = time.perf_counter()
+                entry.pending.result()
+                self.stats.wait_ms += (time.perf_counter() - t0) * 1e3
             entry.ready = entry.pending.result()[1]
             self.residency.move(entry, Tier.FAST)
         if entry.ready is not None:
