@@ -17,7 +17,7 @@ job's largest part) stands for all of them; nodes without offloading jobs stay
 one class per type and hardware. Jobs allowed t may
 use every t~i. For an offloading job j on class c = t~i the objective is charged
 
-    raw_j,c = round(value_scale · g_j · w_j · speed_t · WEIGHT · min(x, 1))
+    raw_j,c = round(value_scale · g_j · w_j · speed_t · WEIGHT · x)
     x       = (1 − 1/f_j) + Δ_j
     C_j,c   = raw_j,c − max_{c' allowed} raw_j,c'
 
@@ -25,7 +25,11 @@ f_j the job's own slowdown on a node of the class with its GPUs added (a
 multi-node job: its part there, at most the node's GPUs; it runs at its slowest
 node, and all its parts are on one class), Δ_j the slowdown it adds to the
 offloading jobs already there (Σ over them of f_after − f_before, per GPU of j):
-x is the share of a GPU's throughput the placement loses. C joins T_j,t (the
+x is the share of a GPU's throughput the placement loses. x is not capped: a
+heavy streamer (T5-3B on one P100: f = 2.2 alone) beside one other already has
+x > 1, and a cap at 1 made a node with one such neighbour cost the same as a
+node with five (on the README's tuning seeds the cap cost 1-3 points of the cut
+and raised the avg JCT of the jobs that do not offload at one of them). C joins T_j,t (the
 Scorer's per-job, per-type cost), so it is in the model, the warm start, the
 one-job enumeration and the greedy comparison alike. Measured from the job's
 dearest class, C is a bonus (≤ 0) that never makes a job less worth starting
@@ -194,8 +198,7 @@ class OffloadAwarePlacer:
             if key not in cache:
                 cost = offload_cost(view, job, rep[vt].node_id, extra) if vt in rep else 0.0
                 g = job.num_gpus * job.gpu_milli / 1000
-                share = WEIGHT * min(cost, 1.0)
-                cache[key] = round(scale * g * job.weight * vspeed.get(vt, 1.0) * share)
+                cache[key] = round(scale * g * job.weight * vspeed.get(vt, 1.0) * WEIGHT * cost)
             return cache[key]
 
         def charge(job: JobRequest, vt: str) -> int:

@@ -165,7 +165,7 @@ def test_same_window_charge_is_each_jobs_own_not_a_mean() -> None:
 
     def raw(job: JobRequest, vt: str, extra: int = 0) -> int:
         x = offload_cost(view, job, "n1", extra)
-        return round(1000 * 16 * min(x, 1.0))
+        return round(1000 * 16 * x)
 
     same = SameRound(window, raw, lambda j: view.job(j.job_id))
     ka, kb = same.kind(window[1]), same.kind(window[0])
@@ -305,3 +305,34 @@ def test_jobs_that_do_not_offload_are_placed_as_the_plain_placer_places_them() -
             assert {a.job_id: a for a in want} == mine, k
             compared += bool(mine)
     assert compared >= 15 and alike >= 5, (compared, alike)
+
+
+def test_charge_is_not_capped_so_more_streaming_neighbours_cost_more() -> None:
+    """Real OffloadState: a T5-3B GPU beside one T5-3B GPU already loses more than a
+    whole GPU's throughput (x > 1), beside three more still. Capped at 1 (as before)
+    both nodes cost the same and the MILP took `busy`'s last free GPU, as it does
+    without the charge (the other four run jobs that do not offload); the charge now
+    sends the job to `calm`, as the greedy variant does."""
+    cluster = parse_cluster(
+        {"name": "two", "reference": "V100",
+         "nodes": [{"name": "calm", "gpu_type": "V100", "gpus": 8},
+                   {"name": "busy", "gpu_type": "V100", "gpus": 8}]}
+    )  # fmt: skip
+    st = OffloadState(cluster)
+    for seq, node in ((100, 0), (101, 1), (102, 1), (103, 1)):
+        st.add_job(seq, f"run{seq}", T5, 1)
+        st.start(seq, [(node, 1)])
+    st.add_job(0, "new", T5, 1)
+    job = JobRequest("new", 1)
+    xa, xb = offload_cost(st, job, "calm"), offload_cost(st, job, "busy")
+    assert 1.0 < xa < xb
+    nodes = [
+        NodeFree("calm", "V100", (0,) + (1000,) * 7),
+        NodeFree("busy", "V100", (0,) * 7 + (1000,)),
+    ]
+    for inner in (MilpPlacer(MilpConfig(time_limit_s=5.0)), GreedyPlacer()):
+        p = OffloadAwarePlacer(inner)
+        p.offload_view = st
+        assert [a.node_ids for a in p.place([job], nodes, SPEED).allocations] == [("calm",)]
+    plain = MilpPlacer(MilpConfig(time_limit_s=5.0)).place([job], nodes, SPEED)
+    assert [a.node_ids for a in plain.allocations] == [("busy",)]  # without the charge
