@@ -40,7 +40,7 @@ from rich.table import Table
 from offload_agent.device import CpuDevice, CudaDevice, Device
 from offload_agent.engine import EngineConfig, OffloadEngine
 from offload_agent.link import LinkEmulation
-from offload_agent.models import ARCHS, Workload, workload
+from offload_agent.models import ALL_ARCHS, ARCHS, Workload, workload
 from offload_agent.nvme import NvmeStore
 from offload_agent.optim import AdamW
 from offload_agent.residency import Tier
@@ -89,9 +89,9 @@ def _parse(argv: list[str]) -> BenchArgs:
     a = BenchArgs(**vars(p.parse_args(argv)))
     if a.steps < 1 or a.warmup < 1 or a.dim % 8 or a.fast_frac <= 0:
         raise UserError("need --steps >= 1, --warmup >= 1, --dim a multiple of 8, --fast-frac > 0")
-    unknown = set(a.archs.split(",")) - set(ARCHS)
+    unknown = set(a.archs.split(",")) - set(ALL_ARCHS)
     if unknown:
-        raise UserError(f"--archs: unknown {sorted(unknown)}; choose from {', '.join(ARCHS)}")
+        raise UserError(f"--archs: unknown {sorted(unknown)}; choose from {', '.join(ALL_ARCHS)}")
     if a.link_gbps not in ("none", "auto"):
         _explicit_rates(a.link_gbps)
     if a.device not in ("auto", "cpu", "cuda"):
@@ -336,6 +336,7 @@ def _summary(
         "step_ms": round(statistics.median(times), 1),
         "step_ms_mean": round(statistics.fmean(times), 1),
         "fast_tier_hit_rate": round(st.hit_rate, 4),
+        "copy_wait_ms": round(st.wait_ms / steps, 1),  # per step: copies not hidden
         "late_rate": round(st.late / st.accesses, 4) if st.accesses else 0.0,
         "bytes_moved": moved,
         "bytes_moved_per_step": moved // steps,
@@ -398,6 +399,7 @@ def _table(result: dict[str, Any], link: dict[str, Any]) -> Table:
     for col in (
         "strategy",
         "step ms",
+        "copy wait ms",
         "hit rate",
         "MB moved/step",
         "fast MB",
@@ -409,11 +411,12 @@ def _table(result: dict[str, Any], link: dict[str, Any]) -> Table:
     for s in STRATEGIES:
         r = result[s]
         if "cannot_start" in r:
-            t.add_row(s, "cannot start", *["-"] * 6)
+            t.add_row(s, "cannot start", *["-"] * 7)
             continue
         t.add_row(
             s,
             f"{r['step_ms']:.0f}",
+            f"{r['copy_wait_ms']:.0f}",
             f"{r['fast_tier_hit_rate']:.3f}",
             f"{r['bytes_moved_per_step'] / 1e6:.0f}",
             f"{r['peak_fast_bytes'] / 1e6:.0f}",

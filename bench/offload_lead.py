@@ -1,11 +1,13 @@
 """`python -m bench.offload_lead [--archs llama] [--link-gbps none|auto|PCIE,NVME]`: how
 much prefetch lead a 10Cache plan should buy, side by side in one process.
 
-Four tencache engines per architecture, same seed, same batches, round-robin
+Tencache engines per architecture, same seed, same batches, round-robin
 (the settings of `rltune bench offload`, whose helpers this uses): the plan's
 buffers sized for the planner's chosen lead (`--window` 8, shrunk to the 90%
 streaming share) or for a lead of one or none, and at run time either only
-that lead or up to 8 fetches ahead (`PREFETCH_AHEAD`, the engine's default).
+that lead or up to 8 fetches ahead (`PREFETCH_AHEAD`, the engine's default);
+the default once more without write-behind (a changed tensor then goes home
+only when its buffer is taken); and `lru` beside them, for the ratio.
 Prints the median step, hit rate and bytes moved per variant; exits non-zero
 unless every variant's losses are equal.
 """
@@ -40,12 +42,15 @@ from shared.errors import UserError
 
 __all__ = ["main"]
 
-# name: (window the buffers are sized for, fetches ahead at run time at least)
+# name: (strategy, window the buffers are sized for, fetches ahead at run time
+# at least, write-behind)
 VARIANTS = {
-    "no prefetch (lead 0, ahead 0)": (0, 0),
-    "planner's lead only": (8, 0),
-    f"planner's lead, ahead {PREFETCH_AHEAD} (default)": (8, PREFETCH_AHEAD),
-    f"sized for lead 1, ahead {PREFETCH_AHEAD}": (1, PREFETCH_AHEAD),
+    "lru (reference)": ("lru", 0, 0, False),
+    "no prefetch (lead 0, ahead 0)": ("tencache", 0, 0, True),
+    "planner's lead only": ("tencache", 8, 0, True),
+    f"planner's lead, ahead {PREFETCH_AHEAD} (default)": ("tencache", 8, PREFETCH_AHEAD, True),
+    "default without write-behind": ("tencache", 8, PREFETCH_AHEAD, False),
+    f"sized for lead 1, ahead {PREFETCH_AHEAD}": ("tencache", 1, PREFETCH_AHEAD, True),
 }
 
 
@@ -55,14 +60,14 @@ def _arch(arch: str, a: BenchArgs, link: dict[str, Any], root: Path, console: Co
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     with ThreadPoolExecutor(a.io_threads, thread_name_prefix="offload-io") as io:
         engines = {
-            v: _engine(a, w, "tencache", root / arch / str(i), io, dict(link))
+            v: _engine(a, w, VARIANTS[v][0], root / arch / str(i), io, dict(link))
             for i, v in enumerate(VARIANTS)
         }
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task(arch, total=(a.warmup + a.steps) * len(engines))
             for step in range(a.warmup + a.steps):
                 for v, e in engines.items():
-                    window, ahead = VARIANTS[v]
+                    _strategy, window, ahead, behind = VARIANTS[v]
                     if step == a.warmup:
                         e.stats.reset()
                     t0 = time.perf_counter()
@@ -77,18 +82,23 @@ def _arch(arch: str, a: BenchArgs, link: dict[str, Any], root: Path, console: Co
                         if not e.apply_plan(plan):
                             raise RuntimeError(f"plan refused: {e.last_error}")
                         assert e.cache is not None
-                        e.cache.policy = PlanPolicy(plan.prefetch, plan.window, ahead=ahead)
+                        e.cache.policy = PlanPolicy(
+                            plan.prefetch, plan.window, ahead=ahead, write_behind=behind
+                        )
                     losses[v].append(float(loss.item()))
                     if step >= a.warmup:
                         times[v].append(ms)
                     progress.advance(task)
+        lru = statistics.median(times["lru (reference)"])
         for v, e in engines.items():
             assert e.cache is not None
             policy = e.cache.policy
             st = e.stats
+            median = statistics.median(times[v])
             console.print(
-                f"{arch:6s} {v:34s} lead {getattr(policy, 'lead', 0)} ahead {policy.window}: "
-                f"step {statistics.median(times[v]):.0f} ms, hit rate {st.hit_rate:.3f}, "
+                f"{arch:6s} {v:34s} lead {getattr(policy, 'lead', '-')} ahead {policy.window}: "
+                f"step {median:.0f} ms (lru / this {lru / median:.2f}), "
+                f"hit rate {st.hit_rate:.3f}, "
                 f"{(st.bytes_in + st.bytes_out) / a.steps / 1e6:.0f} MB moved/step"
             )
             e.close()
@@ -100,8 +110,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--archs", default="llama")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--link-gbps", default="none", help="none, auto or PCIE,NVME in GB/s")
+    p.add_argument("--fast-frac", type=float, default=BenchArgs.fast_frac)
     args = p.parse_args(argv)
-    a = BenchArgs(steps=args.steps, link_gbps=args.link_gbps)
+    a = BenchArgs(steps=args.steps, link_gbps=args.link_gbps, fast_frac=args.fast_frac)
     torch.set_num_threads(1)
     try:
         if a.link_gbps not in ("none", "auto"):

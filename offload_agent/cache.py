@@ -13,12 +13,13 @@ made to wait on the copy's event).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 
 import torch
 
-from offload_agent.device import Device
+from offload_agent.device import Device, Ready
 from offload_agent.mover import Mover, WriteBack
 from offload_agent.nvme import NvmeStore
 from offload_agent.policies import Policy
@@ -57,6 +58,8 @@ class TensorCache:
         self._holders: dict[int, set[Entry]] = {}
         self.mover = Mover(device, store, stats)
         self._owners: dict[int, Entry] = {}  # fast slot address -> tensor in it
+        # fast slot address -> a write-behind still reading it (the next fill waits)
+        self._slot_jobs: dict[int, Future[tuple[float, Ready]]] = {}
 
     # ---- setup -------------------------------------------------------------
 
@@ -136,8 +139,11 @@ class TensorCache:
     def release(self, tensor_id: str, *, all_pins: bool = False) -> None:
         entry = self.residency[tensor_id]
         entry.pins = 0 if all_pins else max(0, entry.pins - 1)
+        if entry.dirty and not entry.pins and self.policy.write_behind(tensor_id):
+            self._write_behind(entry)
 
     def mark_dirty(self, tensor_id: str) -> None:
+        """The tensor's fast copy changed (call before `release`)."""
         self.residency[tensor_id].dirty = True
 
     def prefetch(self) -> None:
@@ -162,11 +168,13 @@ class TensorCache:
 
     def drain(self) -> None:
         """Wait for every copy in flight (end of a run, before a re-plan)."""
+        t0 = time.perf_counter()
         for entry in self.residency:
             if entry.pending is not None:
                 entry.pending.result()
             if entry.tier is Tier.FETCHING:
                 self._settle(entry)
+        self.stats.wait_ms += (time.perf_counter() - t0) * 1e3
 
     def materialize(self, tensor_id: str) -> torch.Tensor:
         """A CPU copy of the tensor's current value, wherever it is."""
@@ -200,6 +208,10 @@ class TensorCache:
         """Wait until the copy into `entry` is done and visible to compute."""
         if entry.tier is Tier.FETCHING:
             assert entry.pending is not None
+            if not entry.pending.done():
+                t0 = time.perf_counter()
+                entry.pending.result()
+                self.stats.wait_ms += (time.perf_counter() - t0) * 1e3
             entry.ready = entry.pending.result()[1]
             self.residency.move(entry, Tier.FAST)
         if entry.ready is not None:
@@ -261,10 +273,23 @@ class TensorCache:
         self.stats.overflow_bytes = self.fast.overflow_bytes
         return slot, None
 
+    def _write_behind(self, entry: Entry) -> None:
+        """Copy a changed tensor to its home now; it stays in its buffer, clean. A
+        later fill of that buffer waits for this copy (`_evict`), as does a later
+        copy of the tensor (`entry.pending`)."""
+        if entry.permanent or entry.tier is not Tier.FAST or entry.fast_slot is None:
+            return
+        write = WriteBack(entry.spec, entry.home, entry.host_slot)
+        slot = entry.fast_slot
+        entry.pending = self.io.submit(self.mover.write_behind, write, slot, entry.pending)
+        entry.dirty = False
+
     def _evict(self, victim: Entry) -> tuple[Slot, WriteBack | None]:
         self._settle(victim)
         slot = victim.fast_slot
         assert slot is not None
+        if victim.pending is not None and not victim.pending.done():
+            self._slot_jobs[slot.address] = victim.pending  # a write-behind reads the slot
         write = WriteBack(victim.spec, victim.home, victim.host_slot) if victim.dirty else None
         victim.fast_slot = None
         self._owners.pop(slot.address, None)
@@ -277,7 +302,14 @@ class TensorCache:
     def _submit(self, entry: Entry, slot: Slot, write: WriteBack | None) -> None:
         before = entry.pending  # an earlier write-back of this tensor, if any
         fut = self.io.submit(
-            self.mover.transfer, entry.spec, entry.home, entry.host_slot, slot, write, before
+            self.mover.transfer,
+            entry.spec,
+            entry.home,
+            entry.host_slot,
+            slot,
+            write,
+            before,
+            self._slot_jobs.pop(slot.address, None),
         )
         if write is not None:
             self.residency[write.spec.tensor_id].pending = fut

@@ -77,6 +77,8 @@ class LinkEmulation:
             t = self.d2h.occupy(out_bytes, t)
             if out_nvme:
                 t = self.nvme.occupy(out_bytes, t)
+        if not in_bytes:  # a write-back alone
+            return t
         if in_nvme:
             t = self.nvme.occupy(in_bytes, t)
         return self.h2d.occupy(in_bytes, t)

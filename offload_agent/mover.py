@@ -98,8 +98,14 @@ class Mover:
         slot: Slot,
         write: WriteBack | None,
         before: Future[tuple[float, Ready]] | None,
+        slot_job: Future[tuple[float, Ready]] | None = None,
     ) -> tuple[float, Ready]:
-        """I/O thread: write back the previous occupant of `slot`, then fill it."""
+        """I/O thread: write back the previous occupant of `slot`, then fill it.
+        `slot_job` (an early write-back of that occupant still reading the slot)
+        and `before` (an earlier write-back of `spec`) were submitted earlier, so
+        they are already running or done."""
+        if slot_job is not None:
+            slot_job.result()
         t0 = time.perf_counter()
         out = 0
         if write is not None:
@@ -121,6 +127,26 @@ class Mover:
         ms = (time.perf_counter() - t0) * 1e3
         self.stats.migrated(spec.nbytes, out, ms)
         return ms, ready
+
+    def write_behind(
+        self, write: WriteBack, slot: Slot, before: Future[tuple[float, Ready]] | None
+    ) -> tuple[float, Ready]:
+        """I/O thread: copy a changed tensor that stays in `slot` to its home now, so
+        the buffer can later be refilled without a write-back first."""
+        if before is not None:
+            before.result()
+        t0 = time.perf_counter()
+        out = self.copy_out(write, slot)
+        link = self.device.link
+        if link is not None:
+            link.wait_until(
+                link.transfer_end(
+                    t0, out_bytes=out, out_nvme=write.home is Tier.NVME, in_bytes=0, in_nvme=False
+                )
+            )
+        ms = (time.perf_counter() - t0) * 1e3
+        self.stats.migrated(0, out, ms)
+        return ms, Ready()
 
     def copy_out(self, write: WriteBack, slot: Slot) -> int:
         if write.home is Tier.HOST:

@@ -7,7 +7,10 @@
   were sized for: a prefetch may also take a free buffer of a larger class);
   the victim is the buffer whose next use is furthest away (Belady's rule,
   exact here because the order repeats every step). A prefetch never evicts
-  something needed sooner than what it brings in.
+  something needed sooner than what it brings in. A changed tensor whose next
+  use lies beyond the lookahead (an optimizer state after its step) is
+  written back as soon as it is released (write-behind), while the link has
+  time, so the prefetch that later takes its buffer need not write it first.
 * `LayerOrderPolicy` (ZeRO-Infinity style): prefetch the next `window`
   parameters in module (layer) order, forward in the forward pass and backward
   in the backward pass; optimizer states come on demand; evict the least
@@ -33,6 +36,10 @@ class Policy(Protocol):
     name: str
     window: int
     protect_sooner: bool  # a prefetch may only evict tensors needed later than it
+
+    def write_behind(self, tensor_id: str) -> bool:
+        """Write this changed tensor back now (it is not needed again soon)."""
+        ...
 
     def begin_step(self) -> None: ...
 
@@ -86,8 +93,16 @@ class PlanPolicy:
     name = "tencache"
     protect_sooner = True
 
-    def __init__(self, order: Sequence[str], window: int, ahead: int = PREFETCH_AHEAD) -> None:
+    def __init__(
+        self,
+        order: Sequence[str],
+        window: int,
+        ahead: int = PREFETCH_AHEAD,
+        *,
+        write_behind: bool = True,
+    ) -> None:
         self.lead = window  # the lead the plan's buffers were sized for
+        self._write_behind = write_behind
         # fetches in flight at run time: more than the sized lead where buffers
         # allow (a free one, or one whose tensor is needed later: never sooner)
         self.window = max(window, ahead)
@@ -98,6 +113,9 @@ class PlanPolicy:
 
     def on_use(self, tensor_id: str, clock: int) -> None:
         self._cursor.advance(tensor_id)
+
+    def write_behind(self, tensor_id: str) -> bool:
+        return self._write_behind and self._cursor.distance(tensor_id) > LOOKAHEAD
 
     def upcoming(self) -> list[tuple[str, float]]:
         """The next LOOKAHEAD accesses: the cache fetches up to `window` of them
@@ -145,6 +163,9 @@ class LayerOrderPolicy:
     def eviction_rank(self, tensor_id: str, last_use: int) -> float:
         return float(-last_use)
 
+    def write_behind(self, tensor_id: str) -> bool:
+        return False  # no knowledge of the next use: write back on eviction
+
 
 class OnDemandPolicy:
     name = "lru"
@@ -162,3 +183,6 @@ class OnDemandPolicy:
 
     def eviction_rank(self, tensor_id: str, last_use: int) -> float:
         return float(-last_use)
+
+    def write_behind(self, tensor_id: str) -> bool:
+        return False  # no knowledge of the next use: write back on eviction

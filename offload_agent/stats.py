@@ -35,6 +35,10 @@ class CacheStats:
     peak_fast_bytes: int = 0
     peak_host_bytes: int = 0
     overflow_bytes: int = 0  # fast buffers added past the budget (all pinned on a demand)
+    # the training thread's time blocked on copies: a late or missed access, a
+    # buffer's previous tensor still being written, a drain (the copy time not
+    # hidden behind compute; on CUDA, the host's wait, not the stream's)
+    wait_ms: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def access(self, outcome: str) -> None:
@@ -71,6 +75,7 @@ class CacheStats:
             self.bytes_in = self.bytes_out = 0
             self.migration_ms = []
             self.step_ms = []
+            self.wait_ms = 0.0
 
     def to_message(
         self, job_id: str, node_id: str, *, fast_budget: int, host_budget: int

@@ -14,19 +14,23 @@ one access before their use, were late (hit rate about 0.8)."""
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from offload_agent.cache import TensorCache
 from offload_agent.device import CpuDevice
 from offload_agent.engine import EngineConfig, OffloadEngine
 from offload_agent.models import workload
+from offload_agent.mover import Mover
 from offload_agent.nvme import NvmeStore
 from offload_agent.optim import AdamW
+from offload_agent.residency import Tier
 from services.profiler.planner import build_plan
 
 LEAD = 2  # accesses between a copy's start and the first access that finds it done
@@ -104,3 +108,67 @@ def test_resnet18_at_30_percent_hits_90_percent_with_a_one_access_copy(tmp_path:
     assert st.hit_rate >= 0.90, (st.hits, st.late, st.misses)
     engine.close()
     ref.close()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_write_behind_is_finished_before_its_buffer_is_refilled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Write-behind copies a changed optimizer state home while it stays in its
+    buffer; the prefetch that later takes that buffer must wait for the copy.
+    With every write-behind slowed (it starts 3 ms late, on real I/O threads),
+    a fill that did not wait would put the next tensor's bytes in the home
+    copy, and the losses and parameters would leave `none`'s. Each changed
+    tensor is also written home at most once per step."""
+    written: list[str] = []
+    slow, submit = Mover.write_behind, TensorCache._write_behind
+
+    def late(self: Mover, write: Any, slot: Any, before: Any) -> Any:
+        time.sleep(0.003)
+        return slow(self, write, slot, before)
+
+    def counted(self: TensorCache, entry: Any) -> None:
+        if entry.tier is Tier.FAST and not entry.permanent:
+            written.append(entry.spec.tensor_id)
+        submit(self, entry)
+
+    monkeypatch.setattr(Mover, "write_behind", late)
+    monkeypatch.setattr(TensorCache, "_write_behind", counted)
+    w = workload("resnet", dim=512, layers=4, vocab=2048, seq=0, size=2, seed=0)
+    total = sum(p.numel() * p.element_size() * 3 for p in w.model.parameters())
+    results = {}
+    for strategy in ("tencache", "none"):
+        model = workload("resnet", dim=512, layers=4, vocab=2048, seq=0, size=2, seed=0).model
+        with ThreadPoolExecutor(4) as io:
+            engine = OffloadEngine(
+                model,
+                AdamW(lr=1e-3),
+                EngineConfig(
+                    job_id=f"wb-{strategy}",
+                    strategy=strategy,
+                    fast_budget=int(0.3 * total),
+                    host_budget=int(0.07 * total),
+                ),
+                device=CpuDevice(),
+                store=NvmeStore(tmp_path / strategy),
+                io=io,
+            )
+            engine.start()
+            losses, per_step = [], []
+            for step in range(4):
+                written.clear()
+                with engine.step():
+                    loss = w.loss(engine.model, step)
+                    loss.backward()
+                per_step.append(list(written))
+                losses.append(float(loss.item()))
+                if engine.profile_ready:
+                    assert engine.apply_plan(build_plan(engine.profile(), engine.budgets))
+            results[strategy] = (losses, engine.snapshot(), per_step)
+            engine.close()
+    losses, snap, per_step = results["tencache"]
+    assert losses == results["none"][0]
+    for tid, value in results["none"][1].items():
+        assert torch.equal(snap[tid], value), tid
+    assert all(per_step[2:]), "no write-behind under the plan"
+    assert all(len(s) == len(set(s)) for s in per_step)

@@ -143,5 +143,11 @@ def test_emulated_link_queues_copies_and_chains_nvme_then_pcie() -> None:
     assert end == pytest.approx(30.0 + 0.0005 + 0.002 + 0.002 + 0.0005)
     # fast->host holds only the write-back (to 30.0005), not the later host->fast copy
     assert link.d2h.occupy(mb, 30.0) == pytest.approx(30.001)
+    # a write-behind alone (no fetch) ends when its write does: host->fast, busy
+    # until 30.0045 with the fetch above, is not waited for
+    end = link.transfer_end(30.002, out_bytes=mb, out_nvme=False, in_bytes=0, in_nvme=False)
+    assert end == pytest.approx(30.0025)
+    end = link.transfer_end(40.0, out_bytes=mb, out_nvme=True, in_bytes=0, in_nvme=False)
+    assert end == pytest.approx(40.0 + 0.0005 + 0.002)
     with pytest.raises(ValueError, match="not a rate"):
         Link("x", 0.0)
