@@ -88,6 +88,9 @@ class Args:
     """placement in the loop"""
     window: int = 128
     """jobs the policy ranks per round"""
+    max_wait_h: float = 0.0
+    """wait bound: a job waiting this many hours goes ahead of the network's ranking,
+    oldest first (aging; in training and in the checkpoint; 0: none)"""
     features: str = "all"
     """feature set: all, no-history (the ablation), or offload (all + offload_pressure)"""
     hidden: int = 32
@@ -162,6 +165,8 @@ def validate(args: Args) -> None:
             raise UserError(f"--{name.replace('_', '-')} must be positive")
     if args.workers < 0:
         raise UserError("--workers must be 0 or more")
+    if args.max_wait_h < 0:
+        raise UserError("--max-wait-h must be 0 or more")
     if not 0.0 <= args.offload_fraction <= 1.0:
         raise UserError("--offload-fraction must be between 0 and 1")
     if args.offload_reward < 0:

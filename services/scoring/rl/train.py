@@ -253,6 +253,7 @@ def train(
     cfg = EpisodeConfig(
         args.prefix, args.jobs, args.load_lo, args.load_hi, args.baseline, args.objective,
         args.placer, args.window, args.offload_reward, args.reward == "round",
+        args.max_wait_h * 3600.0 if args.max_wait_h else None,
     )  # fmt: skip
     train_jobs, clusters, val_jobs = load_world(args)
     # ---- the network, the optimizer, or both from a checkpoint ----
@@ -282,6 +283,7 @@ def train(
         "clusters": {c: Path(c).read_text() for c in args.clusters},
         "train_jobs": len(train_jobs),
         "val_jobs": len(val_jobs),
+        "max_wait_s": args.max_wait_h * 3600.0 if args.max_wait_h else None,
     }
     if args.offload_fraction:
         meta["offload_marking"] = describe_marking(args.offload_fraction, args.seed)
