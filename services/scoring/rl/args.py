@@ -89,8 +89,10 @@ class Args:
     window: int = 128
     """jobs the policy ranks per round"""
     max_wait_h: float = 0.0
-    """wait bound: a job waiting this many hours goes ahead of the network's ranking,
-    oldest first (aging; in training and in the checkpoint; 0: none)"""
+    """wait bound: a job of --bound-gpus or more waiting this many hours goes ahead of
+    the network's ranking, oldest first (aging; in training and in the checkpoint; 0: none)"""
+    bound_gpus: int = 16
+    """the smallest job (GPUs) the wait bound applies to"""
     features: str = "all"
     """feature set: all, no-history (the ablation), or offload (all + offload_pressure)"""
     hidden: int = 32
@@ -160,7 +162,9 @@ def validate(args: Args) -> None:
         raise UserError(f"--teacher {args.teacher!r}: choose from {', '.join(TEACHERS)}")
     if args.features not in FEATURE_SETS:
         raise UserError(f"--features {args.features!r}: choose from {', '.join(FEATURE_SETS)}")
-    for name in ("iterations", "episodes", "prefix", "jobs", "window", "minibatch_steps"):
+    for name in (
+        "iterations", "episodes", "prefix", "jobs", "window", "minibatch_steps", "bound_gpus"
+    ):  # fmt: skip
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be positive")
     if args.workers < 0:

@@ -82,6 +82,7 @@ class EpisodeConfig:
     offload_reward: float = 0.0  # W of the offload part (module doc); 0: off
     dense: bool = False  # split the reward over the rounds (module doc, `round_rewards`)
     max_wait_s: float | None = None  # RLPolicy's wait bound; None: none
+    bound_gpus: int = 1  # the smallest job it applies to
 
 
 @dataclass(frozen=True)

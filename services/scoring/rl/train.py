@@ -253,7 +253,7 @@ def train(
     cfg = EpisodeConfig(
         args.prefix, args.jobs, args.load_lo, args.load_hi, args.baseline, args.objective,
         args.placer, args.window, args.offload_reward, args.reward == "round",
-        args.max_wait_h * 3600.0 if args.max_wait_h else None,
+        args.max_wait_h * 3600.0 if args.max_wait_h else None, args.bound_gpus,
     )  # fmt: skip
     train_jobs, clusters, val_jobs = load_world(args)
     # ---- the network, the optimizer, or both from a checkpoint ----
@@ -284,6 +284,7 @@ def train(
         "train_jobs": len(train_jobs),
         "val_jobs": len(val_jobs),
         "max_wait_s": args.max_wait_h * 3600.0 if args.max_wait_h else None,
+        "bound_gpus": args.bound_gpus,
     }
     if args.offload_fraction:
         meta["offload_marking"] = describe_marking(args.offload_fraction, args.seed)
