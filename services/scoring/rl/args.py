@@ -90,7 +90,8 @@ class Args:
     """jobs the policy ranks per round"""
     max_wait_h: float = 0.0
     """wait bound: a job of --bound-gpus or more waiting this many hours goes ahead of
-    the network's ranking, oldest first (aging; in training and in the checkpoint; 0: none)"""
+    the network's ranking, oldest first (aging); stored in the checkpoint and applied
+    when it serves, not in training episodes (0: none)"""
     bound_gpus: int = 16
     """the smallest job (GPUs) the wait bound applies to"""
     features: str = "all"

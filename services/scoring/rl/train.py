@@ -250,10 +250,11 @@ def train(
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)  # deterministic reductions; the workers use the other cores
     features = FEATURE_SETS[args.features]
+    # the episodes run without the wait bound: it is the served policy's (meta below);
+    # trained with it, the policy validated worse (README, "The wait bound")
     cfg = EpisodeConfig(
         args.prefix, args.jobs, args.load_lo, args.load_hi, args.baseline, args.objective,
         args.placer, args.window, args.offload_reward, args.reward == "round",
-        args.max_wait_h * 3600.0 if args.max_wait_h else None, args.bound_gpus,
     )  # fmt: skip
     train_jobs, clusters, val_jobs = load_world(args)
     # ---- the network, the optimizer, or both from a checkpoint ----
