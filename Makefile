@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: install up test lint typecheck unit bench clean
+.PHONY: install up test lint typecheck unit bench gpu-check clean
 
 install: $(STAMP)
 
@@ -37,6 +37,13 @@ test: lint typecheck unit
 
 bench: install
 	$(BIN)/rltune bench bus
+
+# On a GPU host (installed with the CUDA build): the offload engine's training
+# tests against plain PyTorch on the GPU, bit for bit (they need no broker or
+# traces: the project-wide conftest is left out), then the link it gets
+gpu-check: install
+	RLTUNE_TEST_DEVICE=cuda $(BIN)/python -m pytest -q --confcutdir=tests/offload_agent tests/offload_agent/test_offload_training.py tests/offload_agent/test_offload_precision.py
+	$(BIN)/rltune bench offload_link
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

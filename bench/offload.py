@@ -10,14 +10,18 @@ tensors (params included) spill to swap files on the real disk (O_DIRECT when
 it allows). Peak fast-tier and host buffer bytes are reported per strategy.
 Steps are interleaved round-robin across the four engines so that load from
 other processes hits all of them alike; each step's time includes waiting for
-every copy it started (nothing is left running into the next one). Torch
-computes on one thread; the other core is the I/O side (what a GPU's copy
-engines are), as the fast tier here is host memory (no CUDA).
+every copy it started (nothing is left running into the next one). Without
+CUDA (`--device cpu`) the fast tier is host memory: torch computes on one
+thread and the other core is the I/O side (what a GPU's copy engines are).
+With CUDA (`--device cuda`, or `auto` where there is a GPU) the fast tier is
+GPU memory, host buffers are pinned and copies go over the real link on side
+streams; kernels are made deterministic so the losses can match exactly.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import tempfile
@@ -33,7 +37,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from offload_agent.device import CpuDevice
+from offload_agent.device import CpuDevice, CudaDevice, Device
 from offload_agent.engine import EngineConfig, OffloadEngine
 from offload_agent.link import LinkEmulation
 from offload_agent.models import ARCHS, Workload, workload
@@ -72,6 +76,9 @@ class BenchArgs:
     # the wall time of a GPU's links, scaled to this machine (`_link_rates`);
     # PCIE,NVME: those rates in GB/s
     link_gbps: str = "none"
+    # cpu: the fast tier is host memory; cuda: GPU memory, pinned host buffers,
+    # copies on a side stream (the real link); auto: cuda when there is one
+    device: str = "auto"
 
 
 def _parse(argv: list[str]) -> BenchArgs:
@@ -87,7 +94,22 @@ def _parse(argv: list[str]) -> BenchArgs:
         raise UserError(f"--archs: unknown {sorted(unknown)}; choose from {', '.join(ARCHS)}")
     if a.link_gbps not in ("none", "auto"):
         _explicit_rates(a.link_gbps)
+    if a.device not in ("auto", "cpu", "cuda"):
+        raise UserError(f"--device {a.device!r}: choose auto, cpu or cuda")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: torch.cuda.is_available() is False on this machine")
+    if _device_name(a) == "cuda" and a.link_gbps != "none":
+        raise UserError(
+            "--link-gbps emulates a link for a host-memory fast tier; on a GPU "
+            "the link is real: leave it at none (or pass --device cpu)"
+        )
     return a
+
+
+def _device_name(a: BenchArgs) -> str:
+    if a.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return a.device
 
 
 def _explicit_rates(text: str) -> tuple[float, float]:
@@ -133,6 +155,12 @@ def _link_rates(a: BenchArgs) -> dict[str, Any]:
     GPU step being 16,384 tokens (8 sequences of 2,048: the simulator's
     assumption, shared/sim/offload_cost.py), i.e. 16,384 / (batch x context)
     bench steps, ResNet-18 included (256 images at the defaults)."""
+    if _device_name(a) == "cuda":
+        return {
+            "mode": "cuda",
+            "gpu": torch.cuda.get_device_name(),
+            "torch_cuda": str(torch.version.cuda),
+        }
     if a.link_gbps == "none":
         return {"mode": "memcpy only (no link emulation)"}
     if a.link_gbps != "auto":
@@ -153,6 +181,11 @@ def _link_rates(a: BenchArgs) -> dict[str, Any]:
 
 
 def _describe_link(link: dict[str, Any]) -> str:
+    if link["mode"] == "cuda":
+        return (
+            f"copies: the real link of {link['gpu']} (CUDA {link['torch_cuda']}): fast tier in "
+            "GPU memory, pinned host buffers, copies on a side stream"
+        )
     if "pcie_gbps" not in link:
         return "copies: memcpy only (no link emulation)"
     text = (
@@ -169,8 +202,21 @@ def _describe_link(link: dict[str, Any]) -> str:
 
 def _workload(a: BenchArgs, arch: str) -> Workload:
     return workload(
-        arch, dim=a.dim, layers=a.layers, vocab=a.vocab, seq=a.seq, size=a.batch, seed=a.seed
+        arch,
+        dim=a.dim,
+        layers=a.layers,
+        vocab=a.vocab,
+        seq=a.seq,
+        size=a.batch,
+        seed=a.seed,
+        device=_device_name(a),
     )
+
+
+def _device(a: BenchArgs, link: dict[str, Any]) -> Device:
+    if _device_name(a) == "cuda":
+        return CudaDevice(torch.cuda.current_device())
+    return CpuDevice(link=_emulation(link))
 
 
 def _state_bytes(model: torch.nn.Module) -> int:
@@ -200,7 +246,7 @@ def _engine(
         model,
         AdamW(lr=3e-4),
         config,
-        device=CpuDevice(link=_emulation(link or {})),
+        device=_device(a, link or {}),
         store=NvmeStore(root / strategy),
         io=io,
     )
@@ -245,7 +291,15 @@ def _run(
     (what the simulator's offload cost model predicts step times from)."""
     out: dict[str, dict[str, Any]] = {}
     with ThreadPoolExecutor(a.io_threads, thread_name_prefix="offload-io") as io:
-        engines = {s: _engine(a, w, s, root, io, link) for s in STRATEGIES}
+        engines: dict[str, OffloadEngine] = {}
+        for s in STRATEGIES:
+            try:
+                engines[s] = _engine(a, w, s, root, io, link)
+            except UserError as exc:  # one baseline that cannot start at this budget
+                if s in ("none", "tencache"):
+                    raise
+                out[s] = {"cannot_start": str(exc)}
+                console.print(f"[yellow]{exc}: {s} is left out of {w.arch}'s comparison")
         losses: dict[str, list[float]] = {s: [] for s in STRATEGIES}
         times: dict[str, list[float]] = {s: [] for s in STRATEGIES}
         cpus: dict[str, list[float]] = {s: [] for s in STRATEGIES}
@@ -330,11 +384,12 @@ def _model_facts(a: BenchArgs, w: Workload) -> dict[str, Any]:
 
 def _table(result: dict[str, Any], link: dict[str, Any]) -> Table:
     m = result["model"]
-    copies = (
-        f"link PCIe {link['pcie_gbps']:.3g} / NVMe {link['nvme_gbps']:.3g} GB/s"
-        if "pcie_gbps" in link
-        else "copies memcpy only"
-    )
+    if link["mode"] == "cuda":
+        copies = f"on {link['gpu']}"
+    elif "pcie_gbps" in link:
+        copies = f"link PCIe {link['pcie_gbps']:.3g} / NVMe {link['nvme_gbps']:.3g} GB/s"
+    else:
+        copies = "copies memcpy only"
     t = Table(
         title=f"{m['arch']}: {m['parameters'] / 1e6:.1f}M parameters, fast tier "
         f"{m['fast_budget_bytes'] / 1e6:.0f} MB, host {m['host_budget_bytes'] / 1e6:.0f} MB, "
@@ -353,6 +408,9 @@ def _table(result: dict[str, Any], link: dict[str, Any]) -> Table:
         t.add_column(col, justify="right")
     for s in STRATEGIES:
         r = result[s]
+        if "cannot_start" in r:
+            t.add_row(s, "cannot start", *["-"] * 6)
+            continue
         t.add_row(
             s,
             f"{r['step_ms']:.0f}",
@@ -364,10 +422,12 @@ def _table(result: dict[str, Any], link: dict[str, Any]) -> Table:
             str(result["losses_identical_to_none"][s]),
         )
     ratios = result["ratios"]
-    t.caption = (
-        f"tencache vs lru: {ratios['tencache_vs_lru']:.2f}x faster per step   "
-        f"tencache vs fixed: {ratios['tencache_vs_fixed']:.2f}x faster per step   ({copies})"
-    )
+    t.caption = "   ".join(
+        f"tencache vs {s}: "
+        + ("cannot start" if ratios[f"tencache_vs_{s}"] is None else
+           f"{ratios[f'tencache_vs_{s}']:.2f}x faster per step")
+        for s in ("lru", "fixed")
+    ) + f"   ({copies})"  # fmt: skip
     return t
 
 
@@ -378,15 +438,16 @@ def _arch_result(
     runs = _run(a, w, root / arch, console, link)
     result: dict[str, Any] = {s: runs[s] for s in STRATEGIES}
     result["model"] = _model_facts(a, w)
+    ran = [s for s in STRATEGIES if "losses" in runs[s]]
     ref = runs["none"]["losses"]
-    result["losses_identical_to_none"] = {s: runs[s]["losses"] == ref for s in STRATEGIES}
+    result["losses_identical_to_none"] = {s: runs[s]["losses"] == ref for s in ran}
     t = runs["tencache"]["step_ms"]
-    result["ratios"] = {
-        "tencache_vs_lru": round(runs["lru"]["step_ms"] / t, 3),
-        "tencache_vs_fixed": round(runs["fixed"]["step_ms"] / t, 3),
-        "tencache_vs_none": round(runs["none"]["step_ms"] / t, 3),
+    result["ratios"] = {  # None: that strategy could not start at this budget
+        f"tencache_vs_{s}": round(runs[s]["step_ms"] / t, 3) if s in ran else None
+        for s in ("lru", "fixed", "none")
     }
-    result["calibration"] = _calibration(runs)
+    if "lru" in ran:
+        result["calibration"] = _calibration(runs)
     result["profile"] = runs["profile"]
     return result
 
@@ -394,6 +455,12 @@ def _arch_result(
 def main(argv: list[str]) -> int:
     a = _parse(argv)
     torch.set_num_threads(1)
+    if _device_name(a) == "cuda":
+        # deterministic kernels (convolutions and embedding backward otherwise sum
+        # in a varying order), so every strategy's losses can equal `none`'s bit for
+        # bit; cuBLAS reads the workspace setting at its first use, after this
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     console = Console(stderr=a.json == "-")
     root = Path(tempfile.mkdtemp(prefix="rltune-offload-", dir=a.nvme_dir))
     result: dict[str, Any] = {}
@@ -414,6 +481,14 @@ def main(argv: list[str]) -> int:
         "host_frac": a.host_frac,
         "swap_dir": str(root),
         "link": link,
+        "device": _device_name(a),
+        "model_dims": {
+            "dim": a.dim,
+            "layers": a.layers,
+            "vocab": a.vocab,
+            "seq": a.seq,
+            "batch": a.batch,
+        },
     }
     if a.json:
         write_json(result, a.json)

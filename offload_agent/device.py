@@ -1,8 +1,8 @@
 """The one device layer: the only module that knows whether CUDA exists.
 
 With CUDA the fast tier is GPU memory, host slabs are pinned (page-locked) so
-copies can be asynchronous, and host->GPU copies run on a side stream with
-`non_blocking=True`, ordered against compute by CUDA events. Without CUDA the
+copies can be asynchronous, and copies run on side streams (one per direction)
+with `non_blocking=True`, ordered against compute by CUDA events. Without CUDA the
 fast tier is ordinary host memory under a byte budget, pinning is a no-op and
 a copy is finished when it returns (the copy itself still runs, in an I/O
 thread, so it overlaps compute the same way a side stream would).
@@ -100,23 +100,36 @@ class CpuDevice:
 
 @dataclass
 class CudaDevice:
-    """GPU fast tier, pinned host slabs, copies on one side stream."""
+    """GPU fast tier, pinned host slabs, and one side stream per direction: a
+    prefetch (host -> GPU) and a write-back (GPU -> host) use different copy
+    engines, so on one stream they would wait for each other for nothing
+    (`rltune bench offload_link` measures both)."""
 
     index: int = 0
     name: str = "cuda"
     allocations: int = 0
     link: LinkEmulation | None = field(init=False, default=None)  # the real one
     fast_device: torch.device = field(init=False)
-    _stream: Any = field(init=False, default=None)
+    _streams: dict[str, Any] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.fast_device = torch.device("cuda", self.index)
 
+    def _side(self, direction: str) -> Any:
+        stream = self._streams.get(direction)
+        if stream is None:  # created on first use, not in the constructor
+            stream = self._streams[direction] = torch.cuda.Stream(device=self.fast_device)
+        return stream
+
     @property
     def stream(self) -> Any:
-        if self._stream is None:  # created on first use, not in the constructor
-            self._stream = torch.cuda.Stream(device=self.fast_device)
-        return self._stream
+        """The host -> GPU side stream."""
+        return self._side("in")
+
+    @property
+    def out_stream(self) -> Any:
+        """The GPU -> host side stream."""
+        return self._side("out")
 
     def alloc_fast(self, nbytes: int) -> torch.Tensor:
         self.allocations += 1
@@ -127,15 +140,20 @@ class CudaDevice:
         return _aligned(nbytes, device=torch.device("cpu"), pin=True)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> Ready:
-        """Copy on the side stream; the stream first waits for compute so a buffer
-        being refilled is no longer read by kernels queued before the refill."""
-        stream = self.stream
+        """Copy on the direction's side stream. The stream first waits for the
+        work queued on the compute stream: a buffer being refilled is no longer
+        read, and a buffer being written back holds its final bytes (a tensor
+        written back was changed by compute, which had waited for its fetch).
+        A write-back returns once the host holds the bytes, so a refill of the
+        same buffer issued after it cannot overtake it."""
+        to_host = dst.device.type == "cpu"
+        stream = self.out_stream if to_host else self.stream
         stream.wait_stream(torch.cuda.current_stream(self.fast_device))
         with torch.cuda.stream(stream):
             dst.copy_(src, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
-        if dst.device.type == "cpu":  # GPU -> host: the host must see the bytes now
+        if to_host:  # GPU -> host: the host must see the bytes now
             event.synchronize()
         return Ready(event)
 

@@ -150,6 +150,9 @@ class OffloadEngine:
         self.loose: set[str] = set()  # parameters read outside their modules' forward
         self._watch_loose = True  # the first step looks for them; later ones if any
         self._in_step = False
+        # module buffers (BatchNorm statistics, position ids) as the model had them,
+        # to give back at close: while the engine runs they live in the fast tier
+        self._buffer_homes: list[tuple[nn.Module, str, torch.device]] = []
 
     # ---- lifecycle ---------------------------------------------------------
 
@@ -166,12 +169,34 @@ class OffloadEngine:
             if self.store is not None:
                 self.store.remove_all()  # no partial swap files left behind
             raise
+        self._move_buffers()
         self._handles = install_hooks(self.model, self.names, self)
         self._handles.append(
             self.model.register_state_dict_post_hook(
                 functools.partial(OffloadEngine._real_values, self)
             )
         )
+
+    def _move_buffers(self) -> None:
+        """Put every module buffer in the fast tier, where the model computes: they
+        are not offloaded (small, and updated in place by the forward, e.g.
+        BatchNorm's running statistics). A buffer two modules share stays shared."""
+        fast = self.device.fast_device
+        moved: dict[int, torch.Tensor] = {}
+        for module in self.model.modules():
+            for name, buf in module._buffers.items():
+                if buf is None or buf.device == fast:
+                    continue
+                self._buffer_homes.append((module, name, buf.device))
+                module._buffers[name] = moved.setdefault(id(buf), buf.to(fast))
+
+    def _restore_buffers(self) -> None:
+        moved: dict[int, torch.Tensor] = {}
+        for module, name, home in self._buffer_homes:
+            buf = module._buffers[name]
+            if buf is not None:
+                module._buffers[name] = moved.setdefault(id(buf), buf.to(home))
+        self._buffer_homes = []
 
     def _initial(self, spec: TensorSpec) -> tuple[TensorSpec, torch.Tensor]:
         """A tensor's starting value: the parameter as the model holds it (read
@@ -219,6 +244,7 @@ class OffloadEngine:
             if restore:
                 for name, param in self.params.items():
                     param.data = self._value(name)
+                self._restore_buffers()
         except Exception as exc:  # shutting down: report and go on
             log.warning("offload engine closed with an I/O error: %s", exc)
 

@@ -44,16 +44,27 @@ def _tokens(vocab: int, size: int, seq: int, step: int, seed: int) -> torch.Tens
 
 
 def workload(
-    arch: str, *, dim: int, layers: int, vocab: int, seq: int, size: int, seed: int
+    arch: str,
+    *,
+    dim: int,
+    layers: int,
+    vocab: int,
+    seq: int,
+    size: int,
+    seed: int,
+    device: torch.device | str = "cpu",
 ) -> Workload:
-    """`arch` at width `dim` and depth `layers`, seeded with `seed`."""
+    """`arch` at width `dim` and depth `layers`, seeded with `seed`; the model is
+    built on the CPU (the engine places it), its batches are made on the CPU from
+    the seed (the same numbers on every device) and handed to the model on `device`."""
+    dev = torch.device(device)
     torch.manual_seed(seed)
     if arch == "gpt":
         cfg = GPTConfig(vocab=vocab, seq=seq, layers=layers, dim=dim, heads=8)
 
         def gpt_loss(model: nn.Module, step: int) -> torch.Tensor:
             x, y = batch(cfg, size, step, seed)
-            return model(x, y)
+            return model(x.to(dev), y.to(dev))
 
         return Workload(arch, GPT(cfg), gpt_loss, {"dim": dim, "layers": layers, "vocab": vocab})
     if arch == "resnet":
@@ -63,7 +74,7 @@ def workload(
             g = torch.Generator().manual_seed(seed * 1_000_003 + step)
             x = torch.randn(size, 3, 32, 32, generator=g)
             y = torch.randint(0, vocab, (size,), generator=g)
-            return nn.functional.cross_entropy(model(x), y)
+            return nn.functional.cross_entropy(model(x.to(dev)), y.to(dev))
 
         return Workload(arch, net, resnet_loss, {"dim": dim, "layers": 18, "vocab": vocab})
     logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -71,7 +82,7 @@ def workload(
     model.train()
 
     def hf_loss(model: nn.Module, step: int) -> torch.Tensor:
-        x = _tokens(vocab, size, seq, step, seed)
+        x = _tokens(vocab, size, seq, step, seed).to(dev)
         return model(input_ids=x, labels=x).loss
 
     return Workload(arch, model, hf_loss, {"dim": dim, "layers": layers, "vocab": vocab})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +16,12 @@ from offload_agent.gpt import GPT
 from offload_agent.nvme import NvmeStore
 from offload_agent.optim import AdamW
 from tests.offload_agent.tiny import PARAM_BYTES, TINY, MakeEngine
+
+if os.environ.get("RLTUNE_TEST_DEVICE", "cpu").startswith("cuda"):
+    # bit-exact comparisons need deterministic kernels (embedding backward sums
+    # with atomics otherwise); cuBLAS reads this before its first use
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
 
 
 @pytest.fixture

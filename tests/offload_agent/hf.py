@@ -4,6 +4,7 @@ and one plain-PyTorch training loop to compare the engine against."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -13,7 +14,25 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from offload_agent.device import CpuDevice, CudaDevice, Device
+
 logging.getLogger("transformers").setLevel(logging.ERROR)
+
+# Where the engine's fast tier and the reference compute: `cpu` (CI), or `cuda`
+# on a GPU host (RLTUNE_TEST_DEVICE=cuda: the same tests against the real link,
+# pinned buffers and side stream; deterministic kernels, see conftest.py).
+DEVICE = torch.device(os.environ.get("RLTUNE_TEST_DEVICE", "cpu"))
+
+
+def engine_device() -> Device:
+    """The engine's device layer for DEVICE."""
+    return CudaDevice(DEVICE.index or 0) if DEVICE.type == "cuda" else CpuDevice()
+
+
+def exact(got: torch.Tensor, want: torch.Tensor, msg: str = "") -> None:
+    """Bit-for-bit equal, wherever each tensor lives."""
+    torch.testing.assert_close(got.cpu(), want.cpu(), rtol=0, atol=0, msg=msg or None)
+
 
 VOCAB = 128
 SEQ = 12
@@ -153,7 +172,7 @@ def build(arch: str, *, checkpointing: str = "") -> nn.Module:
 
 def data(step: int, micro: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 * step + micro)
-    return torch.randint(2, VOCAB, (2, SEQ), generator=g)
+    return torch.randint(2, VOCAB, (2, SEQ), generator=g).to(DEVICE)
 
 
 def loss_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -182,8 +201,8 @@ def freeze(model: nn.Module, names: tuple[str, ...]) -> None:
 def torch_reference(
     arch: str, loop: Loop, *, checkpointing: str = ""
 ) -> tuple[list[float], nn.Module, torch.optim.AdamW]:
-    """Losses, trained model and optimizer of plain PyTorch training."""
-    model = build(arch, checkpointing=checkpointing)
+    """Losses, trained model and optimizer of plain PyTorch training (on DEVICE)."""
+    model = build(arch, checkpointing=checkpointing).to(DEVICE)
     freeze(model, loop.frozen)
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if loop.decay_groups:
@@ -232,7 +251,7 @@ def amp_reference(
     arch: str, loop: Loop, amp: Amp, *, checkpointing: str = ""
 ) -> tuple[list[float], nn.Module, dict[str, nn.Parameter], torch.optim.AdamW]:
     """Losses, the model (working copies), the fp32 masters and their optimizer."""
-    model = build(arch, checkpointing=checkpointing)
+    model = build(arch, checkpointing=checkpointing).to(DEVICE)
     freeze(model, loop.frozen)
     masters = {
         n: nn.Parameter(p.detach().clone()) for n, p in model.named_parameters() if p.requires_grad
@@ -241,7 +260,7 @@ def amp_reference(
         p.data = p.data.to(amp.dtype)
     opt = torch.optim.AdamW(list(masters.values()), lr=loop.lr(0), weight_decay=1e-2, foreach=False)
     scaler = torch.amp.GradScaler(
-        "cpu",
+        DEVICE.type,
         init_scale=amp.init_scale,
         growth_interval=amp.growth_interval,
         enabled=amp.dtype == torch.float16,
@@ -254,7 +273,7 @@ def amp_reference(
         opt.zero_grad()
         model.zero_grad(set_to_none=True)
         for i in range(loop.micro):
-            with torch.autocast("cpu", dtype=amp.dtype):
+            with torch.autocast(DEVICE.type, dtype=amp.dtype):
                 loss = loss_of(model, data(step, i)) / loop.micro
             scaler.scale(loss).backward()
             losses.append(float(loss.detach()))

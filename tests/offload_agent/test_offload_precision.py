@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch import nn
 
-from offload_agent.device import CpuDevice
 from offload_agent.engine import EngineConfig, OffloadEngine
 from offload_agent.nvme import NvmeStore
 from offload_agent.optim import AdamW
@@ -21,7 +20,18 @@ from offload_agent.precision import LossScale
 from offload_agent.residency import Tier
 from offload_agent.strategies import specs_of
 from services.profiler.planner import build_plan
-from tests.offload_agent.hf import Amp, Loop, amp_reference, build, data, freeze, loss_of
+from tests.offload_agent.hf import (
+    DEVICE,
+    Amp,
+    Loop,
+    amp_reference,
+    build,
+    data,
+    engine_device,
+    exact,
+    freeze,
+    loss_of,
+)
 
 pytest.importorskip("transformers")
 
@@ -54,7 +64,7 @@ def make(
             precision=amp.name,
             loss_scale=LossScale(init_scale=amp.init_scale, growth_interval=amp.growth_interval),
         ),
-        device=CpuDevice(),
+        device=engine_device(),
         store=NvmeStore(root / f"swap-{arch}-{strategy}"),
         io=io,
     )
@@ -69,7 +79,7 @@ def run(engine: OffloadEngine, loop: Loop, amp: Amp, steps: range | None = None)
         engine.set_lr(loop.lr(step))
         with engine.step():
             for i in range(loop.micro):
-                with torch.autocast("cpu", dtype=amp.dtype):
+                with torch.autocast(DEVICE.type, dtype=amp.dtype):
                     loss = loss_of(engine.model, data(step, i)) / loop.micro
                 engine.scale(loss).backward()
                 losses.append(float(loss.detach()))
@@ -94,21 +104,21 @@ def assert_same(
     working = engine.snapshot()
     for name, p in model.named_parameters():
         assert working[name].dtype == p.dtype, name
-        torch.testing.assert_close(working[name], p.detach(), rtol=0, atol=0, msg=name)
+        exact(working[name], p.detach(), name)
         if name not in masters:
             assert name not in state["state"]
-            torch.testing.assert_close(state["params"][name], p.detach().float(), rtol=0, atol=0)
+            exact(state["params"][name], p.detach().float())
             continue
         m = masters[name]
         assert state["params"][name].dtype == torch.float32
-        torch.testing.assert_close(state["params"][name], m.detach(), rtol=0, atol=0, msg=name)
+        exact(state["params"][name], m.detach(), name)
         ref = opt.state.get(m, {})
         got = state["state"][name]
         assert got["step"] == int(ref.get("step", 0)), name
         for k in ("exp_avg", "exp_avg_sq"):
             want = ref.get(k, torch.zeros_like(m))
             assert got[k].dtype == torch.float32
-            torch.testing.assert_close(got[k], want, rtol=0, atol=0, msg=f"{name} {k}")
+            exact(got[k], want, f"{name} {k}")
 
 
 def check(
@@ -200,8 +210,8 @@ def test_close_gives_back_fp32_masters(tmp_path: Path, io: ThreadPoolExecutor) -
     engine.close()
     for name, p in engine.model.named_parameters():
         assert p.dtype == torch.float32
-        torch.testing.assert_close(p.detach(), masters[name].detach(), rtol=0, atol=0)
-        torch.testing.assert_close(during[name], masters[name].detach(), rtol=0, atol=0)
+        exact(p.detach(), masters[name].detach())
+        exact(during[name], masters[name].detach())
 
 
 def test_unknown_precision_is_refused() -> None:
@@ -210,7 +220,7 @@ def test_unknown_precision_is_refused() -> None:
             build("gpt2"),
             AdamW(),
             EngineConfig(precision="fp8"),
-            device=CpuDevice(),
+            device=engine_device(),
             store=None,
             io=ThreadPoolExecutor(1),
         )

@@ -13,14 +13,22 @@ import pytest
 import torch
 from torch import nn
 
-from offload_agent.device import CpuDevice
 from offload_agent.engine import EngineConfig, OffloadEngine
 from offload_agent.nvme import NvmeStore
 from offload_agent.optim import AdamW, param_groups
 from offload_agent.residency import Tier
 from offload_agent.strategies import specs_of
 from services.profiler.planner import build_plan
-from tests.offload_agent.hf import Loop, build, data, freeze, loss_of, torch_reference
+from tests.offload_agent.hf import (
+    Loop,
+    build,
+    data,
+    engine_device,
+    exact,
+    freeze,
+    loss_of,
+    torch_reference,
+)
 
 pytest.importorskip("transformers")
 
@@ -55,7 +63,7 @@ def make(
             accumulation_steps=loop.micro,
             max_grad_norm=loop.max_grad_norm,
         ),
-        device=CpuDevice(),
+        device=engine_device(),
         store=NvmeStore(root / f"swap-{arch}-{strategy}"),
         io=io,
     )
@@ -88,7 +96,7 @@ def assert_same_training(engine: OffloadEngine, model: nn.Module, opt: torch.opt
     named = dict(model.named_parameters())
     assert set(state["params"]) == set(named)
     for name, p in named.items():
-        torch.testing.assert_close(state["params"][name], p.detach(), rtol=0, atol=0, msg=name)
+        exact(state["params"][name], p.detach(), name)
         if not p.requires_grad:
             assert name not in state["state"]
             continue
@@ -97,7 +105,7 @@ def assert_same_training(engine: OffloadEngine, model: nn.Module, opt: torch.opt
         assert got["step"] == int(ref.get("step", 0)), name
         for k in ("exp_avg", "exp_avg_sq"):
             want = ref.get(k, torch.zeros_like(p))
-            torch.testing.assert_close(got[k], want, rtol=0, atol=0, msg=f"{name} {k}")
+            exact(got[k], want, f"{name} {k}")
 
 
 def check(
@@ -240,7 +248,7 @@ def test_model_state_dict_during_training_holds_real_values(
     ref = model.state_dict()
     assert set(got) == set(ref)  # both names of the tied weight, and the buffers
     for k, v in ref.items():
-        torch.testing.assert_close(got[k], v, rtol=0, atol=0, msg=k)
+        exact(got[k], v, k)
 
 
 def test_evaluation_inside_a_step_changes_nothing(tmp_path: Path, io: ThreadPoolExecutor) -> None:
