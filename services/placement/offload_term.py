@@ -17,7 +17,7 @@ job's largest part) stands for all of them; nodes without offloading jobs stay
 one class per type and hardware. Jobs allowed t may
 use every t~i. For an offloading job j on class c = t~i the objective is charged
 
-    raw_j,c = round(value_scale · g_j · w_j · speed_t · WEIGHT · min(x, 1))
+    raw_j,c = round(value_scale · g_j · w_j · speed_t · WEIGHT · x)
     x       = (1 − 1/f_j) + Δ_j
     C_j,c   = raw_j,c − max_{c' allowed} raw_j,c'
 
@@ -25,9 +25,14 @@ f_j the job's own slowdown on a node of the class with its GPUs added (a
 multi-node job: its part there, at most the node's GPUs; it runs at its slowest
 node, and all its parts are on one class), Δ_j the slowdown it adds to the
 offloading jobs already there (Σ over them of f_after − f_before, per GPU of j):
-x is the share of a GPU's throughput the placement loses. C joins T_j,t (the
-Scorer's per-job, per-type cost), so it is in the model, the warm start, the
-one-job enumeration and the greedy comparison alike. Measured from the job's
+x is the share of a GPU's throughput the placement loses. x is not capped: a
+heavy streamer (T5-3B on one P100: f = 2.2 alone) beside one other already has
+x > 1, and a cap at 1 made a node with one such neighbour cost the same as a
+node with five (README, marking seeds 0-2: without the cap the cut is 3 points
+larger at two seeds and 0.7 smaller at the third, and the jobs that do not offload
+are no longer slower at one). C joins T_j,t (the Scorer's per-job, per-type
+cost), so it is in the model, the warm start, the one-job enumeration and the
+greedy comparison alike. Measured from the job's
 dearest class, C is a bonus (≤ 0) that never makes a job less worth starting
 than without the term (ordered.py chooses which jobs start, and the MILP's
 answer must start exactly those); only where it starts changes. WEIGHT = 16 job
@@ -93,6 +98,11 @@ class OffloadView(Protocol):
         self, param_bytes: int, gpus: int, node_id: str, take: int, extra: int = 0
     ) -> tuple[float, float]: ...
 
+    def moves_on(self, param_bytes: int, gpus: int, node_id: str) -> bool:
+        """Whether a job of this size streams anything on the node (one that fits its
+        GPU budget there moves no byte, shares no bandwidth, and costs 1.0)."""
+        ...
+
 
 def offload_cost(view: OffloadView, job: JobRequest, node_id: str, extra: int = 0) -> float:
     """(1 − 1/f) + Δ of the job on the node (0 for a job that does not offload)."""
@@ -114,22 +124,49 @@ class OffloadAwarePlacer:
         self, jobs: Sequence[JobRequest], nodes: Sequence[NodeFree], speed: Mapping[str, float]
     ) -> PlacementResult:
         view = self.offload_view
-        if view is None or not any(view.job(j.job_id) for j in jobs):
+        if view is None or not any(_streams(view, j, nodes) for j in jobs):
+            # no window job moves a byte on any node it may use: nothing to charge
             return self.inner.place(jobs, nodes, speed)
         greedy: list[Allocation] | None = None
         if isinstance(self.inner, MilpPlacer):
             res = self._milp(self.inner, view, jobs, nodes, speed)
             if res.status != "FALLBACK_GREEDY" and len(res.allocations) == len(jobs):
-                return res
+                return self._plain_others(view, res, jobs, nodes, speed)
             # the MILP left a job out (charges can outweigh a job's worth where two
             # offloading jobs would share a node): keep it unless the greedy variant,
             # placing one job at a time, starts more
             greedy = self._greedy(view, jobs, nodes)
             if res.status != "FALLBACK_GREEDY" and len(res.allocations) >= len(greedy):
-                return res
-        if greedy is None:
-            greedy = self._greedy(view, jobs, nodes)
-        return PlacementResult(tuple(greedy), status="GREEDY")
+                return self._plain_others(view, res, jobs, nodes, speed)
+            got = PlacementResult(tuple(greedy), status="GREEDY")
+            return self._plain_others(view, got, jobs, nodes, speed)
+        return PlacementResult(tuple(self._greedy(view, jobs, nodes)), status="GREEDY")
+
+    def _plain_others(
+        self,
+        view: OffloadView,
+        res: PlacementResult,
+        jobs: Sequence[JobRequest],
+        nodes: Sequence[NodeFree],
+        speed: Mapping[str, float],
+    ) -> PlacementResult:
+        """The jobs that do not offload placed by the wrapped placer alone on what the
+        offloading jobs' allocations leave, so the node classes and charges decide only
+        where offloading jobs go, never the others' tie-breaks. The joint answer stands
+        if the wrapped placer would leave out one of those it started."""
+        placed = {a.job_id for a in res.allocations}
+        others = [j for j in jobs if view.job(j.job_id) is None and j.job_id in placed]
+        if not others:
+            return res
+        ids = {j.job_id for j in others}
+        own = tuple(a for a in res.allocations if a.job_id not in ids)
+        left = apply_allocations(list(nodes), own)
+        got = self.inner.place(others, left, speed)
+        if len(got.allocations) < len(others):
+            return res
+        return PlacementResult(
+            own + tuple(got.allocations), res.solver_ms, res.status, res.objective, res.extra
+        )
 
     # ---- MILP: node classes by bandwidth use, the charge in the objective --------------
     def _milp(
@@ -162,8 +199,7 @@ class OffloadAwarePlacer:
             if key not in cache:
                 cost = offload_cost(view, job, rep[vt].node_id, extra) if vt in rep else 0.0
                 g = job.num_gpus * job.gpu_milli / 1000
-                share = WEIGHT * min(cost, 1.0)
-                cache[key] = round(scale * g * job.weight * vspeed.get(vt, 1.0) * share)
+                cache[key] = round(scale * g * job.weight * vspeed.get(vt, 1.0) * WEIGHT * cost)
             return cache[key]
 
         def charge(job: JobRequest, vt: str) -> int:
@@ -171,8 +207,12 @@ class OffloadAwarePlacer:
                 top[job.job_id] = max(raw(job, v) for v in rep if job.allows(v))
             return raw(job, vt) - top[job.job_id]
 
+        def moves(job: JobRequest, vt: str) -> bool:
+            spec = view.job(job.job_id)
+            return spec is not None and vt in rep and view.moves_on(*spec, rep[vt].node_id)
+
         streaming = [j for j in vjobs if view.job(j.job_id) is not None and j.gpu_milli >= 1000]
-        together = SameRound(streaming, raw, partial(_kind_of, view))
+        together = SameRound(streaming, raw, partial(_kind_of, view), moves)
         return milp.place_charged(vjobs, vnodes, vspeed, charge, together)
 
     # ---- greedy: cheapest estimate first ----------------------------------------------
@@ -188,8 +228,10 @@ class OffloadAwarePlacer:
             else:
                 cost = partial(_cost_on, view, job, added)
                 got = _cheapest_first(job, free, cost)
+                pbytes, g = view.job(job.job_id) or (0, 0)
                 for node_id, idx in got[0].gpus if got else ():
-                    added[node_id] = added.get(node_id, 0) + len(idx)
+                    if view.moves_on(pbytes, g, node_id):
+                        added[node_id] = added.get(node_id, 0) + len(idx)
             if got:
                 out += got
                 free = apply_allocations(free, got)
@@ -199,13 +241,16 @@ class OffloadAwarePlacer:
 class SameRound:
     """What offloading jobs started together on one node cost each other (S_n above):
     a `Contention` for the MILP's objective (objective.py). `kind_of` keys jobs that
-    cost alike; `charge(job, class, e)` is raw_j,c with e more offloading GPUs there."""
+    cost alike; `charge(job, class, e)` is raw_j,c with e more offloading GPUs there;
+    `moves(job, class)` whether the job streams there at all (the GPUs of one that
+    does not are not counted in o; its own charge is 0)."""
 
     def __init__(
         self,
         streaming: Sequence[JobRequest],
         charge: Callable[[JobRequest, str, int], int],
         kind_of: Callable[[JobRequest], Hashable],
+        moves: Callable[[JobRequest, str], bool] | None = None,
     ) -> None:
         self._kind: dict[str, int] = {}  # job id -> kind (1, 2, ..)
         self._rep: list[JobRequest] = []  # kind − 1 -> its first job
@@ -217,14 +262,25 @@ class SameRound:
                 kinds[key] = len(self._rep)
             self._kind[j.job_id] = kinds[key]
         self._charge = charge
+        self._moves = moves
+        self._moving: dict[tuple[str, int], bool] = {}  # (class, key) -> streams there
         self._extra: dict[tuple[str, int, int], int] = {}  # (class, key, o) -> slot's S
 
     def kind(self, job: JobRequest) -> int:
         return self._kind.get(job.job_id, 0)
 
     def cost(self, gpu_type: str, slots: Sequence[tuple[int, int]]) -> int:
-        o = sum(slot_gpus(key) * c for key, c in slots)
-        return sum(c * self._slot(gpu_type, key, o) for key, c in slots)
+        moving = [(key, c) for key, c in slots if self._streams(gpu_type, key)]
+        o = sum(slot_gpus(key) * c for key, c in moving)
+        return sum(c * self._slot(gpu_type, key, o) for key, c in moving)
+
+    def _streams(self, vt: str, key: int) -> bool:
+        if self._moves is None:
+            return True
+        got = self._moving.get((vt, key))
+        if got is None:
+            got = self._moving[(vt, key)] = self._moves(self._rep[key // STREAM - 1], vt)
+        return got
 
     def _slot(self, vt: str, key: int, o: int) -> int:
         k = slot_gpus(key)
@@ -248,6 +304,14 @@ def offload_classes(view: OffloadView, nodes: Sequence[NodeFree]) -> dict[str, s
         index[(t, s)] = f"{t}~{count.get(t, 0)}"
         count[t] = count.get(t, 0) + 1
     return {node_id: index[key] for node_id, key in sig.items()}
+
+
+def _streams(view: OffloadView, job: JobRequest, nodes: Sequence[NodeFree]) -> bool:
+    """Whether an offloading job moves bytes on some node it may use."""
+    spec = view.job(job.job_id)
+    return spec is not None and any(
+        view.moves_on(*spec, n.node_id) for n in nodes if job.allows(n.gpu_type)
+    )
 
 
 def _kind_of(view: OffloadView, job: JobRequest) -> Hashable:

@@ -108,6 +108,12 @@ class OffloadState:
             d = self._demand[key] = JobDemand(traffic, compute_ms)
         return d
 
+    def moves(self, param_bytes: int, gpus: int, node: int) -> bool:
+        """Whether a job of this size streams anything on node `node`: one whose
+        parameters and optimizer states fit the node's GPU budget moves no byte and
+        takes no share of its bandwidth."""
+        return self.demand(param_bytes, gpus, node).traffic.bytes_moved > 0
+
     def demand_of(self, seq: int) -> JobDemand:
         """The running job's demand on its first node."""
         return self.demand(self.param_bytes[seq], self.gpus[seq], next(iter(self.placed[seq])))
@@ -128,15 +134,17 @@ class OffloadState:
     # ---- starts and stops ------------------------------------------------------------
     def start(self, seq: int, nodes: Iterable[tuple[int, int]]) -> set[int]:
         """Job `seq` starts with (node index, GPUs) parts; the running offloading jobs
-        whose rate changes (itself included)."""
+        whose rate changes (itself included). Its GPUs share a node's bandwidth only
+        where it moves bytes (`moves`)."""
         placed = dict(nodes)
         self.placed[seq] = placed
         self.version += 1
-        touched: set[int] = set()
+        touched = {seq}
         for i, g in placed.items():
-            self.streams[i] += g
-            self.on_node[i].add(seq)
-            touched |= self.on_node[i]
+            if self.moves(self.param_bytes[seq], self.gpus[seq], i):
+                self.streams[i] += g
+                self.on_node[i].add(seq)
+                touched |= self.on_node[i]
         return touched
 
     def stop(self, seq: int) -> set[int]:
@@ -144,9 +152,10 @@ class OffloadState:
         self.version += 1
         touched: set[int] = set()
         for i, g in placed.items():
-            self.streams[i] -= g
-            self.on_node[i].discard(seq)
-            touched |= self.on_node[i]
+            if seq in self.on_node[i]:
+                self.streams[i] -= g
+                self.on_node[i].discard(seq)
+                touched |= self.on_node[i]
         return touched
 
     # ---- what placement reads ----------------------------------------------------------
@@ -157,12 +166,15 @@ class OffloadState:
         adds in total to the offloading jobs already there, Σ over their GPUs of
         f_after − f_before, per GPU of the new job). `extra`: offloading GPUs placed
         there meanwhile (the same round), counted as streams. A multi-node job's part
-        on the node is at most the node's GPUs (`take` is cut to them)."""
+        on the node is at most the node's GPUs (`take` is cut to them). A job that
+        moves nothing there (`moves`) has slowdown 1 and adds none."""
         i = self.index[node_id]
         n = self.nodes[i]
+        d = self.demand(param_bytes, gpus, i)
+        if d.traffic.bytes_moved == 0:
+            return 1.0, 0.0
         take = min(take, n.gpus)
         s = self.streams[i] + extra + take
-        d = self.demand(param_bytes, gpus, i)
         rel = self.rel_speed[n.gpu_type]
         own = d.cost(rel, n.pcie_gbps / s, n.nvme_gbps / s, self.h).slowdown
         caused = 0.0
@@ -171,6 +183,10 @@ class OffloadState:
             before = self.cost(seq, i, self.streams[i] + extra).slowdown
             caused += g * (self.cost(seq, i, s).slowdown - before)
         return own, caused / max(take, 1)
+
+    def moves_on(self, param_bytes: int, gpus: int, node_id: str) -> bool:
+        """`moves` by node id (what placement reads)."""
+        return self.moves(param_bytes, gpus, self.index[node_id])
 
     def streams_on(self, node_id: str) -> int:
         return self.streams[self.index[node_id]]

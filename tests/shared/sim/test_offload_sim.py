@@ -55,6 +55,31 @@ def test_shared_link_slows_both_and_rate_recomputed_when_one_finishes() -> None:
     assert fin == pytest.approx({"a": 1000.0 * f1, "c": 3000.0})
 
 
+def test_a_job_that_moves_nothing_shares_no_bandwidth() -> None:
+    """BERT-large (0.34B, fp32 with AdamW states) fits half a 16 GiB GPU: its plan moves
+    no byte, so beside it a GPT-2 XL GPU streams alone (slowdown f1 from the cost model's
+    parts), it runs at 1.0, and placement sees its node as one without offloading jobs."""
+    bert = int(0.34e9 * BYTES_PER_PARAM)
+    st = OffloadState(CLUSTER)
+    assert st.demand(bert, 1, 0).traffic.bytes_moved == 0
+    assert st.demand(GPT2XL, 1, 0).traffic.bytes_moved > 0
+    f1 = _slowdown(1)
+    a = TraceJob("a", 0.0, 1000.0, 1, param_bytes=GPT2XL)
+    c = TraceJob("c", 0.0, 3000.0, 1, param_bytes=bert)
+    assert _run([a, c]) == pytest.approx({"a": 1000.0 * f1, "c": 3000.0}, rel=1e-12)
+    empty = (st.signature("n"), st.estimate(GPT2XL, 1, "n", 1))
+    st.add_job(0, "c", bert, 1)
+    assert st.start(0, [(0, 1)]) == {0}
+    assert st.streams_on("n") == 0 and not st.moves_on(bert, 1, "n")
+    assert (st.signature("n"), st.estimate(GPT2XL, 1, "n", 1)) == empty
+    assert st.estimate(bert, 1, "n", 1) == (1.0, 0.0)
+    assert st.step(0).slowdown == 1.0
+    st.add_job(1, "a", GPT2XL, 1)
+    st.start(1, [(0, 1)])
+    assert st.step(1).slowdown == pytest.approx(f1, rel=1e-12)
+    assert st.stop(0) == set() and st.streams_on("n") == 1
+
+
 def test_jobs_out_recomputes_offload_figures(tmp_path: Path) -> None:
     jobs = [TraceJob(f"j{i}", 100.0 * i, 500.0 + 50 * i, 1, param_bytes=GPT2XL if i % 2 else None)
             for i in range(12)]  # fmt: skip
