@@ -56,4 +56,11 @@ def load_policy(path: str | None = None) -> RLPolicy:
 
     ckpt = load_checkpoint(path or SHIPPED)
     label = "rl" if path is None else f"rl:{Path(path).stem}"
-    return RLPolicy(ckpt.net, ckpt.features, label=label)
+    bound = ckpt.meta.get("max_wait_s")  # the wait bound it was trained with, if any
+    return RLPolicy(
+        ckpt.net,
+        ckpt.features,
+        label=label,
+        max_wait_s=None if bound is None else float(bound),
+        bound_gpus=int(ckpt.meta.get("bound_gpus", 1)),
+    )

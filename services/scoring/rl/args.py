@@ -88,6 +88,12 @@ class Args:
     """placement in the loop"""
     window: int = 128
     """jobs the policy ranks per round"""
+    max_wait_h: float = 0.0
+    """wait bound: a job of --bound-gpus or more waiting this many hours goes ahead of
+    the network's ranking, oldest first (aging); stored in the checkpoint and applied
+    when it serves, not in training episodes (0: none)"""
+    bound_gpus: int = 16
+    """the smallest job (GPUs) the wait bound applies to"""
     features: str = "all"
     """feature set: all, no-history (the ablation), or offload (all + offload_pressure)"""
     hidden: int = 32
@@ -157,11 +163,15 @@ def validate(args: Args) -> None:
         raise UserError(f"--teacher {args.teacher!r}: choose from {', '.join(TEACHERS)}")
     if args.features not in FEATURE_SETS:
         raise UserError(f"--features {args.features!r}: choose from {', '.join(FEATURE_SETS)}")
-    for name in ("iterations", "episodes", "prefix", "jobs", "window", "minibatch_steps"):
+    for name in (
+        "iterations", "episodes", "prefix", "jobs", "window", "minibatch_steps", "bound_gpus"
+    ):  # fmt: skip
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be positive")
     if args.workers < 0:
         raise UserError("--workers must be 0 or more")
+    if args.max_wait_h < 0:
+        raise UserError("--max-wait-h must be 0 or more")
     if not 0.0 <= args.offload_fraction <= 1.0:
         raise UserError("--offload-fraction must be between 0 and 1")
     if args.offload_reward < 0:

@@ -19,6 +19,17 @@ features cannot tell apart except by age) comes first, then the oldest others,
 so that a short job deep in a long queue can still be seen. Within a group the
 scores differ only by age.
 
+The wait bound (`max_wait_s`, aging of large jobs): a job of at least
+`bound_gpus` GPUs that has waited `max_wait_s` or longer is put ahead of every
+job the network ranks, the oldest first, so that under EASY it is the one that
+gets the reservation; the network ranks the rest. None (the default): no bound.
+It bounds what the reward (a mean over jobs) does not see, the longest waits,
+which fall on the largest jobs. Applied to every job it is FIFO for every job
+past the bound, which on a loaded cluster is most of the queue (measured on the
+validation slice: bounded slowdown 2.7x, README); hence the size threshold.
+The recorded round (`Step`) holds only the jobs the network ranked, so PPO's
+log-probabilities are those of its own choices.
+
 What it cannot see: its inputs are `QueuedJob`s and the `Observation` (through
 `shared.policy_features`), and it is not an oracle, so the context it is reset
 with is a plain `PolicyContext`, which carries no run time (only an oracle
@@ -27,6 +38,7 @@ policy is handed an `OracleContext`); `reset` keeps nothing of it but the seed.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Protocol
 
@@ -70,13 +82,21 @@ class RLPolicy:
         label: str = "rl",
         max_jobs: int = 128,
         sample: bool = False,
+        max_wait_s: float | None = None,
+        bound_gpus: int = 1,
     ) -> None:
         self.net = net.eval()
+        # a window is a few small matrix products: intra-op threads only add their
+        # synchronisation, and on a busy host they make the tail (p99) of one window's
+        # scoring hundreds of times its median; one thread serves the policy
+        torch.set_num_threads(1)
         self.features = tuple(features)
         self._cols = np.asarray([JOB_FEATURES.index(f) for f in self.features], dtype=np.int64)
         self._label = label
         self.max_jobs = max_jobs
         self.sample = sample
+        self.max_wait_s = max_wait_s
+        self.bound_gpus = bound_gpus
         self.recorder: Recorder | None = None
         self.reset_state(0)
 
@@ -143,8 +163,15 @@ class RLPolicy:
 
     def window(self, k: int, obs: Observation) -> Iterator[QueuedJob]:
         pool = self.candidates()
+        forced: list[QueuedJob] = []
+        if self.max_wait_s is not None and pool:
+            bound = obs.now - self.max_wait_s
+            big = self.bound_gpus
+            forced = [j for j in pool if j.submit_s <= bound and j.num_gpus >= big]  # oldest first
+            if forced:
+                pool = [j for j in pool if j.submit_s > bound or j.num_gpus < big]
         if not pool:
-            return iter(())
+            return iter(forced[:k])
         x, _ = encode(pool, obs, len(pool))
         g = encode_global(obs)
         s = self.scores(x, g)
@@ -153,10 +180,10 @@ class RLPolicy:
         else:
             perm = np.argsort(-s, kind="stable")  # ties: older first
         if self.recorder is None:
-            return (pool[i] for i in perm[:k])
+            return itertools.chain(forced[:k], (pool[i] for i in perm[: max(k - len(forced), 0)]))
         step = Step(x, g, perm, [j.seq for j in pool])  # every feature: the trainer selects
         self.recorder.record(step, obs.now)
-        return _counted(pool, perm[:k], step)
+        return itertools.chain(forced[:k], _counted(pool, perm[: max(k - len(forced), 0)], step))
 
 
 def _age(job: QueuedJob) -> tuple[float, int]:

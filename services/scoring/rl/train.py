@@ -250,6 +250,8 @@ def train(
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)  # deterministic reductions; the workers use the other cores
     features = FEATURE_SETS[args.features]
+    # the episodes run without the wait bound: it is the served policy's (meta below);
+    # trained with it, the policy validated worse (README, "The wait bound")
     cfg = EpisodeConfig(
         args.prefix, args.jobs, args.load_lo, args.load_hi, args.baseline, args.objective,
         args.placer, args.window, args.offload_reward, args.reward == "round",
@@ -282,6 +284,8 @@ def train(
         "clusters": {c: Path(c).read_text() for c in args.clusters},
         "train_jobs": len(train_jobs),
         "val_jobs": len(val_jobs),
+        "max_wait_s": args.max_wait_h * 3600.0 if args.max_wait_h else None,
+        "bound_gpus": args.bound_gpus,
     }
     if args.offload_fraction:
         meta["offload_marking"] = describe_marking(args.offload_fraction, args.seed)

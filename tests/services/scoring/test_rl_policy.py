@@ -214,3 +214,65 @@ def test_mismatched_checkpoint_is_refused_with_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "features do not match" in lines[0] and "true_run_s" in lines[0]
+
+
+# ---- the wait bound (aging) --------------------------------------------------------------
+
+
+def test_jobs_past_the_wait_bound_go_first_oldest_first_and_only_the_rest_is_recorded() -> None:
+    """Over random queues: every job of `bound_gpus` or more that has waited
+    `max_wait_s` or more heads the window in submit order; behind them comes the
+    unbounded policy's ranking of the others; a recorded round holds only the jobs
+    the network ranked, and counts only the ranks read among them."""
+    rng = np.random.default_rng(3)
+    history = History()
+    history.record(QueuedJob(99, "h", 0.0, 1, vc="a"), 50.0)
+    for trial in range(30):
+        jobs = _jobs(rng, int(rng.integers(2, 30)))
+        obs = _obs(history, jobs)  # now = 1000, submits in [0, 500): waits in (500, 1000]
+        bound = float(rng.uniform(500.0, 1000.0))
+        big = int(rng.choice([1, 2, 4]))
+        late = {j.seq for j in jobs if obs.now - j.submit_s >= bound and j.num_gpus >= big}
+        old = sorted((j for j in jobs if j.seq in late), key=lambda j: (j.submit_s, j.seq))
+        young = [j for j in jobs if j.seq not in late]
+        bounded = RLPolicy(_net(trial), JOB_FEATURES, max_wait_s=bound, bound_gpus=big)
+        free = RLPolicy(_net(trial), JOB_FEATURES)
+        for p, js in ((bounded, jobs), (free, young)):
+            p.reset(PolicyContext(CLUSTER, history))
+            for j in js:
+                p.add(j)
+        steps: list[Step] = []
+        bounded.recorder = _Steps(steps)
+        k = int(rng.integers(1, len(jobs) + 1))
+        got = [j.seq for j in bounded.window(k, obs)]
+        want = [j.seq for j in old] + [j.seq for j in free.window(len(young), obs)]
+        assert got == want[:k]
+        if young:
+            assert len(steps) == 1 and sorted(steps[0].pool) == sorted(j.seq for j in young)
+            assert steps[0].pulled == max(k - len(old), 0)
+        else:
+            assert steps == []
+
+
+class _Steps:
+    def __init__(self, steps: list[Step]) -> None:
+        self.steps = steps
+
+    def record(self, step: Step, now: float) -> None:
+        self.steps.append(step)
+
+    def removed(self, seq: int) -> None:
+        pass
+
+
+def test_the_wait_bound_travels_in_the_checkpoint(tmp_path: Path) -> None:
+    from services.scoring.rl import load_policy
+
+    for meta, want in (
+        ({}, (None, 1)),
+        ({"max_wait_s": 7200.0, "bound_gpus": 16}, (7200.0, 16)),
+    ):
+        path = tmp_path / "m.pt"
+        save_checkpoint(path, Checkpoint(_net(), JOB_FEATURES, meta))
+        policy = load_policy(str(path))
+        assert (policy.max_wait_s, policy.bound_gpus) == want

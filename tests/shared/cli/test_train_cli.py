@@ -68,11 +68,15 @@ def test_train_resume_and_determinism(tmp_path: Path) -> None:
     assert not torch.equal(a["linear.weight"], torch.zeros_like(a["linear.weight"]))
 
 
-def test_train_ablation_features(tmp_path: Path) -> None:
+def test_train_ablation_features_and_the_wait_bound(tmp_path: Path) -> None:
+    from services.scoring.rl import load_policy
+
     argv = _train(tmp_path, "n.pt", "--iterations", "1", "--features", "no-history")
-    assert main([*argv, "--no-context"]) == 0
+    assert main([*argv, "--no-context", "--max-wait-h", "2", "--bound-gpus", "4"]) == 0
     ckpt = load_checkpoint(tmp_path / "n.pt")
     assert not set(ckpt.features) & set(HISTORY_FEATURES) and not ckpt.net.cfg.context
+    policy = load_policy(str(tmp_path / "n.pt"))  # the bound it was trained with serves
+    assert (policy.max_wait_s, policy.bound_gpus) == (7200.0, 4)
 
 
 @pytest.mark.parametrize(
@@ -85,6 +89,8 @@ def test_train_ablation_features(tmp_path: Path) -> None:
         (["--offload-fraction", "1.5"], "--offload-fraction must be between 0 and 1"),
         (["--reward", "job"], "--reward 'job'"),
         (["--teacher", "oracle"], "--teacher 'oracle'"),
+        (["--max-wait-h", "-1"], "--max-wait-h must be 0 or more"),
+        (["--bound-gpus", "0"], "--bound-gpus must be positive"),
     ],
 )
 def test_train_user_errors_are_one_line(
