@@ -62,24 +62,32 @@ class LeadPool(Executor):
         return fut
 
 
-def _train(strategy: str, root: Path, steps: int) -> tuple[OffloadEngine, list[float]]:
-    w = workload("resnet", dim=512, layers=4, vocab=2048, seq=0, size=2, seed=0)
-    total = sum(p.numel() * p.element_size() * 3 for p in w.model.parameters())
-    pool = LeadPool(LEAD)
+def _resnet(strategy: str, job_id: str, root: Path, io: Executor) -> OffloadEngine:
+    """The bench's ResNet-18 under `strategy`, fast tier 30% and host 7% of its
+    parameter + AdamW bytes, started."""
+    model = workload("resnet", dim=512, layers=4, vocab=2048, seq=0, size=2, seed=0).model
+    total = sum(p.numel() * p.element_size() * 3 for p in model.parameters())
     engine = OffloadEngine(
-        w.model,
+        model,
         AdamW(lr=1e-3),
         EngineConfig(
-            job_id=f"lead-{strategy}",
+            job_id=job_id,
             strategy=strategy,
             fast_budget=int(0.3 * total),
             host_budget=int(0.07 * total),
         ),
         device=CpuDevice(),
         store=NvmeStore(root / strategy),
-        io=pool,
+        io=io,
     )
     engine.start()
+    return engine
+
+
+def _train(strategy: str, root: Path, steps: int) -> tuple[OffloadEngine, list[float]]:
+    w = workload("resnet", dim=512, layers=4, vocab=2048, seq=0, size=2, seed=0)
+    pool = LeadPool(LEAD)
+    engine = _resnet(strategy, f"lead-{strategy}", root, pool)
     losses = []
     for step in range(steps):
         if step == 2:
@@ -135,25 +143,10 @@ def test_write_behind_is_finished_before_its_buffer_is_refilled(
     monkeypatch.setattr(Mover, "write_behind", late)
     monkeypatch.setattr(TensorCache, "_write_behind", counted)
     w = workload("resnet", dim=512, layers=4, vocab=2048, seq=0, size=2, seed=0)
-    total = sum(p.numel() * p.element_size() * 3 for p in w.model.parameters())
     results = {}
     for strategy in ("tencache", "none"):
-        model = workload("resnet", dim=512, layers=4, vocab=2048, seq=0, size=2, seed=0).model
         with ThreadPoolExecutor(4) as io:
-            engine = OffloadEngine(
-                model,
-                AdamW(lr=1e-3),
-                EngineConfig(
-                    job_id=f"wb-{strategy}",
-                    strategy=strategy,
-                    fast_budget=int(0.3 * total),
-                    host_budget=int(0.07 * total),
-                ),
-                device=CpuDevice(),
-                store=NvmeStore(tmp_path / strategy),
-                io=io,
-            )
-            engine.start()
+            engine = _resnet(strategy, f"wb-{strategy}", tmp_path, io)
             losses, per_step = [], []
             for step in range(4):
                 written.clear()
