@@ -21,7 +21,6 @@ streams; kernels are made deterministic so the losses can match exactly.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import tempfile
@@ -37,7 +36,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from offload_agent.device import CpuDevice, CudaDevice, Device
+from offload_agent.device import CpuDevice, Device, deterministic_cuda, select_device
 from offload_agent.engine import EngineConfig, OffloadEngine
 from offload_agent.link import LinkEmulation
 from offload_agent.models import ALL_ARCHS, ARCHS, Workload, workload
@@ -214,9 +213,10 @@ def _workload(a: BenchArgs, arch: str) -> Workload:
 
 
 def _device(a: BenchArgs, link: dict[str, Any]) -> Device:
-    if _device_name(a) == "cuda":
-        return CudaDevice(torch.cuda.current_device())
-    return CpuDevice(link=_emulation(link))
+    device = select_device(_device_name(a))
+    if isinstance(device, CpuDevice):
+        device.link = _emulation(link)
+    return device
 
 
 def _state_bytes(model: torch.nn.Module) -> int:
@@ -263,9 +263,7 @@ def _emulation(link: dict[str, Any]) -> LinkEmulation | None:
     return LinkEmulation(link["pcie_gbps"], link["nvme_gbps"])
 
 
-def _step(
-    engine: OffloadEngine, w: Workload, a: BenchArgs, step: int
-) -> tuple[float, float, float]:
+def _timed_step(engine: OffloadEngine, w: Workload, step: int) -> tuple[float, float, float]:
     """One training step; (loss, wall ms including every copy it started, process
     CPU ms over that time: compute plus the I/O threads' own work)."""
     t0, c0 = time.perf_counter(), time.process_time()
@@ -276,12 +274,20 @@ def _step(
     engine.cache.drain()
     ms = (time.perf_counter() - t0) * 1e3
     cpu = (time.process_time() - c0) * 1e3
+    return float(loss.item()), ms, cpu
+
+
+def _step(
+    engine: OffloadEngine, w: Workload, a: BenchArgs, step: int
+) -> tuple[float, float, float]:
+    """`_timed_step`, then tencache's plan once its warm-up profile is there."""
+    out = _timed_step(engine, w, step)
     ready = engine.config.strategy == "tencache" and engine.profile_ready
     if ready and not engine.apply_plan(
         build_plan(engine.profile(), engine.budgets, window=a.window, stream_share=a.stream_share)
     ):
         raise RuntimeError(f"plan refused: {engine.last_error}")
-    return float(loss.item()), ms, cpu
+    return out
 
 
 def _run(
@@ -458,12 +464,8 @@ def _arch_result(
 def main(argv: list[str]) -> int:
     a = _parse(argv)
     torch.set_num_threads(1)
-    if _device_name(a) == "cuda":
-        # deterministic kernels (convolutions and embedding backward otherwise sum
-        # in a varying order), so every strategy's losses can equal `none`'s bit for
-        # bit; cuBLAS reads the workspace setting at its first use, after this
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+    if _device_name(a) == "cuda":  # so every strategy's losses can equal `none`'s
+        deterministic_cuda()
     console = Console(stderr=a.json == "-")
     root = Path(tempfile.mkdtemp(prefix="rltune-offload-", dir=a.nvme_dir))
     result: dict[str, Any] = {}

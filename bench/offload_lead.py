@@ -19,7 +19,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from bench.offload import (
     _engine,
     _explicit_rates,
     _link_rates,
+    _timed_step,
     _workload,
 )
 from offload_agent.policies import PREFETCH_AHEAD, PlanPolicy
@@ -70,13 +70,7 @@ def _arch(arch: str, a: BenchArgs, link: dict[str, Any], root: Path, console: Co
                     _strategy, window, ahead, behind = VARIANTS[v]
                     if step == a.warmup:
                         e.stats.reset()
-                    t0 = time.perf_counter()
-                    with e.step():
-                        loss = w.loss(e.model, step)
-                        loss.backward()
-                    assert e.cache is not None
-                    e.cache.drain()
-                    ms = (time.perf_counter() - t0) * 1e3
+                    loss, ms, _cpu = _timed_step(e, w, step)
                     if e.profile_ready:
                         plan = build_plan(e.profile(), e.budgets, window=window)
                         if not e.apply_plan(plan):
@@ -85,7 +79,7 @@ def _arch(arch: str, a: BenchArgs, link: dict[str, Any], root: Path, console: Co
                         e.cache.policy = PlanPolicy(
                             plan.prefetch, plan.window, ahead=ahead, write_behind=behind
                         )
-                    losses[v].append(float(loss.item()))
+                    losses[v].append(loss)
                     if step >= a.warmup:
                         times[v].append(ms)
                     progress.advance(task)

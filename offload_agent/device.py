@@ -14,6 +14,7 @@ target of O_DIRECT reads and writes.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,7 +22,16 @@ import torch
 
 from offload_agent.link import LinkEmulation
 
-__all__ = ["ALIGN", "CpuDevice", "CudaDevice", "Device", "Ready", "align_up", "select_device"]
+__all__ = [
+    "ALIGN",
+    "CpuDevice",
+    "CudaDevice",
+    "Device",
+    "Ready",
+    "align_up",
+    "deterministic_cuda",
+    "select_device",
+]
 
 ALIGN = 4096  # O_DIRECT needs buffer address, offset and length aligned to the block size
 
@@ -163,6 +173,14 @@ class CudaDevice:
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.fast_device)
+
+
+def deterministic_cuda() -> None:
+    """Deterministic CUDA kernels (convolutions and embedding backward otherwise
+    sum in a varying order), for runs whose losses are compared bit for bit. Call
+    it before the first cuBLAS use: cuBLAS reads its workspace setting then."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
 
 
 def select_device(prefer: str = "auto") -> Device:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from offload_agent.device import CpuDevice
+from offload_agent.device import CpuDevice, deterministic_cuda
 from offload_agent.engine import EngineConfig, OffloadEngine
 from offload_agent.gpt import GPT
 from offload_agent.nvme import NvmeStore
@@ -18,10 +18,7 @@ from offload_agent.optim import AdamW
 from tests.offload_agent.tiny import PARAM_BYTES, TINY, MakeEngine
 
 if os.environ.get("RLTUNE_TEST_DEVICE", "cpu").startswith("cuda"):
-    # bit-exact comparisons need deterministic kernels (embedding backward sums
-    # with atomics otherwise); cuBLAS reads this before its first use
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
+    deterministic_cuda()  # the comparisons are bit for bit
 
 
 @pytest.fixture
