@@ -113,17 +113,13 @@ class Mover:
         if before is not None:
             before.result()  # submitted earlier, so already running or done
         ready = self.copy_in(spec, home, host_slot, slot)
-        link = self.device.link
-        if link is not None:  # a host-memory fast tier behind an emulated link
-            link.wait_until(
-                link.transfer_end(
-                    t0,
-                    out_bytes=out,
-                    out_nvme=write is not None and write.home is Tier.NVME,
-                    in_bytes=spec.nbytes,
-                    in_nvme=home is Tier.NVME,
-                )
-            )
+        self._link_wait(
+            t0,
+            out_bytes=out,
+            out_nvme=write is not None and write.home is Tier.NVME,
+            in_bytes=spec.nbytes,
+            in_nvme=home is Tier.NVME,
+        )
         ms = (time.perf_counter() - t0) * 1e3
         self.stats.migrated(spec.nbytes, out, ms)
         return ms, ready
@@ -137,16 +133,25 @@ class Mover:
             before.result()
         t0 = time.perf_counter()
         out = self.copy_out(write, slot)
+        self._link_wait(
+            t0, out_bytes=out, out_nvme=write.home is Tier.NVME, in_bytes=0, in_nvme=False
+        )
+        ms = (time.perf_counter() - t0) * 1e3
+        self.stats.migrated(0, out, ms)
+        return ms, Ready()
+
+    def _link_wait(
+        self, t0: float, *, out_bytes: int, out_nvme: bool, in_bytes: int, in_nvme: bool
+    ) -> None:
+        """A host-memory fast tier behind an emulated link: a copy started at `t0`
+        ends no sooner than the link's queues let it."""
         link = self.device.link
         if link is not None:
             link.wait_until(
                 link.transfer_end(
-                    t0, out_bytes=out, out_nvme=write.home is Tier.NVME, in_bytes=0, in_nvme=False
+                    t0, out_bytes=out_bytes, out_nvme=out_nvme, in_bytes=in_bytes, in_nvme=in_nvme
                 )
             )
-        ms = (time.perf_counter() - t0) * 1e3
-        self.stats.migrated(0, out, ms)
-        return ms, Ready()
 
     def copy_out(self, write: WriteBack, slot: Slot) -> int:
         if write.home is Tier.HOST:
