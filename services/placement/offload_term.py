@@ -127,20 +127,18 @@ class OffloadAwarePlacer:
         if view is None or not any(_streams(view, j, nodes) for j in jobs):
             # no window job moves a byte on any node it may use: nothing to charge
             return self.inner.place(jobs, nodes, speed)
-        greedy: list[Allocation] | None = None
-        if isinstance(self.inner, MilpPlacer):
-            res = self._milp(self.inner, view, jobs, nodes, speed)
-            if res.status != "FALLBACK_GREEDY" and len(res.allocations) == len(jobs):
-                return self._plain_others(view, res, jobs, nodes, speed)
+        if not isinstance(self.inner, MilpPlacer):
+            return PlacementResult(tuple(self._greedy(view, jobs, nodes)), status="GREEDY")
+        res = self._milp(self.inner, view, jobs, nodes, speed)
+        solved = res.status != "FALLBACK_GREEDY"
+        if not (solved and len(res.allocations) == len(jobs)):
             # the MILP left a job out (charges can outweigh a job's worth where two
             # offloading jobs would share a node): keep it unless the greedy variant,
             # placing one job at a time, starts more
             greedy = self._greedy(view, jobs, nodes)
-            if res.status != "FALLBACK_GREEDY" and len(res.allocations) >= len(greedy):
-                return self._plain_others(view, res, jobs, nodes, speed)
-            got = PlacementResult(tuple(greedy), status="GREEDY")
-            return self._plain_others(view, got, jobs, nodes, speed)
-        return PlacementResult(tuple(self._greedy(view, jobs, nodes)), status="GREEDY")
+            if not (solved and len(res.allocations) >= len(greedy)):
+                res = PlacementResult(tuple(greedy), status="GREEDY")
+        return self._plain_others(view, res, jobs, nodes, speed)
 
     def _plain_others(
         self,
