@@ -81,8 +81,6 @@ class EpisodeConfig:
     window: int = 128
     offload_reward: float = 0.0  # W of the offload part (module doc); 0: off
     dense: bool = False  # split the reward over the rounds (module doc, `round_rewards`)
-    max_wait_s: float | None = None  # RLPolicy's wait bound; None: none
-    bound_gpus: int = 1  # the smallest job it applies to
 
 
 @dataclass(frozen=True)
@@ -301,7 +299,7 @@ def run_episode(
         for i, r in enumerate(base.records)
         if (r.segments and r.segments[0].start_s >= at) or not r.segments
     }
-    learned = RLPolicy(net, features, sample=sample, max_jobs=cfg.window, max_wait_s=cfg.max_wait_s)
+    learned = RLPolicy(net, features, sample=sample, max_jobs=cfg.window)
     keep = _Keep()
     learned.recorder = keep
     run = simulate(
