@@ -233,7 +233,9 @@ def _engine(
     root: Path,
     io: ThreadPoolExecutor,
     link: dict[str, Any] | None = None,
+    slice_states: bool | None = None,
 ) -> OffloadEngine:
+    """`slice_states`: `EngineConfig.slice_states` (None: on for tencache only)."""
     model = _workload(a, w.arch).model  # a fresh copy from the same seed
     total = _state_bytes(model)
     config = EngineConfig(
@@ -241,6 +243,7 @@ def _engine(
         strategy=strategy,
         fast_budget=int(total * a.fast_frac),
         host_budget=int(total * a.host_frac),
+        slice_states=slice_states,
     )
     engine = OffloadEngine(
         model,
@@ -350,6 +353,7 @@ def _summary(
         "peak_host_bytes": st.peak_host_bytes,
         "fast_overflow_bytes": st.overflow_bytes,
         "plan_window": getattr(engine.cache.policy, "lead", engine.cache.policy.window),
+        "sliced_params": len(engine.sliced),  # parameters whose states stream as slices
         "fetch_ahead": engine.cache.policy.window,
         "migration_ms_p50": round(percentile(st.migration_ms, 50), 3),
         "migration_ms_p99": round(percentile(st.migration_ms, 99), 3),
