@@ -186,7 +186,7 @@ def test_sliced_states_under_mixed_precision(
     """Sliced fp32 states (`optim.Slices`) stepped against the fp32 master, slice
     by slice, then rounded into the working copy; fp16 with skipped steps."""
     run_amp = Amp(amp.dtype, amp.init_scale, amp.growth_interval)
-    sliced = {"slice_states": True, "slice_bytes": 12288, "slice_above": 16384}
+    sliced: dict[str, Any] = {"slice_states": True, "slice_bytes": 12288, "slice_above": 16384}
     engine = check("llama", "tencache", Loop(steps=4), run_amp, tmp_path, io, **sliced)
     assert len(engine.sliced) >= 2 and engine.setup_name == "tencache"
     engine.close()

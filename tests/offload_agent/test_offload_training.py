@@ -289,7 +289,7 @@ def test_forward_or_backward_outside_a_step_is_an_error(
 
 # States of every parameter over 16 KiB (the 64x128 matrices, the embedding and
 # head) cut into slices of 3,072 elements: three per state, the last padded.
-SLICED = {"slice_states": True, "slice_bytes": 12288, "slice_above": 16384}
+SLICED: dict[str, Any] = {"slice_states": True, "slice_bytes": 12288, "slice_above": 16384}
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -167,7 +169,7 @@ def test_state_slices_cover_the_tensor_on_aligned_starts(numel: int, slice_bytes
     assert cut is not None and cut.count >= 2
     bounds = cut.bounds()
     assert bounds[0][0] == 0 and bounds[-1][1] == numel
-    assert all(b == a2 for (_a, b), (a2, _b) in zip(bounds, bounds[1:], strict=False))
+    assert all(b == a2 for (_a, b), (a2, _b) in itertools.pairwise(bounds))
     assert all(a % SLICE_ALIGN == 0 and b - a <= cut.length for a, b in bounds)
     assert cut.length % SLICE_ALIGN == 0
     assert cut.length * 4 <= max(slice_bytes, SLICE_ALIGN * 4) * 2
