@@ -38,6 +38,7 @@ from bench.offload import (
     _engine,
     _explicit_rates,
     _link_rates,
+    _rotated,
     _timed_step,
     _workload,
 )
@@ -104,7 +105,7 @@ def _arch(
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task(arch, total=(a.warmup + a.steps) * len(engines))
             for step in range(a.warmup + a.steps):
-                for v, e in engines.items():
+                for v, e in _rotated(engines, step):
                     _name, _strategy, window, ahead, behind, _sliced = VARIANTS[v]
                     if step == a.warmup:
                         e.stats.reset()
