@@ -168,6 +168,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     variants = args.variants.split(",")
     a = BenchArgs(
+        archs=args.archs,
         steps=args.steps,
         link_gbps=args.link_gbps,
         fast_frac=args.fast_frac,
