@@ -1,5 +1,5 @@
 """`python -m bench.offload_lead [--archs llama] [--link-gbps none|auto|PCIE,NVME]
-[--variants lru,default,no-slicing] [--json OUT]`: how much prefetch lead a
+[--variants lru,before,default] [--json OUT]`: how much prefetch lead a
 10Cache plan should buy, and what its mechanisms are worth, side by side in
 one process.
 
@@ -8,10 +8,12 @@ Tencache engines per architecture, same seed, same batches, round-robin
 buffers sized for the planner's chosen lead (`--window` 8, shrunk to the 90%
 streaming share) or for a lead of one or none, and at run time either only
 that lead or up to 8 fetches ahead (`PREFETCH_AHEAD`, the engine's default);
-the default once more without write-behind (a changed tensor then goes home
-only when its buffer is taken) and once without sliced optimizer states
-(every state whole, as before slicing); `lru` beside them, for the ratio,
-and `lru` with sliced states (what slicing alone gives naive offload).
+the default once more with write-behind (a changed tensor goes home as soon
+as it is released, not when its buffer is next taken), once without sliced
+optimizer states (every state whole), and once as the default was before
+both (`before`: whole states, write-behind); `lru` beside them, for the
+ratio, `lru` with sliced states (what slicing alone gives naive offload)
+and `none`.
 Prints the median step, hit rate and bytes moved per variant; exits non-zero
 unless every variant's losses are equal.
 """
@@ -54,27 +56,35 @@ __all__ = ["main"]
 VARIANTS = {
     "none": ("none (everything in the fast tier)", "none", 0, 0, False, None),
     "lru": ("lru (reference)", "lru", 0, 0, False, None),
-    "no-prefetch": ("no prefetch (lead 0, ahead 0)", "tencache", 0, 0, True, None),
-    "lead-only": ("planner's lead only", "tencache", 8, 0, True, None),
+    "no-prefetch": ("no prefetch (lead 0, ahead 0)", "tencache", 0, 0, False, None),
+    "lead-only": ("planner's lead only", "tencache", 8, 0, False, None),
     "default": (
         f"planner's lead, ahead {PREFETCH_AHEAD} (default)",
         "tencache",
         8,
         PREFETCH_AHEAD,
-        True,
+        False,
         None,
     ),
-    "no-write-behind": ("default without write-behind", "tencache", 8, PREFETCH_AHEAD, False, None),
+    "write-behind": ("default with write-behind", "tencache", 8, PREFETCH_AHEAD, True, None),
     "lead-1": (
         f"sized for lead 1, ahead {PREFETCH_AHEAD}",
         "tencache",
         1,
         PREFETCH_AHEAD,
-        True,
+        False,
         None,
     ),
     "no-slicing": (
         "default, whole states (no slicing)",
+        "tencache",
+        8,
+        PREFETCH_AHEAD,
+        False,
+        False,
+    ),
+    "before": (  # the default until sliced states: whole states, write-behind
+        "whole states, write-behind (the old default)",
         "tencache",
         8,
         PREFETCH_AHEAD,

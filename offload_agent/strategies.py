@@ -119,12 +119,15 @@ def fixed_setup(
     return Setup("fixed", {buffer_size: buffer_count}, host, homes, policy, one)
 
 
-def from_plan(plan: PrefetchPlan, specs: Sequence[TensorSpec]) -> Setup:
+def from_plan(
+    plan: PrefetchPlan, specs: Sequence[TensorSpec], *, write_behind: bool = False
+) -> Setup:
     fast = {c: t.get("gpu", 0) for c, t in plan.buffers.items() if t.get("gpu", 0)}
     host = {c: t.get("host", 0) for c, t in plan.buffers.items() if t.get("host", 0)}
     homes = {tid: _TIER[tier] for tid, tier in plan.placement.items()}
     classes = buffer_classes(plan, {s.tensor_id: s.nbytes for s in specs})
-    return Setup("tencache", fast, host, homes, PlanPolicy(plan.prefetch, plan.window), classes)
+    policy = PlanPolicy(plan.prefetch, plan.window, write_behind=write_behind)
+    return Setup("tencache", fast, host, homes, policy, classes)
 
 
 def sliced_states(model: nn.Module, *, slice_bytes: int, above: int) -> dict[str, Slices]:
