@@ -8,9 +8,10 @@ on the same batches with the same per-parameter AdamW. The fast tier holds
 `--fast-frac` of the parameter+state bytes, the host tier `--host-frac`, so
 tensors (params included) spill to swap files on the real disk (O_DIRECT when
 it allows). Peak fast-tier and host buffer bytes are reported per strategy.
-Steps are interleaved round-robin across the four engines so that load from
-other processes hits all of them alike; each step's time includes waiting for
-every copy it started (nothing is left running into the next one). Without
+Steps are interleaved round-robin across the four engines (starting one
+further each step) so that load from other processes hits all of them
+alike; each step's time includes waiting for every copy it started (nothing
+is left running into the next one). Without
 CUDA (`--device cpu`) the fast tier is host memory: torch computes on one
 thread and the other core is the I/O side (what a GPU's copy engines are).
 With CUDA (`--device cuda`, or `auto` where there is a GPU) the fast tier is
@@ -233,7 +234,9 @@ def _engine(
     root: Path,
     io: ThreadPoolExecutor,
     link: dict[str, Any] | None = None,
+    slice_states: bool | None = None,
 ) -> OffloadEngine:
+    """`slice_states`: `EngineConfig.slice_states` (None: on for tencache only)."""
     model = _workload(a, w.arch).model  # a fresh copy from the same seed
     total = _state_bytes(model)
     config = EngineConfig(
@@ -241,6 +244,7 @@ def _engine(
         strategy=strategy,
         fast_budget=int(total * a.fast_frac),
         host_budget=int(total * a.host_frac),
+        slice_states=slice_states,
     )
     engine = OffloadEngine(
         model,
@@ -275,6 +279,14 @@ def _timed_step(engine: OffloadEngine, w: Workload, step: int) -> tuple[float, f
     ms = (time.perf_counter() - t0) * 1e3
     cpu = (time.process_time() - c0) * 1e3
     return float(loss.item()), ms, cpu
+
+
+def _rotated(engines: dict[str, OffloadEngine], step: int) -> list[tuple[str, OffloadEngine]]:
+    """The engines in round-robin order, starting one further each step, so none
+    always runs right after the same other one."""
+    order = list(engines.items())
+    k = step % len(order) if order else 0
+    return order[k:] + order[:k]
 
 
 def _step(
@@ -313,7 +325,7 @@ def _run(
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task(f"{w.arch} (round-robin over strategies)", total=total)
             for step in range(a.warmup + a.steps):
-                for s, engine in engines.items():
+                for s, engine in _rotated(engines, step):
                     if step == a.warmup:
                         engine.stats.reset()
                     loss, ms, cpu = _step(engine, w, a, step)
@@ -350,6 +362,7 @@ def _summary(
         "peak_host_bytes": st.peak_host_bytes,
         "fast_overflow_bytes": st.overflow_bytes,
         "plan_window": getattr(engine.cache.policy, "lead", engine.cache.policy.window),
+        "sliced_params": len(engine.sliced),  # parameters whose states stream as slices
         "fetch_ahead": engine.cache.policy.window,
         "migration_ms_p50": round(percentile(st.migration_ms, 50), 3),
         "migration_ms_p99": round(percentile(st.migration_ms, 99), 3),

@@ -1,13 +1,19 @@
-"""`python -m bench.offload_lead [--archs llama] [--link-gbps none|auto|PCIE,NVME]`: how
-much prefetch lead a 10Cache plan should buy, side by side in one process.
+"""`python -m bench.offload_lead [--archs llama] [--link-gbps none|auto|PCIE,NVME]
+[--variants lru,before,default] [--json OUT]`: how much prefetch lead a
+10Cache plan should buy, and what its mechanisms are worth, side by side in
+one process.
 
 Tencache engines per architecture, same seed, same batches, round-robin
 (the settings of `rltune bench offload`, whose helpers this uses): the plan's
 buffers sized for the planner's chosen lead (`--window` 8, shrunk to the 90%
 streaming share) or for a lead of one or none, and at run time either only
 that lead or up to 8 fetches ahead (`PREFETCH_AHEAD`, the engine's default);
-the default once more without write-behind (a changed tensor then goes home
-only when its buffer is taken); and `lru` beside them, for the ratio.
+the default once more with write-behind (a changed tensor goes home as soon
+as it is released, not when its buffer is next taken), once without sliced
+optimizer states (every state whole), and once as the default was before
+both (`before`: whole states, write-behind); `lru` beside them, for the
+ratio, `lru` with sliced states (what slicing alone gives naive offload)
+and `none`.
 Prints the median step, hit rate and bytes moved per variant; exits non-zero
 unless every variant's losses are equal.
 """
@@ -20,6 +26,7 @@ import statistics
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,41 +40,83 @@ from bench.offload import (
     _engine,
     _explicit_rates,
     _link_rates,
+    _rotated,
     _timed_step,
     _workload,
 )
 from offload_agent.policies import PREFETCH_AHEAD, PlanPolicy
 from services.profiler.planner import build_plan
+from shared.cli.common import write_json
 from shared.errors import UserError
 
 __all__ = ["main"]
 
-# name: (strategy, window the buffers are sized for, fetches ahead at run time
-# at least, write-behind)
+# key: (name, strategy, window the buffers are sized for, fetches ahead at run
+# time at least, write-behind, sliced AdamW states: None = the engine's default)
 VARIANTS = {
-    "lru (reference)": ("lru", 0, 0, False),
-    "no prefetch (lead 0, ahead 0)": ("tencache", 0, 0, True),
-    "planner's lead only": ("tencache", 8, 0, True),
-    f"planner's lead, ahead {PREFETCH_AHEAD} (default)": ("tencache", 8, PREFETCH_AHEAD, True),
-    "default without write-behind": ("tencache", 8, PREFETCH_AHEAD, False),
-    f"sized for lead 1, ahead {PREFETCH_AHEAD}": ("tencache", 1, PREFETCH_AHEAD, True),
+    "none": ("none (everything in the fast tier)", "none", 0, 0, False, None),
+    "lru": ("lru (reference)", "lru", 0, 0, False, None),
+    "no-prefetch": ("no prefetch (lead 0, ahead 0)", "tencache", 0, 0, False, None),
+    "lead-only": ("planner's lead only", "tencache", 8, 0, False, None),
+    "default": (
+        f"planner's lead, ahead {PREFETCH_AHEAD} (default)",
+        "tencache",
+        8,
+        PREFETCH_AHEAD,
+        False,
+        None,
+    ),
+    "write-behind": ("default with write-behind", "tencache", 8, PREFETCH_AHEAD, True, None),
+    "lead-1": (
+        f"sized for lead 1, ahead {PREFETCH_AHEAD}",
+        "tencache",
+        1,
+        PREFETCH_AHEAD,
+        False,
+        None,
+    ),
+    "no-slicing": (
+        "default, whole states (no slicing)",
+        "tencache",
+        8,
+        PREFETCH_AHEAD,
+        False,
+        False,
+    ),
+    "before": (  # the default until sliced states: whole states, write-behind
+        "whole states, write-behind (the old default)",
+        "tencache",
+        8,
+        PREFETCH_AHEAD,
+        True,
+        False,
+    ),
+    "lru-sliced": ("lru with sliced states", "lru", 0, 0, False, True),
 }
 
 
-def _arch(arch: str, a: BenchArgs, link: dict[str, Any], root: Path, console: Console) -> bool:
+def _arch(
+    arch: str,
+    a: BenchArgs,
+    link: dict[str, Any],
+    root: Path,
+    console: Console,
+    variants: list[str],
+) -> dict[str, Any]:
     w = _workload(a, arch)
-    losses: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    losses: dict[str, list[float]] = {v: [] for v in variants}
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    out: dict[str, Any] = {}
     with ThreadPoolExecutor(a.io_threads, thread_name_prefix="offload-io") as io:
         engines = {
-            v: _engine(a, w, VARIANTS[v][0], root / arch / str(i), io, dict(link))
-            for i, v in enumerate(VARIANTS)
+            v: _engine(a, w, VARIANTS[v][1], root / arch / str(i), io, dict(link), VARIANTS[v][5])
+            for i, v in enumerate(variants)
         }
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task(arch, total=(a.warmup + a.steps) * len(engines))
             for step in range(a.warmup + a.steps):
-                for v, e in engines.items():
-                    _strategy, window, ahead, behind = VARIANTS[v]
+                for v, e in _rotated(engines, step):
+                    _name, _strategy, window, ahead, behind, _sliced = VARIANTS[v]
                     if step == a.warmup:
                         e.stats.reset()
                     loss, ms, _cpu = _timed_step(e, w, step)
@@ -83,20 +132,36 @@ def _arch(arch: str, a: BenchArgs, link: dict[str, Any], root: Path, console: Co
                     if step >= a.warmup:
                         times[v].append(ms)
                     progress.advance(task)
-        lru = statistics.median(times["lru (reference)"])
+        lru = statistics.median(times["lru"]) if "lru" in times else None
         for v, e in engines.items():
             assert e.cache is not None
             policy = e.cache.policy
             st = e.stats
             median = statistics.median(times[v])
+            moved = (st.bytes_in + st.bytes_out) / a.steps
+            out[v] = {
+                "name": VARIANTS[v][0],
+                "step_ms": round(median, 1),
+                "lru_over_this": round(lru / median, 3) if lru else None,
+                "copy_wait_ms": round(st.wait_ms / a.steps, 1),
+                "fast_tier_hit_rate": round(st.hit_rate, 4),
+                "bytes_moved_per_step": int(moved),
+                "fast_overflow_bytes": st.overflow_bytes,
+                "sliced_params": len(e.sliced),
+                "plan_window": getattr(policy, "lead", policy.window),
+                "losses": losses[v],
+            }
             console.print(
-                f"{arch:6s} {v:34s} lead {getattr(policy, 'lead', '-')} ahead {policy.window}: "
-                f"step {median:.0f} ms (lru / this {lru / median:.2f}), "
-                f"hit rate {st.hit_rate:.3f}, "
-                f"{(st.bytes_in + st.bytes_out) / a.steps / 1e6:.0f} MB moved/step"
+                f"{arch:6s} {VARIANTS[v][0]:36s} lead {getattr(policy, 'lead', '-')} "
+                f"ahead {policy.window}: step {median:.0f} ms"
+                + (f" (lru / this {lru / median:.2f})" if lru else "")
+                + f", copy wait {st.wait_ms / a.steps:.0f} ms, hit rate {st.hit_rate:.3f}, "
+                f"{moved / 1e6:.0f} MB moved/step, {len(e.sliced)} sliced, "
+                f"overflow {st.overflow_bytes} B"
             )
             e.close()
-    return len({tuple(x) for x in losses.values()}) == 1
+    out["losses_equal"] = len({tuple(x) for x in losses.values()}) == 1
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -105,10 +170,30 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--link-gbps", default="none", help="none, auto or PCIE,NVME in GB/s")
     p.add_argument("--fast-frac", type=float, default=BenchArgs.fast_frac)
+    p.add_argument("--host-frac", type=float, default=BenchArgs.host_frac)
+    for dim in ("dim", "layers", "vocab", "seq", "batch"):
+        p.add_argument(f"--{dim}", type=int, default=getattr(BenchArgs, dim))
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"some of {', '.join(VARIANTS)}")
+    p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
-    a = BenchArgs(steps=args.steps, link_gbps=args.link_gbps, fast_frac=args.fast_frac)
+    variants = args.variants.split(",")
+    a = BenchArgs(
+        archs=args.archs,
+        steps=args.steps,
+        link_gbps=args.link_gbps,
+        fast_frac=args.fast_frac,
+        host_frac=args.host_frac,
+        dim=args.dim,
+        layers=args.layers,
+        vocab=args.vocab,
+        seq=args.seq,
+        batch=args.batch,
+    )
     torch.set_num_threads(1)
     try:
+        unknown = sorted(set(variants) - set(VARIANTS))
+        if unknown:
+            raise UserError(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
         if a.link_gbps not in ("none", "auto"):
             _explicit_rates(a.link_gbps)
         link = _link_rates(a)
@@ -116,13 +201,20 @@ def main(argv: list[str]) -> int:
         print(f"python -m bench.offload_lead: {exc}", file=sys.stderr)
         return 2
     console = Console()
-    console.print(f"fast tier {a.fast_frac:.0%}, host {a.host_frac:.0%}; {_describe_link(link)}")
+    console.print(
+        f"fast tier {a.fast_frac:.0%}, host {a.host_frac:.0%}; dim {a.dim}, layers {a.layers}, "
+        f"vocab {a.vocab}, context {a.seq}, batch {a.batch}; {_describe_link(link)}"
+    )
     root = Path(tempfile.mkdtemp(prefix="rltune-offload-lead-"))
+    result: dict[str, Any] = {"settings": {**asdict(a), "link": link, "variants": variants}}
     try:
-        same = [_arch(arch, a, link, root, console) for arch in args.archs.split(",")]
+        for arch in args.archs.split(","):
+            result[arch] = _arch(arch, a, link, root, console, variants)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return 0 if all(same) else 1
+    if args.json:
+        write_json(result, args.json)
+    return 0 if all(result[x]["losses_equal"] for x in args.archs.split(",")) else 1
 
 
 if __name__ == "__main__":

@@ -16,7 +16,16 @@ from collections.abc import Callable
 import torch
 
 from offload_agent.cache import TensorCache
-from offload_agent.optim import GRAD_KIND, STATE_KINDS, Optimizer, clip_coefficient, state_id
+from offload_agent.optim import (
+    GRAD_KIND,
+    STATE_KINDS,
+    Optimizer,
+    Slices,
+    adamw_step,
+    clip_coefficient,
+    slice_id,
+    state_id,
+)
 from offload_agent.precision import LossScaler, unscaled
 
 __all__ = ["GradientSteps"]
@@ -36,8 +45,10 @@ class GradientSteps:
         max_grad_norm: float | None,
         use: Callable[[str], torch.Tensor],
         cache: Callable[[], TensorCache],
+        sliced: dict[str, Slices] | None = None,
     ) -> None:
         self.optim, self.order, self.masters, self.scaler = optim, order, masters, scaler
+        self.sliced = sliced or {}
         self.k, self.max_norm = accumulation_steps, max_grad_norm
         self._use, self._cache = use, cache
         # clipping and fp16's overflow check need every gradient before any step
@@ -141,6 +152,10 @@ class GradientSteps:
         """One AdamW step; under mixed precision on the fp32 master, whose rounding
         then becomes the working copy."""
         self.stepped.add(tensor_id)
+        cut = self.sliced.get(tensor_id)
+        if cut is not None:
+            self._adamw_sliced(tensor_id, grad, cut)
+            return
         p = self._use(tensor_id)
         m, v = (self._use(state_id(tensor_id, k)) for k in STATE_KINDS)
         master = self.masters.get(tensor_id)
@@ -158,3 +173,33 @@ class GradientSteps:
         for tid in ids:
             cache.mark_dirty(tid)
             cache.release(tid, all_pins=True)
+
+    def _adamw_sliced(self, tensor_id: str, grad: torch.Tensor, cut: Slices) -> None:
+        """`_adamw` for a parameter whose states are sliced: the same elementwise
+        step, slice by slice over the flattened parameter (or master) and
+        gradient; each slice's states are fetched, stepped, marked changed and
+        released before the next, so they stream through the cache."""
+        cache = self._cache()
+        p = self._use(tensor_id)
+        master = self.masters.get(tensor_id)
+        w = p if master is None else self._use(master)
+        g = grad if master is None or grad.dtype == torch.float32 else unscaled(grad, None)
+        n = self.optim.count(tensor_id)
+        cfg = self.optim.config(tensor_id)
+        flat_w, flat_g = w.view(-1), g.reshape(-1)
+        m_id, v_id = (state_id(tensor_id, k) for k in STATE_KINDS)
+        for i, (a, b) in enumerate(cut.bounds()):
+            ids = (slice_id(m_id, i), slice_id(v_id, i))
+            m, v = (self._use(t)[: b - a] for t in ids)
+            adamw_step(cfg, n, flat_w[a:b], flat_g[a:b], m, v)
+            del m, v
+            for tid in ids:
+                cache.mark_dirty(tid)
+                cache.release(tid, all_pins=True)
+        if master is not None:
+            with torch.no_grad():
+                p.copy_(w)
+            cache.mark_dirty(master)
+            cache.release(master, all_pins=True)
+        cache.mark_dirty(tensor_id)
+        cache.release(tensor_id, all_pins=True)

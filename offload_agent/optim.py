@@ -8,6 +8,15 @@ that got no gradient in a step is not stepped and its count stays), and each
 belongs to one parameter group with its own learning rate and weight decay.
 Gradient clipping follows `torch.nn.utils.clip_grad_norm_` (foreach=False)
 operation for operation.
+
+A very large parameter's two states can be cut into slices (`Slices`), each
+a tensor of its own in the cache: the step then runs slice by slice over the
+flattened parameter and gradient, each slice's states fetched, stepped and
+written back on their own, so the states stream through a few small buffers
+and the step starts when its first slice arrives (ZeRO-Offload's sub-group
+step, at slice granularity). Every operation of the step is elementwise, and
+slices start on multiples of 1,024 elements, so the numbers are those of the
+whole-tensor step.
 """
 
 from __future__ import annotations
@@ -22,13 +31,17 @@ from torch import nn
 
 __all__ = [
     "GRAD_KIND",
+    "SLICE_ALIGN",
     "STATE_KINDS",
     "AdamW",
     "Optimizer",
     "ParamGroup",
+    "Slices",
     "adamw_step",
     "clip_coefficient",
     "param_groups",
+    "slice_id",
+    "slices_of",
     "state_id",
 ]
 
@@ -36,9 +49,61 @@ STATE_KINDS = ("exp_avg", "exp_avg_sq")
 GRAD_KIND = "grad"  # the gradient kept until the step's end (accumulation, clipping)
 
 
+SLICE_ALIGN = 1024  # elements: every slice starts on a multiple (4 KiB of fp32)
+
+
 def state_id(param_id: str, kind: str) -> str:
     """The cached tensor id of one of a parameter's states."""
     return f"{param_id}#{kind}"
+
+
+def slice_id(state: str, k: int) -> str:
+    """The cached tensor id of slice `k` of a sliced state (`state_id(...)@k`)."""
+    return f"{state}@{k}"
+
+
+@dataclass(frozen=True, slots=True)
+class Slices:
+    """How a parameter's states are cut: `count` slices of `length` elements of
+    the flattened tensor (`numel` of them; the last slice is padded with zeros
+    that no step reads, so every slice has one shape and one size class)."""
+
+    numel: int
+    length: int
+    count: int
+
+    def bounds(self) -> list[tuple[int, int]]:
+        """(start, stop) of each slice in the flattened tensor."""
+        return [
+            (k * self.length, min((k + 1) * self.length, self.numel)) for k in range(self.count)
+        ]
+
+    def split(self, value: torch.Tensor) -> list[torch.Tensor]:
+        """A whole state as its slices (copies, the last one zero-padded)."""
+        flat = value.reshape(-1)
+        out = []
+        for a, b in self.bounds():
+            piece = torch.zeros(self.length, dtype=value.dtype, device=value.device)
+            piece[: b - a].copy_(flat[a:b])
+            out.append(piece)
+        return out
+
+    def join(self, pieces: Sequence[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
+        """The whole state from its slices."""
+        flat = torch.cat([p[: b - a] for p, (a, b) in zip(pieces, self.bounds(), strict=True)])
+        return flat.view(shape)
+
+
+def slices_of(numel: int, itemsize: int, slice_bytes: int) -> Slices | None:
+    """Equal slices of at most about `slice_bytes` (a multiple of SLICE_ALIGN
+    elements), or None when the tensor would be one slice."""
+    per = max(SLICE_ALIGN, slice_bytes // itemsize // SLICE_ALIGN * SLICE_ALIGN)
+    count = -(-numel // per)
+    if count < 2:
+        return None
+    length = -(-numel // count)
+    length = -(-length // SLICE_ALIGN) * SLICE_ALIGN
+    return Slices(numel, length, -(-numel // length))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,13 +168,17 @@ class Optimizer:
             for g, x in zip(self.groups, lrs, strict=True)
         ]
 
+    def count(self, name: str) -> int:
+        """Parameter `name` takes a step: its count goes up by one and is returned."""
+        n = self.steps.get(name, 0) + 1
+        self.steps[name] = n
+        return n
+
     def step(
         self, name: str, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor
     ) -> None:
         """One AdamW step of parameter `name` (its count goes up by one)."""
-        n = self.steps.get(name, 0) + 1
-        self.steps[name] = n
-        adamw_step(self.config(name), n, p, g, m, v)
+        adamw_step(self.config(name), self.count(name), p, g, m, v)
 
 
 @torch.no_grad()

@@ -7,10 +7,11 @@
   were sized for: a prefetch may also take a free buffer of a larger class);
   the victim is the buffer whose next use is furthest away (Belady's rule,
   exact here because the order repeats every step). A prefetch never evicts
-  something needed sooner than what it brings in. A changed tensor whose next
-  use lies beyond the lookahead (an optimizer state after its step) is
-  written back as soon as it is released (write-behind), while the link has
-  time, so the prefetch that later takes its buffer need not write it first.
+  something needed sooner than what it brings in. With `write_behind` (off by
+  default, `EngineConfig.write_behind`), a changed tensor whose next use lies
+  beyond the lookahead (an optimizer state after its step) is written back as
+  soon as it is released, so the prefetch that later takes its buffer need
+  not write it first.
 * `LayerOrderPolicy` (ZeRO-Infinity style): prefetch the next `window`
   parameters in module (layer) order, forward in the forward pass and backward
   in the backward pass; optimizer states come on demand; evict the least
@@ -99,7 +100,7 @@ class PlanPolicy:
         window: int,
         ahead: int = PREFETCH_AHEAD,
         *,
-        write_behind: bool = True,
+        write_behind: bool = False,
     ) -> None:
         self.lead = window  # the lead the plan's buffers were sized for
         self._write_behind = write_behind

@@ -16,14 +16,14 @@ for all of them, so the comparison is about caching only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
 
-from offload_agent.optim import GRAD_KIND, STATE_KINDS, state_id
+from offload_agent.optim import GRAD_KIND, STATE_KINDS, Slices, slice_id, slices_of, state_id
 from offload_agent.policies import LayerOrderPolicy, OnDemandPolicy, PlanPolicy, Policy
 from offload_agent.precision import MASTER_KIND
 from offload_agent.residency import TensorSpec, Tier
@@ -39,6 +39,7 @@ __all__ = [
     "lru_setup",
     "none_setup",
     "safe_setup",
+    "sliced_states",
     "specs_of",
 ]
 
@@ -118,16 +119,36 @@ def fixed_setup(
     return Setup("fixed", {buffer_size: buffer_count}, host, homes, policy, one)
 
 
-def from_plan(plan: PrefetchPlan, specs: Sequence[TensorSpec]) -> Setup:
+def from_plan(
+    plan: PrefetchPlan, specs: Sequence[TensorSpec], *, write_behind: bool = False
+) -> Setup:
     fast = {c: t.get("gpu", 0) for c, t in plan.buffers.items() if t.get("gpu", 0)}
     host = {c: t.get("host", 0) for c, t in plan.buffers.items() if t.get("host", 0)}
     homes = {tid: _TIER[tier] for tid, tier in plan.placement.items()}
     classes = buffer_classes(plan, {s.tensor_id: s.nbytes for s in specs})
-    return Setup("tencache", fast, host, homes, PlanPolicy(plan.prefetch, plan.window), classes)
+    policy = PlanPolicy(plan.prefetch, plan.window, write_behind=write_behind)
+    return Setup("tencache", fast, host, homes, policy, classes)
+
+
+def sliced_states(model: nn.Module, *, slice_bytes: int, above: int) -> dict[str, Slices]:
+    """The trained parameters of more than `above` bytes whose AdamW states are
+    cut into slices of about `slice_bytes` (`optim.Slices`), by name."""
+    out: dict[str, Slices] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad or p.numel() * p.element_size() <= above:
+            continue
+        cut = slices_of(p.numel(), p.element_size(), slice_bytes)
+        if cut is not None:
+            out[name] = cut
+    return out
 
 
 def specs_of(
-    model: nn.Module, *, accumulate: bool = False, working: torch.dtype | None = None
+    model: nn.Module,
+    *,
+    accumulate: bool = False,
+    working: torch.dtype | None = None,
+    sliced: Mapping[str, Slices] | None = None,
 ) -> list[TensorSpec]:
     """Every parameter, and the AdamW states of those that train (plus, when
     gradients are accumulated over micro-batches, the running sum: a state
@@ -136,7 +157,9 @@ def specs_of(
     With a `working` dtype (mixed precision) each floating parameter is held in
     that dtype, and each trained one gets an fp32 master copy (listed first: it
     is read from the model before the parameter is pointed at its buffer) and
-    fp32 states; the gradient sum is kept in the working dtype, as `.grad` is."""
+    fp32 states; the gradient sum is kept in the working dtype, as `.grad` is.
+    A parameter in `sliced` has each AdamW state as its slices, flat tensors
+    `state_id(name, kind)@k` of one length (`Slices`)."""
     kinds = (*STATE_KINDS, GRAD_KIND) if accumulate else STATE_KINDS
     specs = []
     for name, p in model.named_parameters():
@@ -148,12 +171,16 @@ def specs_of(
         specs.append(TensorSpec(name, tuple(p.shape), compute, "param"))
         if p.requires_grad:
             state_dtype = torch.float32 if mixed else p.dtype
-            specs += [
-                TensorSpec(
-                    state_id(name, k), tuple(p.shape), compute if k == GRAD_KIND else state_dtype, k
-                )
-                for k in kinds
-            ]
+            cut = (sliced or {}).get(name)
+            for k in kinds:
+                dtype = compute if k == GRAD_KIND else state_dtype
+                if cut is None or k == GRAD_KIND:
+                    specs.append(TensorSpec(state_id(name, k), tuple(p.shape), dtype, k))
+                else:
+                    specs += [
+                        TensorSpec(slice_id(state_id(name, k), i), (cut.length,), dtype, k)
+                        for i in range(cut.count)
+                    ]
     return specs
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "build_plan",
     "check_plan",
     "in_use_floor",
+    "lone_params",
     "lru_layout",
     "size_class",
     "step_group",
@@ -58,6 +59,7 @@ __all__ = [
 
 ALIGN = 4096  # equal to offload_agent.device.ALIGN (a test keeps them equal)
 MIN_INUSE = 4
+LONE_FLOOR = 2  # buffers of a class of parameters stepped without whole states
 SMALL = 1 << 16  # classes up to this size get one more in-use buffer
 MERGE = 1.34  # a streamed class may use buffers of a class up to this much bigger
 # when the in-use floors of the streamed classes do not fit the fast budget (a
@@ -131,6 +133,37 @@ def in_use_floor(size: int, group: int = MIN_INUSE - 1) -> int:
     return group + 1 if size <= SMALL else group
 
 
+def lone_params(tensors: Iterable[tuple[str, int, str, str]]) -> frozenset[str]:
+    """Parameters whose optimizer step holds no whole state of theirs: their
+    states are cut into slices (`name#kind@k`, `offload_agent.optim.Slices`)
+    and stream through a class of their own. A buffer class of such
+    parameters only needs LONE_FLOOR."""
+    listed = list(tensors)
+    ids = [t for t, _n, _d, _k in listed]
+    sliced = {t.partition("#")[0] for t in ids if "#" in t and "@" in t}
+    whole = {t.partition("#")[0] for t in ids if "#" in t and "@" not in t}
+    return frozenset(
+        t for t, _n, _d, k in listed if k == "param" and t in sliced and t not in whole
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Floors:
+    """The in-use floor of each streamed buffer class: `in_use_floor(c, group)`,
+    or LONE_FLOOR for a class whose tensors are all lone parameters (one in its
+    optimizer step or backward, one more held by backward)."""
+
+    group: int
+    lone: frozenset[str] = frozenset()
+
+    def layout(self, bufcls: dict[str, int]) -> dict[int, int]:
+        shared = {c for t, c in bufcls.items() if t not in self.lone}
+        return {
+            c: in_use_floor(c, self.group) if c in shared else LONE_FLOOR
+            for c in set(bufcls.values())
+        }
+
+
 def lru_layout(
     classes: Sequence[int], fast: int, group: int, *, strict: bool = True
 ) -> tuple[dict[int, int], dict[int, int]]:
@@ -193,11 +226,11 @@ def stream_classes(
 
 
 def _stream_layout(
-    order: Sequence[str], bufcls: dict[str, int], window: int, group: int
+    order: Sequence[str], bufcls: dict[str, int], window: int, group: _Floors
 ) -> dict[int, int]:
     seq = [t for t in order if t in bufcls]
     need = _window_need(seq, bufcls, window) if window > 0 else Counter()
-    return {c: in_use_floor(c, group) + need[c] for c in set(bufcls.values())}
+    return {c: floor + need[c] for c, floor in group.layout(bufcls).items()}
 
 
 def _bytes(layout: dict[int, int]) -> int:
@@ -218,7 +251,9 @@ def build_plan(
     streaming buffers take at most `stream_share` of the fast budget (or, failing
     that, until they fit at all)."""
     sizes = _validate_profile(profile)
-    group = step_group(kind for _t, _n, _d, kind in profile.tensors)
+    group = _Floors(
+        step_group(kind for _t, _n, _d, kind in profile.tensors), lone_params(profile.tensors)
+    )
     cls = {t: size_class(n) for t, n in sizes.items()}
     uses = Counter(profile.order)
     first: dict[str, int] = {}
@@ -228,7 +263,7 @@ def build_plan(
     # Fewer, larger classes free the in-use floors of the merged ones: taken
     # only when the plan would otherwise not fit, or its lead would not cover
     # one parameter's optimizer step (its `group` accesses) and the next fetch.
-    enough = min(window, group + 1)
+    enough = min(window, group.group + 1)
     error: PlanError | None = None
     fits: list[tuple[set[str], int, float]] = []
     for m in MERGES:
@@ -277,7 +312,7 @@ def _choose(
     budget: int,
     window: int,
     share: float,
-    group: int,
+    group: _Floors,
     merge: float,
 ) -> tuple[set[str], int]:
     """The largest window whose streaming buffers, next to the residents chosen for
@@ -317,7 +352,7 @@ def _choose_residents(
     order: Sequence[str],
     budget: int,
     window: int,
-    group: int,
+    group: _Floors,
     merge: float = MERGE,
 ) -> tuple[set[str], int, int]:
     """Greedy by accesses per byte: keep a tensor for good while the residents plus
@@ -363,7 +398,7 @@ def _exact(
     sizes: dict[str, int],
     streamed: set[str],
     window: int,
-    group: int,
+    group: _Floors,
     merge: float = MERGE,
 ) -> int:
     if not streamed:
@@ -372,7 +407,7 @@ def _exact(
 
 
 def _cheap(
-    order: Sequence[str], sizes: dict[str, int], window: int, group: int, merge: float = MERGE
+    order: Sequence[str], sizes: dict[str, int], window: int, group: _Floors, merge: float = MERGE
 ) -> set[str]:
     """Tensors of classes with no more members than streaming them would need
     buffers: keeping all of them costs no more bytes, and every access hits."""
@@ -426,7 +461,14 @@ def check_plan(plan: PrefetchPlan, profile: TensorProfile, budgets: Budgets) -> 
             raise PlanError(
                 f"plan for {plan.job_id} needs {total[tier]} B of {tier} buffers, budget {budget} B"
             )
-    _check_counts(plan, sizes, step_group(kind for _t, _n, _d, kind in profile.tensors))
+    _check_counts(
+        plan,
+        sizes,
+        _Floors(
+            step_group(kind for _t, _n, _d, kind in profile.tensors),
+            lone_params(profile.tensors),
+        ),
+    )
 
 
 def buffer_classes(plan: PrefetchPlan, sizes: dict[str, int]) -> dict[str, int]:
@@ -438,16 +480,16 @@ def buffer_classes(plan: PrefetchPlan, sizes: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def _check_counts(plan: PrefetchPlan, sizes: dict[str, int], group: int) -> None:
+def _check_counts(plan: PrefetchPlan, sizes: dict[str, int], group: _Floors) -> None:
     """Every resident and host-homed tensor has its own buffer, and every class that
     streams keeps its in-use floor on top of its residents."""
     want: Counter[tuple[int, str]] = Counter()
     for t, tier in plan.placement.items():
         if tier != "nvme":
             want[size_class(sizes[t]), tier] += 1
-    streaming = {c for t, c in buffer_classes(plan, sizes).items() if plan.placement[t] != "gpu"}
-    for c in streaming:
-        want[c, "gpu"] += in_use_floor(c, group)
+    streaming = {t: c for t, c in buffer_classes(plan, sizes).items() if plan.placement[t] != "gpu"}
+    for c, floor in group.layout(streaming).items():
+        want[c, "gpu"] += floor
     for (c, tier), n in want.items():
         have = plan.buffers.get(c, {}).get(tier, 0)
         if have < n:

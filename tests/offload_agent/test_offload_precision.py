@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -46,6 +47,7 @@ def make(
     *,
     checkpointing: str = "",
     fast: float = 0.45,
+    **config: Any,
 ) -> OffloadEngine:
     model = build(arch, checkpointing=checkpointing)
     freeze(model, loop.frozen)
@@ -63,6 +65,7 @@ def make(
             max_grad_norm=loop.max_grad_norm,
             precision=amp.name,
             loss_scale=LossScale(init_scale=amp.init_scale, growth_interval=amp.growth_interval),
+            **config,
         ),
         device=engine_device(),
         store=NvmeStore(root / f"swap-{arch}-{strategy}"),
@@ -131,12 +134,15 @@ def check(
     *,
     checkpointing: str = "",
     fast: float = 0.45,
+    **config: Any,
 ) -> OffloadEngine:
     ref_amp = Amp(amp.dtype, amp.init_scale, amp.growth_interval)
     ref_loop = Loop(loop.steps, loop.lr, loop.decay_groups, loop.max_grad_norm, loop.micro,
                     loop.frozen)  # fmt: skip
     want, model, masters, opt = amp_reference(arch, ref_loop, ref_amp, checkpointing=checkpointing)
-    engine = make(arch, strategy, loop, amp, tmp_path, io, checkpointing=checkpointing, fast=fast)
+    engine = make(
+        arch, strategy, loop, amp, tmp_path, io, checkpointing=checkpointing, fast=fast, **config
+    )
     assert run(engine, loop, amp) == want
     assert amp.scales == ref_amp.scales
     assert loop.grad_norms == ref_loop.grad_norms
@@ -171,6 +177,19 @@ def test_bf16_steps_inside_backward(
     arch: str, strategy: str, tmp_path: Path, io: ThreadPoolExecutor
 ) -> None:
     check(arch, strategy, Loop(), Amp(torch.bfloat16), tmp_path, io).close()
+
+
+@pytest.mark.parametrize("amp", [SKIPS, Amp(torch.bfloat16)], ids=["fp16", "bf16"])
+def test_sliced_states_under_mixed_precision(
+    amp: Amp, tmp_path: Path, io: ThreadPoolExecutor
+) -> None:
+    """Sliced fp32 states (`optim.Slices`) stepped against the fp32 master, slice
+    by slice, then rounded into the working copy; fp16 with skipped steps."""
+    run_amp = Amp(amp.dtype, amp.init_scale, amp.growth_interval)
+    sliced: dict[str, Any] = {"slice_states": True, "slice_bytes": 12288, "slice_above": 16384}
+    engine = check("llama", "tencache", Loop(steps=4), run_amp, tmp_path, io, **sliced)
+    assert len(engine.sliced) >= 2 and engine.setup_name == "tencache"
+    engine.close()
 
 
 @pytest.mark.parametrize("strategy", ["lru", "tencache"])

@@ -62,7 +62,9 @@ class LeadPool(Executor):
         return fut
 
 
-def _resnet(strategy: str, job_id: str, root: Path, io: Executor) -> OffloadEngine:
+def _resnet(
+    strategy: str, job_id: str, root: Path, io: Executor, *, write_behind: bool = False
+) -> OffloadEngine:
     """The bench's ResNet-18 under `strategy`, fast tier 30% and host 7% of its
     parameter + AdamW bytes, started."""
     model = workload("resnet", dim=512, layers=4, vocab=2048, seq=0, size=2, seed=0).model
@@ -75,6 +77,7 @@ def _resnet(strategy: str, job_id: str, root: Path, io: Executor) -> OffloadEngi
             strategy=strategy,
             fast_budget=int(0.3 * total),
             host_budget=int(0.07 * total),
+            write_behind=write_behind,
         ),
         device=CpuDevice(),
         store=NvmeStore(root / strategy),
@@ -146,7 +149,7 @@ def test_write_behind_is_finished_before_its_buffer_is_refilled(
     results = {}
     for strategy in ("tencache", "none"):
         with ThreadPoolExecutor(4) as io:
-            engine = _resnet(strategy, f"wb-{strategy}", tmp_path, io)
+            engine = _resnet(strategy, f"wb-{strategy}", tmp_path, io, write_behind=True)
             losses, per_step = [], []
             for step in range(4):
                 written.clear()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -44,9 +45,11 @@ def make(
     *,
     checkpointing: str = "",
     fast: float = 0.45,
+    **config: Any,
 ) -> OffloadEngine:
     """An engine whose fast tier holds `fast` of the buffer bytes of parameters and
-    states, host memory half, the rest (a few tensors: swap files are slow) on NVMe."""
+    states, host memory half, the rest (a few tensors: swap files are slow) on NVMe.
+    `config`: further `EngineConfig` fields."""
     model = build(arch, checkpointing=checkpointing)
     freeze(model, loop.frozen)
     keep = loop.micro > 1 or loop.max_grad_norm is not None
@@ -62,6 +65,7 @@ def make(
             host_budget=int(total * 0.5),
             accumulation_steps=loop.micro,
             max_grad_norm=loop.max_grad_norm,
+            **config,
         ),
         device=engine_device(),
         store=NvmeStore(root / f"swap-{arch}-{strategy}"),
@@ -117,9 +121,12 @@ def check(
     *,
     checkpointing: str = "",
     fast: float = 0.45,
+    **config: Any,
 ) -> OffloadEngine:
     want, model, opt = torch_reference(arch, loop, checkpointing=checkpointing)
-    engine = make(arch, strategy, loop, tmp_path, io, checkpointing=checkpointing, fast=fast)
+    engine = make(
+        arch, strategy, loop, tmp_path, io, checkpointing=checkpointing, fast=fast, **config
+    )
     got = run(engine, loop)
     assert got == want
     assert_same_training(engine, model, opt)
@@ -278,3 +285,55 @@ def test_forward_or_backward_outside_a_step_is_an_error(
     for name, value in before["params"].items():  # nothing was stepped or poisoned
         assert torch.equal(after["params"][name], value), name
         assert torch.isfinite(after["params"][name]).all()
+
+
+# States of every parameter over 16 KiB (the 64x128 matrices, the embedding and
+# head) cut into slices of 3,072 elements: three per state, the last padded.
+SLICED: dict[str, Any] = {"slice_states": True, "slice_bytes": 12288, "slice_above": 16384}
+
+
+@pytest.mark.parametrize(
+    ("arch", "strategy", "checkpointing"),
+    [("gpt2", "tencache", ""), ("llama", "tencache", "non-reentrant"), ("llama", "lru", ""),
+     ("resnet", "tencache", "")],
+)  # fmt: skip
+def test_sliced_optimizer_states_train_exactly(
+    arch: str, strategy: str, checkpointing: str, tmp_path: Path, io: ThreadPoolExecutor
+) -> None:
+    """The slice-by-slice AdamW step (`optim.Slices`) gives PyTorch's numbers:
+    the states stream through the cache as slices (and, under `tencache`, the
+    plan sizes buffer classes that hold only parameters)."""
+    engine = check(
+        arch, strategy, Loop(), tmp_path, io, checkpointing=checkpointing, fast=0.3, **SLICED
+    )
+    assert len(engine.sliced) >= 2
+    ids = {e.spec.tensor_id for e in engine.cache.residency}  # type: ignore[union-attr]
+    name, cut = next(iter(engine.sliced.items()))
+    assert f"{name}#exp_avg" not in ids and f"{name}#exp_avg@{cut.count - 1}" in ids
+    if strategy == "tencache":
+        assert engine.setup_name == "tencache"
+    engine.close()
+
+
+def test_sliced_states_with_clipping_accumulation_and_resume(
+    tmp_path: Path, io: ThreadPoolExecutor
+) -> None:
+    """Kept gradients stepped at the step's end, slice by slice; the checkpoint
+    holds whole states and loads into an engine that does not slice, and back."""
+    loop = Loop(steps=4, micro=2, max_grad_norm=0.5, decay_groups=True)
+    want, model, opt = torch_reference("llama", loop)
+    first = make("llama", "tencache", loop, tmp_path / "a", io, fast=0.3, **SLICED)
+    got = run(first, loop, range(2))
+    torch.save(first.state_dict(), tmp_path / "ckpt.pt")
+    first.close()
+    second = make("llama", "lru", loop, tmp_path / "b", io, fast=0.6)
+    second.load_state_dict(torch.load(tmp_path / "ckpt.pt"))
+    got += run(second, loop, range(2, 3))
+    torch.save(second.state_dict(), tmp_path / "ckpt2.pt")
+    second.close()
+    third = make("llama", "tencache", loop, tmp_path / "c", io, fast=0.3, **SLICED)
+    third.load_state_dict(torch.load(tmp_path / "ckpt2.pt"))
+    got += run(third, loop, range(3, 4))
+    assert got == want
+    assert_same_training(third, model, opt)
+    third.close()

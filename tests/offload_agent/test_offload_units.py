@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
 from offload_agent.device import ALIGN, CpuDevice, select_device
+from offload_agent.optim import SLICE_ALIGN, AdamW, adamw_step, slices_of
 from offload_agent.policies import PREFETCH_AHEAD, LayerOrderPolicy, OnDemandPolicy, PlanPolicy
 from offload_agent.residency import Entry, Residency, TensorSpec, Tier
 from offload_agent.slabs import PoolExhausted, SlabPool
@@ -151,3 +154,55 @@ def test_emulated_link_queues_copies_and_chains_nvme_then_pcie() -> None:
     assert end == pytest.approx(40.0 + 0.0005 + 0.002)
     with pytest.raises(ValueError, match="not a rate"):
         Link("x", 0.0)
+
+
+@pytest.mark.parametrize("numel", [2048, 3000, 8192, 262144 * 9, 1_000_003])
+@pytest.mark.parametrize("slice_bytes", [4096, 12288, 1 << 20])
+def test_state_slices_cover_the_tensor_on_aligned_starts(numel: int, slice_bytes: int) -> None:
+    """Slices tile the flattened tensor exactly once, start on multiples of
+    SLICE_ALIGN elements, have one length of at most about `slice_bytes`, and
+    split / join give the tensor back (the padding is zeros)."""
+    cut = slices_of(numel, 4, slice_bytes)
+    if numel * 4 <= max(slice_bytes, SLICE_ALIGN * 4):
+        assert cut is None
+        return
+    assert cut is not None and cut.count >= 2
+    bounds = cut.bounds()
+    assert bounds[0][0] == 0 and bounds[-1][1] == numel
+    assert all(b == a2 for (_a, b), (a2, _b) in itertools.pairwise(bounds))
+    assert all(a % SLICE_ALIGN == 0 and b - a <= cut.length for a, b in bounds)
+    assert cut.length % SLICE_ALIGN == 0
+    assert cut.length * 4 <= max(slice_bytes, SLICE_ALIGN * 4) * 2
+    value = torch.randn(numel)
+    pieces = cut.split(value)
+    assert all(p.shape == (cut.length,) for p in pieces)
+    assert torch.equal(cut.join(pieces, (numel,)), value)
+    assert not pieces[-1][bounds[-1][1] - bounds[-1][0] :].any()
+
+
+def test_slice_by_slice_adamw_equals_the_whole_tensor_step() -> None:
+    """The elementwise AdamW step over slices of the flattened tensors gives the
+    whole-tensor step's bits (and `torch.optim.AdamW`'s), over several steps."""
+    torch.manual_seed(0)
+    cfg = AdamW(lr=1e-2, weight_decay=0.1)
+    p0 = torch.randn(37, 999)
+    whole = [p0.clone(), torch.zeros_like(p0), torch.zeros_like(p0)]
+    cut = slices_of(p0.numel(), 4, 16384)
+    assert cut is not None
+    sliced_p = p0.clone()
+    m_s = [torch.zeros(cut.length) for _ in range(cut.count)]
+    v_s = [torch.zeros(cut.length) for _ in range(cut.count)]
+    ref = torch.nn.Parameter(p0.clone())
+    opt = torch.optim.AdamW([ref], lr=1e-2, weight_decay=0.1, foreach=False)
+    for step in range(1, 4):
+        g = torch.randn_like(p0)
+        adamw_step(cfg, step, whole[0], g, whole[1], whole[2])
+        flat_p, flat_g = sliced_p.view(-1), g.reshape(-1)
+        for (a, b), m, v in zip(cut.bounds(), m_s, v_s, strict=True):
+            adamw_step(cfg, step, flat_p[a:b], flat_g[a:b], m[: b - a], v[: b - a])
+        ref.grad = g.clone()
+        opt.step()
+    assert torch.equal(sliced_p, whole[0]) and torch.equal(ref.detach(), whole[0])
+    assert torch.equal(cut.join(m_s, p0.shape), whole[1])
+    assert torch.equal(cut.join(v_s, p0.shape), whole[2])
+    assert torch.equal(opt.state[ref]["exp_avg_sq"], whole[2])

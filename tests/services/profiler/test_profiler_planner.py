@@ -13,6 +13,7 @@ from offload_agent.device import ALIGN as DEVICE_ALIGN
 from offload_agent.policies import PlanPolicy
 from services.profiler.planner import (
     ALIGN,
+    LONE_FLOOR,
     MERGE,
     Budgets,
     PlanError,
@@ -20,9 +21,10 @@ from services.profiler.planner import (
     build_plan,
     check_plan,
     in_use_floor,
+    lone_params,
     step_group,
 )
-from shared.messages import TensorProfile
+from shared.messages import PrefetchPlan, TensorProfile
 
 KIB = 1024
 
@@ -350,3 +352,48 @@ def test_a_tensor_used_twice_in_a_window_takes_one_lead_buffer() -> None:
     check_plan(plan, profile, budgets)
     assert plan.window == 3
     assert plan.buffers[ALIGN] == {"gpu": in_use_floor(ALIGN) + 2} == {"gpu": 6}
+
+
+def _three_params(sliced: bool) -> TensorProfile:
+    """Three 1 MiB parameters, each with two AdamW states: whole (1 MiB each) or
+    cut into four 256 KiB slices (`name#kind@k`); forward, then backward with
+    each parameter's step right after it."""
+    big, piece = 1 << 20, 1 << 18
+    tensors, step = [], {}
+    for p in ("w", "u", "x"):
+        tensors.append((p, big, "float32", "param"))
+        ids = []
+        for kind in ("exp_avg", "exp_avg_sq"):
+            parts = [f"{p}#{kind}@{k}" for k in range(4)] if sliced else [f"{p}#{kind}"]
+            tensors += [(t, piece if sliced else big, "float32", kind) for t in parts]
+            ids.append(parts)
+        step[p] = [t for pair in zip(*ids, strict=True) for t in pair]
+    order = ["w", "u", "x"] + [t for p in ("x", "u", "w") for t in (p, *step[p])]
+    return TensorProfile(job_id="j", tensors=tensors, order=order)
+
+
+def test_parameters_with_sliced_states_need_fewer_buffers() -> None:
+    """A class of parameters whose states stream as slices holds at most one in
+    its step and one in backward (LONE_FLOOR = 2 buffers), the slices one
+    step group of their own (3); whole states need 3 of the big class. The
+    check holds the plan to the lower floor and to no less."""
+    big, piece = 1 << 20, 1 << 18
+    assert lone_params(_three_params(True).tensors) == {"w", "u", "x"}
+    assert lone_params(_three_params(False).tensors) == frozenset()
+    budgets = Budgets(4 * big, 0)
+
+    def streaming(plan: PrefetchPlan, profile: TensorProfile, size: int) -> int:
+        """The class's fast buffers less those of its residents."""
+        kept = sum(plan.placement[t] == "gpu" and n == size for t, n, _d, _k in profile.tensors)
+        return plan.buffers[size]["gpu"] - kept
+
+    whole = build_plan(_three_params(False), budgets, window=0)
+    assert streaming(whole, _three_params(False), big) == in_use_floor(big) == 3
+    profile = _three_params(True)
+    plan = build_plan(profile, budgets, window=0)
+    assert streaming(plan, profile, big) == LONE_FLOOR == 2
+    assert streaming(plan, profile, piece) == in_use_floor(piece) == 3
+    check_plan(plan, profile, budgets)
+    short = msgspec.structs.replace(plan, buffers={**plan.buffers, big: {"gpu": 1}})
+    with pytest.raises(PlanError, match="buffers of 1048576 B needed"):
+        check_plan(short, profile, budgets)
