@@ -49,6 +49,7 @@ policy is handed an `OracleContext`); `reset` keeps nothing of it but the seed.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Protocol
 
@@ -208,8 +209,7 @@ def _equal_rows_tie(x: np.ndarray, s: np.ndarray) -> np.ndarray:
     return out
 
 
-def _age(job: QueuedJob) -> tuple[float, int]:
-    return (job.submit_s, job.seq)
+_age = operator.attrgetter("submit_s", "seq")  # (submit, seq): a job's age, older first
 
 
 def _counted(pool: list[QueuedJob], perm: np.ndarray, step: Step) -> Iterator[QueuedJob]:
