@@ -231,12 +231,12 @@ def _report(result: dict[str, object], json_out: str | None) -> None:
         t.add_row(label, f"{v:,.0f}", f"{v / raw:.3f}")
     out = Console(stderr=json_out == "-")
     out.print(t)
-    rows = cast(list[dict[str, Any]], result.get("latency") or [])
-    if rows:
+    latency = cast(list[dict[str, Any]], result.get("latency") or [])
+    if latency:
         lat = Table(title="submit → placement latency (ms), sustained arrival rate")
         for col in ("jobs/s", "placed", "held", *(f"{s} p50/p99" for s in STAGES)):
             lat.add_column(col)
-        for row in rows:
+        for row in latency:
             lat.add_row(
                 f"{row['rate']:g}",
                 f"{row['placed']}/{row['jobs']}",
