@@ -6,6 +6,15 @@ writes shared/sim/offload_calibration.json: both runs (their losses dropped) and
 the constants `fit_calibration` fits on the first. The second is held out:
 tests/shared/sim/test_offload_cost.py checks the model's predicted step times
 against its measured ones.
+
+    python -m bench.offload_calibration --predict FIT.json OTHER.json
+
+changes nothing: it prints, for the first architecture of each run, the step
+times the stored calibration predicts and those of constants fitted on FIT.json,
+against the measured ones. A run without a recorded profile (the GPU runs in
+docs/offload-h100/) borrows the stored calibration's profile, which is allowed
+only for the same model (its config): the access order and tensor sizes are the
+model's, the budgets are the run's own.
 """
 
 from __future__ import annotations
@@ -16,9 +25,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from shared.sim.offload_cost import CALIBRATION_FILE, fit_calibration, predict_bench
+from shared.sim.offload_cost import (
+    CALIBRATION_FILE,
+    fit_calibration,
+    load_calibration,
+    predict_bench,
+)
 
-__all__ = ["main"]
+__all__ = ["main", "with_profile"]
 
 
 def _slim(run: dict[str, Any]) -> dict[str, Any]:
@@ -37,9 +51,43 @@ def _one_run(data: dict[str, Any]) -> dict[str, Any]:
     return run
 
 
+def with_profile(run: dict[str, Any], stored: dict[str, Any]) -> dict[str, Any]:
+    """`run` with a profile: its own, else the stored run's (same model only) with the
+    run's budgets."""
+    if "profile" in run:
+        return run
+    mine, theirs = run["model"]["config"], stored["model"]["config"]
+    if any(mine.get(k) != theirs.get(k) for k in ("dim", "layers", "vocab")):
+        raise ValueError(f"no profile in the run, and its model {mine} is not the stored {theirs}")
+    profile = dict(stored["profile"])
+    profile["fast_budget_bytes"] = run["model"]["fast_budget_bytes"]
+    profile["host_budget_bytes"] = run["model"]["host_budget_bytes"]
+    return {**run, "profile": profile}
+
+
+def _predict(paths: list[str]) -> int:
+    stored = json.loads(CALIBRATION_FILE.read_text())
+    runs = [with_profile(_one_run(json.loads(Path(p).read_text())), stored["calibrate"])
+            for p in paths]  # fmt: skip
+    fit = fit_calibration(runs[0])
+    fitted = {k: v for k, v in asdict(fit).items() if k != "source"}
+    print(f"stored (fitted on {stored['calibrate']['model']['config']}): {stored['fitted']}")
+    print(f"fitted on {paths[0]}: {fitted}")
+    for path, run in zip(paths, runs, strict=True):
+        for name, cal in (("stored", load_calibration()), ("fitted", fit)):
+            pred = predict_bench(run, cal)
+            print(f"{path} {name}:", "  ".join(
+                f"{s} {pred[s]:.0f} / {run[s]['step_ms']:.0f} ms "
+                f"({pred[s] / run[s]['step_ms'] - 1:+.0%})"
+                for s in ("lru", "fixed", "tencache")))  # fmt: skip
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] == "--predict":
+        return _predict(argv[1:])
     if len(argv) != 2:
-        print("usage: python -m bench.offload_calibration CALIBRATE.json VALIDATE.json",
+        print("usage: python -m bench.offload_calibration [--predict] FIRST.json SECOND.json",
               file=sys.stderr)  # fmt: skip
         return 2
     cal_run, val_run = (_slim(_one_run(json.loads(Path(p).read_text()))) for p in argv)
