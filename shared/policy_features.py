@@ -35,6 +35,7 @@ no run-time field) and `Observation`, whose only run times are `History`'s
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -94,7 +95,13 @@ def encode(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(features [max_jobs, len(JOB_FEATURES)] float32, mask [max_jobs] bool), zero-padded.
 
-    One Python pass gathers each job's raw numbers; the arithmetic is vectorised.
+    Vectorised over the window: a window's cost is mostly fixed per call, so the
+    number of operations, not of jobs, is what to keep small. Every feature but the
+    wait, the attained service and the offload pressure is a function of the job's
+    kind (user, VC, GPUs, share, allowed types), so it is computed once per distinct
+    kind in the window and gathered by index; the rest is a few numpy operations over
+    all jobs at once. The features depend on each job and on the set of jobs (the
+    ranks), not on their order.
     """
     jobs = jobs[:max_jobs]
     n = len(jobs)
@@ -103,78 +110,92 @@ def encode(
     mask[:n] = True
     if not n:
         return x, mask
+    kinds_of_jobs = list(map(_KIND, jobs))
+    index = {k: i for i, k in enumerate(dict.fromkeys(kinds_of_jobs))}
+    kind = list(map(index.__getitem__, kinds_of_jobs))  # each job's kind, by index
+
     h = obs.history
     everyone = h.mean_run_all()
-    by_types: dict[frozenset[str], tuple[float, float, float, float, float]] = {}
     n_types = max(len(obs.gpu_types), 1)
-    rows: list[tuple[float, ...]] = []
-    nan = math.nan
-    pressure = getattr(obs, "offload_pressure", None)
-    for job in jobs:
-        over = by_types.get(job.gpu_types)
-        if over is None:
-            free, total, demand, frag = _over_types(job.gpu_types, obs)
-            allowed = len(job.gpu_types) / n_types if job.gpu_types else 1.0
-            over = by_types[job.gpu_types] = (free, total, demand, frag, allowed)
-        group = h.mean_run(job.who, job.num_gpus)
-        who = h.mean_run_any(job.who)
-        st = h.group_stats(job.who, job.num_gpus) or (0.0, 0.0, 0.0, 0.0)
-        rows.append((
-            job.num_gpus, job.gpu_milli, job.submit_s, job.attained_gpu_s,
-            nan if group is None else group, nan if who is None else who, *over,
-            job.gpus, obs.vc_gpus(job.vc), *st,
-            pressure(job) if pressure is not None else 0.0,
+    total_gpus = max(obs.total_gpus(), 1)
+    over: dict[frozenset[str], tuple[float, float, float, float]] = {}
+    logged, plain = [], []
+    for user, vc, num_gpus, milli, types in index:
+        who = user or vc  # QueuedJob.who
+        mean = h.mean_run(who, num_gpus)
+        mean_any = h.mean_run_any(who)
+        runs, log_run, short, last = h.group_stats(who, num_gpus) or (0.0, 0.0, 0.0, 0.0)
+        # the estimate: the group's mean, else the who's, else every finished job's
+        est = mean if mean is not None else mean_any if mean_any is not None else everyone
+        est0 = 0.0 if est is None else est
+        group0 = 0.0 if mean is None else mean
+        t = over.get(types)
+        if t is None:
+            t = over[types] = _over_types(types, obs)
+        free, total, demand, frag = t
+        gpus = num_gpus * milli / 1000.0  # QueuedJob.gpus
+        held = obs.vc_gpus(vc)
+        logged.append((group0, mean_any or 0.0, est0, runs, last, est0 * gpus))
+        plain.append((
+            num_gpus, milli / FULL_GPU, len(types) / n_types if types else 1.0,
+            mean is not None, num_gpus <= free, demand / max(free, 1.0),
+            free / total if total > 0 else 0.0, frag, demand / total if total > 0 else 0.0,
+            gpus / total if total > 0 else 0.0, held / total_gpus, log_run, short,
+            est0, est is not None, group0, held,
         ))  # fmt: skip
-    (
-        gpus_req, milli, submit, attained, group, who, free, total, demand, frag, allowed,
-        gpus, vc_held, runs, log_run, short, last, offload,
-    ) = np.array(rows, dtype=np.float64).T  # fmt: skip
+    per_kind = np.array(plain, dtype=np.float64)
+    logs = np.log10(1.0 + np.array(logged, dtype=np.float64))
+    has_est = per_kind[:, 14]
+    logs[:, 5] *= has_est  # no estimate (nothing has finished): 0
+    per_kind[:, 0] = np.log2(per_kind[:, 0])
+    per_kind[:, 15] = _rank(per_kind[:, 15])  # est_rank: sjf-est's key, no history first
+    per_kind[:, 16] = _rank(per_kind[:, 16])  # the VC's share's rank
+    by_kind = np.concatenate((per_kind, logs), axis=1)[kind]
+
+    attained = np.fromiter(map(_ATTAINED, jobs), np.float64, n)
+    submit = np.fromiter(map(_SUBMIT, jobs), np.float64, n)
     wait = np.maximum(obs.now - submit, 0.0)
-    has_group = ~np.isnan(group)
-    est = np.where(has_group, group, np.where(np.isnan(who), np.nan, who))
-    if everyone is not None:
-        est = np.where(np.isnan(est), everyone, est)
-    has_est = ~np.isnan(est)
-    est0 = np.where(has_est, est, 0.0)
-    floor = np.maximum(est0, BSLD_FLOOR_S)
-    safe_total = np.where(total > 0, total, 1.0)
-    cols = (
-        np.log2(gpus_req),
-        milli / FULL_GPU,
-        allowed,
-        np.log10(1.0 + wait),
-        np.log10(1.0 + attained),
-        np.log10(1.0 + np.nan_to_num(group)),
-        has_group.astype(np.float64),
-        np.log10(1.0 + np.nan_to_num(who)),
-        (gpus_req <= free).astype(np.float64),
-        demand / np.maximum(free, 1.0),
-        np.where(total > 0, free / safe_total, 0.0),
-        frag,
-        np.where(total > 0, demand / safe_total, 0.0),
-        np.where(total > 0, gpus / safe_total, 0.0),
-        np.log10(1.0 + est0),
-        np.where(has_est, np.log10(np.maximum((wait + est0) / floor, 1.0)), 0.0),
-        np.where(has_est, np.log10(1.0 + wait / floor), 0.0),
-        np.where(has_est, np.log10(1.0 + est0 * gpus), 0.0),
-        vc_held / max(obs.total_gpus(), 1),
-        _rank(vc_held),
-        _rank(np.nan_to_num(group)),  # sjf-est's key: no history ranks first
-        np.log10(1.0 + runs),
-        log_run,
-        short,
-        np.log10(1.0 + last),
-        offload,
-    )
-    x[:n] = np.stack(cols, axis=1)
+    job_est, job_has_est = by_kind[:, 13], by_kind[:, 14]
+    floor = np.maximum(job_est, BSLD_FLOOR_S)
+    per_job = np.log10(np.stack(
+        (1.0 + wait, 1.0 + attained, np.maximum((wait + job_est) / floor, 1.0),
+         1.0 + wait / floor),
+        axis=1,
+    ))  # fmt: skip
+    per_job[:, 2:] *= job_has_est[:, None]
+    pressure = getattr(obs, "offload_pressure", None)
+    offload = np.fromiter(map(pressure, jobs), np.float64, n) if pressure else np.zeros(n)
+    x[:n] = np.concatenate((by_kind, per_job, offload[:, None]), axis=1)[:, _ORDER]
     return x, mask
+
+
+# what a job's features but its wait, service and offload pressure are a function of
+_KIND = operator.attrgetter("user", "vc", "num_gpus", "gpu_milli", "gpu_types")
+_ATTAINED = operator.attrgetter("attained_gpu_s")
+_SUBMIT = operator.attrgetter("submit_s")
+# where each JOB_FEATURES column is in what `encode` concatenates ("-": only used there)
+_BLOCKS = (
+    # per kind, plain
+    "log2_gpus", "share", "types_allowed", "has_group_history", "fits_now",
+    "demand_over_free", "free_over_total", "fragmentation", "demand_over_total",
+    "gpus_over_total", "vc_share", "group_log_run", "group_short_share", "-est",
+    "-has_est", "est_rank", "vc_share_rank",
+    # per kind, log10(1 + x)
+    "log_mean_run_group_s", "log_mean_run_who_s", "log_est_run_s", "log_group_runs",
+    "log_last_run_s", "log_est_gpu_s",
+    # per job
+    "log_wait_s", "log_attained_gpu_s", "log_est_bsld", "log_wait_over_est", "offload_pressure",
+)  # fmt: skip
+_ORDER = np.array([_BLOCKS.index(f) for f in JOB_FEATURES], dtype=np.intp)
 
 
 def _rank(v: np.ndarray) -> np.ndarray:
     """Dense rank of each value among the distinct values, scaled to [0, 1] (all equal:
-    0): it depends on the set of jobs, not their order."""
-    uniq, inv = np.unique(v, return_inverse=True)
-    return inv / max(len(uniq) - 1, 1)
+    0): it depends on the set of values, not their order. No NaN."""
+    values = v.tolist()
+    distinct = sorted(set(values))
+    rank = {u: i for i, u in enumerate(distinct)}
+    return np.array([rank[u] for u in values], dtype=np.float64) / max(len(distinct) - 1, 1)
 
 
 def encode_global(obs: Observation) -> np.ndarray:

@@ -144,8 +144,14 @@ class ScoringHandler:
         self._placement = msgspec.json.Decoder(PlacementBatch)
         self.learner: Any = None
         if conf.learn:
+            import torch
+
             from services.scoring.online import OnlineLearner
 
+            # the service's process, its choice: the PPO update runs on the event loop
+            # between two records, a few small matrix products, where intra-op threads
+            # add only their synchronisation (and, on a busy host, a long tail)
+            torch.set_num_threads(1)
             self.learner = OnlineLearner(
                 self.state.policy,  # type: ignore[arg-type]
                 episodes=conf.learn_episodes,

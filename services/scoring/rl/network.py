@@ -21,12 +21,13 @@ them; the trainer updates them between PPO iterations, never inside one.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import cast
 
 import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["NetConfig", "RunningMeanStd", "ScoreNet"]
+__all__ = ["NetConfig", "RunningMeanStd", "ScoreNet", "WindowScorer"]
 
 
 @dataclass(frozen=True)
@@ -107,3 +108,63 @@ class ScoreNet(nn.Module):
         scores = (self.head(inp) + self.linear(xn)).squeeze(-1)
         scores = scores.masked_fill(~mask, float("-inf"))
         return scores, self.value_head(ctx).squeeze(-1)
+
+
+class WindowScorer:
+    """`ScoreNet`'s scores for one window, computed in numpy from the weights copied
+    out of `net`: the same operations as `ScoreNet.forward` (float32), without
+    PyTorch's per-call overhead, which dominates a window of a few small matrix
+    products. Serving and rollouts use it; training's gradients use the module.
+
+    The copies follow the module: every in-place change of a parameter or buffer
+    (an optimiser step, `load_state_dict`, a normaliser update) bumps that tensor's
+    version counter, and a changed version makes the next call copy the weights
+    again. The value head is not needed to rank, so it is not computed.
+    """
+
+    def __init__(self, net: ScoreNet) -> None:
+        self.net = net
+        self._tensors = [*net.parameters(), *net.buffers()]
+        self._seen: tuple[int, ...] | None = None
+
+    def _versions(self) -> tuple[int, ...]:
+        return tuple(t._version for t in self._tensors)
+
+    def _copy_weights(self) -> None:
+        net = self.net
+
+        def arr(t: torch.Tensor) -> np.ndarray:
+            return np.ascontiguousarray(t.detach().to(torch.float32).cpu().numpy())
+
+        def norm(rms: RunningMeanStd) -> tuple[np.ndarray, np.ndarray, float]:
+            mean = arr(rms.mean)
+            std = np.sqrt(arr(rms.var) + np.float32(1e-8))  # forward's float32 order
+            return mean, std, rms.clip
+
+        self._job_norm, self._global_norm = norm(net.job_norm), norm(net.global_norm)
+        l1, l2, h1, h2 = (cast(nn.Linear, m) for m in (net.embed[0], net.embed[2],
+                                                        net.head[0], net.head[2]))  # fmt: skip
+        self._w1, self._b1 = arr(l1.weight).T.copy(), arr(l1.bias)
+        self._w2, self._b2 = arr(l2.weight).T.copy(), arr(l2.bias)
+        hw = arr(h1.weight)
+        h = net.cfg.hidden
+        self._wh_e, self._wh_ctx, self._bh = hw[:, :h].T.copy(), hw[:, h:].T.copy(), arr(h1.bias)
+        self._wo, self._bo = arr(h2.weight).T.copy(), arr(h2.bias)
+        self._wl = arr(net.linear.weight).T.copy()
+        self._seen = self._versions()
+
+    def __call__(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """Scores [n] of the jobs `x` [n, n_job] (every row a job) in cluster `g` [n_global]."""
+        if self._versions() != self._seen:
+            self._copy_weights()
+        mean, std, clip = self._job_norm
+        xn = np.clip((x.astype(np.float32, copy=False) - mean) / std, -clip, clip)
+        e = np.tanh(np.tanh(xn @ self._w1 + self._b1) @ self._w2 + self._b2)
+        hid = e @ self._wh_e + self._bh
+        if self.net.cfg.context:
+            gmean, gstd, gclip = self._global_norm
+            gn = np.clip((g.astype(np.float32, copy=False) - gmean) / gstd, -gclip, gclip)
+            pooled = e.sum(0) / np.float32(max(len(e), 1))
+            hid += np.concatenate([pooled, gn]) @ self._wh_ctx
+        out: np.ndarray = (np.tanh(hid) @ self._wo + self._bo + xn @ self._wl)[:, 0]
+        return out

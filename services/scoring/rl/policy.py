@@ -30,6 +30,16 @@ validation slice: bounded slowdown 2.7x, README); hence the size threshold.
 The recorded round (`Step`) holds only the jobs the network ranked, so PPO's
 log-probabilities are those of its own choices.
 
+How it scores: the encoder (`shared.policy_features.encode`, vectorised over the
+window) and the network's forward pass in numpy with the module's weights
+(`network.WindowScorer`), the same numbers as the module's to float32 rounding,
+at a fraction of PyTorch's per-call cost (`rl.reference` keeps the first path,
+per-job encoder and PyTorch forward, which the tests and `rltune bench train`
+compare against). Serving calls no PyTorch operation, so the policy leaves
+torch's settings (threads) to its caller. Jobs with equal features (the same
+kind, submitted in the same second) tie and the older goes first (see
+`_equal_rows_tie`).
+
 What it cannot see: its inputs are `QueuedJob`s and the `Observation` (through
 `shared.policy_features`), and it is not an oracle, so the context it is reset
 with is a plain `PolicyContext`, which carries no run time (only an oracle
@@ -39,13 +49,13 @@ policy is handed an `OracleContext`); `reset` keeps nothing of it but the seed.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
-import torch
 
-from services.scoring.rl.network import ScoreNet
+from services.scoring.rl.network import ScoreNet, WindowScorer
 from services.scoring.rl.ppo import sample_ranking
 from shared.policy_api import Observation, PolicyContext, QueuedJob
 from shared.policy_features import JOB_FEATURES, encode, encode_global
@@ -86,12 +96,9 @@ class RLPolicy:
         bound_gpus: int = 1,
     ) -> None:
         self.net = net.eval()
-        # a window is a few small matrix products: intra-op threads only add their
-        # synchronisation, and on a busy host they make the tail (p99) of one window's
-        # scoring hundreds of times its median; one thread serves the policy
-        torch.set_num_threads(1)
+        self._scorer = WindowScorer(net)
         self.features = tuple(features)
-        self._cols = np.asarray([JOB_FEATURES.index(f) for f in self.features], dtype=np.int64)
+        self.columns = np.asarray([JOB_FEATURES.index(f) for f in self.features], dtype=np.int64)
         self._label = label
         self.max_jobs = max_jobs
         self.sample = sample
@@ -152,14 +159,14 @@ class RLPolicy:
         return pool
 
     # ---- scoring ------------------------------------------------------------------------
+    def encode(self, pool: list[QueuedJob], obs: Observation) -> np.ndarray:
+        """Every JOB_FEATURES column of the jobs of `pool` [len(pool), len(JOB_FEATURES)]."""
+        return encode(pool, obs, len(pool))[0]
+
     def scores(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """Scores of the rows of `x` [n, len(JOB_FEATURES)] with cluster features `g`."""
-        xs = torch.from_numpy(np.ascontiguousarray(x[:, self._cols])).unsqueeze(0)
-        mask = torch.ones((1, len(x)), dtype=torch.bool)
-        with torch.inference_mode():
-            s, _ = self.net(xs, mask, torch.from_numpy(g).unsqueeze(0))
-        out: np.ndarray = s[0].numpy()
-        return out
+        """Scores of the rows of `x` [n, len(JOB_FEATURES)] with cluster features `g`
+        (the network's, in numpy: `network.WindowScorer`)."""
+        return self._scorer(x[:, self.columns], g)
 
     def window(self, k: int, obs: Observation) -> Iterator[QueuedJob]:
         pool = self.candidates()
@@ -172,9 +179,9 @@ class RLPolicy:
                 pool = [j for j in pool if j.submit_s > bound or j.num_gpus < big]
         if not pool:
             return iter(forced[:k])
-        x, _ = encode(pool, obs, len(pool))
+        x = self.encode(pool, obs)
         g = encode_global(obs)
-        s = self.scores(x, g)
+        s = _equal_rows_tie(x[:, self.columns], self.scores(x, g))
         if self.sample:
             perm = sample_ranking(s, len(pool), self._rng)
         else:
@@ -186,8 +193,23 @@ class RLPolicy:
         return itertools.chain(forced[:k], _counted(pool, perm[: max(k - len(forced), 0)], step))
 
 
-def _age(job: QueuedJob) -> tuple[float, int]:
-    return (job.submit_s, job.seq)
+def _equal_rows_tie(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """`s` with every row of `x` that equals an earlier one given that row's score.
+
+    Jobs the network cannot tell apart (same kind, submitted in the same second) must
+    tie, so that the stable sort puts the older first. A matrix product does not
+    promise that: equal rows in different positions of one product may differ in the
+    last bit (the kernels block rows), and which of two such jobs went first was then
+    an accident of the BLAS kernel, one that changes whole simulations downstream.
+    """
+    rows = np.ascontiguousarray(x + np.float32(0.0))  # -0.0 == 0.0
+    keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    out: np.ndarray = s[first[inverse]]
+    return out
+
+
+_age = operator.attrgetter("submit_s", "seq")  # (submit, seq): a job's age, older first
 
 
 def _counted(pool: list[QueuedJob], perm: np.ndarray, step: Step) -> Iterator[QueuedJob]:
