@@ -166,6 +166,14 @@ class OffloadEngine:
             sliced_states(model, slice_bytes=slicing[0], above=slicing[1]) if slicing else {}
         )
         self.specs = specs_of(model, accumulate=keep, working=self.working, sliced=self.sliced)
+        # the cached tensors that are slices of a state (a parameter's own name may
+        # hold '@' or '#': the ids are listed, not parsed)
+        self._slice_ids = frozenset(
+            slice_id(state_id(n, k), i)
+            for n, cut in self.sliced.items()
+            for k in STATE_KINDS
+            for i in range(cut.count)
+        )
         self.masters = {  # parameter -> its fp32 master copy (mixed precision)
             s.tensor_id.removesuffix(f"#{MASTER_KIND}"): s.tensor_id
             for s in self.specs
@@ -489,7 +497,7 @@ class OffloadEngine:
         out = {
             s.tensor_id: cache.materialize(s.tensor_id)
             for s in self.specs
-            if "@" not in s.tensor_id or s.tensor_id.partition("#")[0] not in self.sliced
+            if s.tensor_id not in self._slice_ids
         }
         for name in self.sliced:
             for k in STATE_KINDS:
@@ -549,7 +557,7 @@ class OffloadEngine:
         want = {
             s.tensor_id: (s.shape, self._dtypes.get(s.tensor_id, s.dtype))
             for s in self.specs
-            if s.kind not in (GRAD_KIND, MASTER_KIND) and "@" not in s.tensor_id
+            if s.kind not in (GRAD_KIND, MASTER_KIND) and s.tensor_id not in self._slice_ids
         }
         for name in self.sliced:
             for k in STATE_KINDS:
@@ -569,12 +577,14 @@ class OffloadEngine:
                     f"the model has {shape} {dtype}"
                 )
         cache.drain()
+        sliced_states_by_id = {
+            state_id(n, k): cut for n, cut in self.sliced.items() for k in STATE_KINDS
+        }
         for tid, value in got.items():
             master = self.masters.get(tid)
             if master is not None:
                 cache.overwrite(master, value.to(torch.float32))
-            name, _, kind = tid.partition("#")
-            cut = self.sliced.get(name) if kind else None
+            cut = sliced_states_by_id.get(tid)
             if cut is not None:
                 for i, piece in enumerate(cut.split(value)):
                     cache.overwrite(slice_id(tid, i), piece)

@@ -139,9 +139,14 @@ def lone_params(tensors: Iterable[tuple[str, int, str, str]]) -> frozenset[str]:
     and stream through a class of their own. A buffer class of such
     parameters only needs LONE_FLOOR."""
     listed = list(tensors)
-    ids = [t for t, _n, _d, _k in listed]
-    sliced = {t.partition("#")[0] for t in ids if "#" in t and "@" in t}
-    whole = {t.partition("#")[0] for t in ids if "#" in t and "@" not in t}
+    sliced: set[str] = set()
+    whole: set[str] = set()
+    # a state's id is `param#kind`, a slice's `param#kind@k`: a kind holds neither
+    # '#' nor '@' (a parameter's name may), so the last '#' splits off the owner
+    for t, _n, _d, k in listed:
+        if k != "param":
+            owner, _, tail = t.rpartition("#")
+            (sliced if "@" in tail else whole).add(owner)
     return frozenset(
         t for t, _n, _d, k in listed if k == "param" and t in sliced and t not in whole
     )

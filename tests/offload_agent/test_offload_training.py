@@ -21,6 +21,7 @@ from offload_agent.residency import Tier
 from offload_agent.strategies import specs_of
 from services.profiler.planner import build_plan
 from tests.offload_agent.hf import (
+    DEVICE,
     Loop,
     build,
     data,
@@ -337,3 +338,63 @@ def test_sliced_states_with_clipping_accumulation_and_resume(
     assert got == want
     assert_same_training(third, model, opt)
     third.close()
+
+
+class _Named(nn.Module):
+    """Parameters whose names hold the characters of state and slice ids ('#', '@'),
+    as `register_parameter` (or an `nn.ParameterDict` key) allows."""
+
+    names = ("w@0", "v#exp_avg@1")
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        for name in self.names:
+            self.register_parameter(name, nn.Parameter(torch.randn(64, 128, generator=g)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, v = (getattr(self, n) for n in self.names)
+        return (x @ w @ v.T).square().mean()
+
+
+@pytest.mark.parametrize("sliced", [False, True])
+def test_state_dict_round_trip_of_parameters_named_like_slices(
+    sliced: bool, tmp_path: Path, io: ThreadPoolExecutor
+) -> None:
+    """A checkpoint of a model whose parameter names look like slice ids loads into
+    a fresh engine and resumes with the same numbers as one that never stopped."""
+    config = SLICED if sliced else {}
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+
+    def engine(tag: str) -> OffloadEngine:
+        e = OffloadEngine(
+            _Named(),
+            AdamW(lr=1e-2),
+            EngineConfig(
+                job_id=tag, strategy="lru", fast_budget=1 << 20, host_budget=1 << 20, **config
+            ),
+            device=engine_device(),
+            store=NvmeStore(tmp_path / tag),
+            io=io,
+        )
+        e.start()
+        return e
+
+    def step(e: OffloadEngine) -> float:
+        with e.step():
+            loss = e.model(x)
+            loss.backward()
+        return float(loss.detach())
+
+    first, straight = engine("first"), engine("straight")
+    assert bool(first.sliced) is sliced
+    assert [step(first) for _ in range(2)] == [step(straight) for _ in range(2)]
+    ckpt = first.state_dict()
+    first.close()
+    second = engine("second")
+    second.load_state_dict(ckpt)
+    assert step(second) == step(straight)
+    for name, value in straight.state_dict()["params"].items():
+        exact(second.state_dict()["params"][name], value, name)
+    second.close()
+    straight.close()

@@ -372,6 +372,16 @@ def _three_params(sliced: bool) -> TensorProfile:
     return TensorProfile(job_id="j", tensors=tensors, order=order)
 
 
+def test_lone_parameters_found_whatever_their_names_hold() -> None:
+    """A parameter's name may hold '#' and '@' (`register_parameter` allows it):
+    whole states of `w@0` do not make it lone, sliced states of `v#exp_avg@1` do."""
+    tensors = [("w@0", 4096, "float32", "param"), ("v#exp_avg@1", 4096, "float32", "param")]
+    for kind in ("exp_avg", "exp_avg_sq"):
+        tensors.append((f"w@0#{kind}", 4096, "float32", kind))
+        tensors += [(f"v#exp_avg@1#{kind}@{k}", 1024, "float32", kind) for k in range(4)]
+    assert lone_params(tensors) == {"v#exp_avg@1"}
+
+
 def test_parameters_with_sliced_states_need_fewer_buffers() -> None:
     """A class of parameters whose states stream as slices holds at most one in
     its step and one in backward (LONE_FLOOR = 2 buffers), the slices one
