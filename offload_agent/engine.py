@@ -110,11 +110,20 @@ class EngineConfig:
     # of 12 comparisons on the CPU stand-in and on the H100's large GPT and BERT
     # (README, "Sliced optimizer states").
     write_behind: bool = False
+    # tencache's run-time lead in bytes: past its `window` tensors, the cache
+    # keeps fetching ahead (buffers permitting) until this many bytes are
+    # fetched and not yet used. Default: an eighth of the fast budget. Counting
+    # tensors alone, many small ones (ResNet's BatchNorm parameters and states,
+    # state slices) used up the lead in a few hundred KB.
+    lead_bytes: int | None = None
     # watch every op for parameters read outside their modules' forward
     # (`LooseParams`): None: the first step looks, later steps only if it found
     # any (the watch costs a few percent of a small model's step); True: always
     # (a model that reads a parameter loosely only on some later step).
     watch_loose: bool | None = None
+
+    def prefetch_lead_bytes(self) -> int:
+        return self.fast_budget // 8 if self.lead_bytes is None else self.lead_bytes
 
     def state_slicing(self) -> tuple[int, int] | None:
         """(slice bytes, parameter bytes above which states are sliced), or None."""
@@ -507,7 +516,12 @@ class OffloadEngine:
         """Switch to `plan`; on any problem keep training on what runs now."""
         try:
             check_plan(plan, self.profile(), self.budgets)
-            setup = from_plan(plan, self.specs, write_behind=self.config.write_behind)
+            setup = from_plan(
+                plan,
+                self.specs,
+                write_behind=self.config.write_behind,
+                lead_bytes=self.config.prefetch_lead_bytes(),
+            )
             if setup.uses_nvme and not self._store_ok:
                 raise PlanError(
                     f"plan for {plan.job_id} puts tensors on NVMe but the NVMe tier is unusable "
