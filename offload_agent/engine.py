@@ -431,6 +431,8 @@ class OffloadEngine:
 
     def placeholder_of(self, t: torch.Tensor) -> str | None:
         """The parameter whose NaN placeholder `t` is (or views), if any."""
+        if t.layout is not torch.strided:
+            return None
         return self._placeholders.get(t.untyped_storage().data_ptr())
 
     def use_loose(self, tensor_id: str) -> None:

@@ -354,6 +354,8 @@ def _is_view_of(out: Any, obj: Any) -> bool:
         isinstance(out, torch.Tensor)
         and out is not obj
         and isinstance(obj, torch.Tensor)
+        and out.layout is torch.strided  # a sparse `.grad` has no one storage
+        and obj.layout is torch.strided
         and out.untyped_storage().data_ptr() == obj.untyped_storage().data_ptr()
     )
 
