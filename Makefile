@@ -28,7 +28,7 @@ lint: install
 	$(BIN)/ruff format --check .
 
 typecheck: install
-	$(BIN)/mypy shared/ services/ offload_agent/ bench/
+	$(BIN)/mypy shared/ services/ offload_agent/ bench/ tests/
 
 unit: install
 	$(BIN)/python -m pytest -q
