@@ -31,7 +31,7 @@ typecheck: install
 	$(BIN)/mypy shared/ services/ offload_agent/ bench/ tests/
 
 unit: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 test: lint typecheck unit
 
