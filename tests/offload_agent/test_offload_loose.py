@@ -218,7 +218,7 @@ def test_a_view_kept_across_steps_is_refused(tmp_path: Path, io: ThreadPoolExecu
     """A module that caches `p.T` would read a reused buffer in the next step."""
 
     def read(m: Net, x: torch.Tensor) -> torch.Tensor:
-        m.cached = m.p["v"].T  # type: ignore[assignment]
+        m.cached = m.p["v"].T
         return x @ m.p["w"] @ m.cached
 
     engine = _engine(read, "lru", tmp_path, io)
