@@ -290,6 +290,7 @@ class LooseParams(TorchFunctionMode):
             else:
                 tid = self.views.of(a)
                 if tid is not None:
+                    self._check_view(a, tid)
                     read.append(tid)
         if not read:
             return func(*args, **kwargs)
@@ -305,6 +306,8 @@ class LooseParams(TorchFunctionMode):
         property is a read when what it gives shares the tensor's storage."""
         obj = args[0] if args else None
         tid = self.names.get(obj) if isinstance(obj, nn.Parameter) else self.views.of(obj)
+        if tid is not None and isinstance(obj, torch.Tensor) and not isinstance(obj, nn.Parameter):
+            self._check_view(obj, tid)
         out = func(*args, **kwargs)
         if tid is None or not _is_view_of(out, obj):
             return out
@@ -318,6 +321,16 @@ class LooseParams(TorchFunctionMode):
             return out
         finally:
             self._release(fetched)
+
+    def _check_view(self, view: torch.Tensor, tensor_id: str) -> None:
+        """A held view whose tensor left its buffer since (its optimizer step drops
+        every pin) points at bytes that are no longer the tensor's."""
+        found = self.target.owner_of(view)
+        if found is None or found[0] != tensor_id:
+            raise RuntimeError(
+                f"a view of {tensor_id} is used after {tensor_id} left the fast tier (after "
+                "its optimizer step); take views of parameters where they are used"
+            )
 
     def _release(self, fetched: list[str]) -> None:
         if not fetched or self._recomputed_later():

@@ -225,3 +225,22 @@ def test_a_view_kept_across_steps_is_refused(tmp_path: Path, io: ThreadPoolExecu
     with pytest.raises(RuntimeError, match=r"a view of p\.v .* still referenced after the step"):
         _train(engine)
     engine.close()
+
+
+def test_a_view_used_after_its_parameter_stepped_is_refused(
+    tmp_path: Path, io: ThreadPoolExecutor
+) -> None:
+    """`vt = p.T` before backward, read after it: the optimizer step moved the
+    parameter out of the buffer the view points into."""
+    engine = _engine(READS["T"], "lru", tmp_path, io)
+    model = engine.model
+    assert isinstance(model, Net)
+    x = _inputs()[0]
+    error = r"a view of p\.v is used after p\.v left the fast"
+    with pytest.raises(RuntimeError, match=error), engine.step():
+        vt = model.p["v"].T
+        model(x).backward()
+        for lin in model.lins:  # other tensors take the buffers
+            lin(x)
+        vt.sum()
+    engine.close()
