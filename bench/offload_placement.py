@@ -96,24 +96,33 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         default=_DEFAULT.restart_s,
         help="fixed restart overhead of a move, seconds",
     )
+    g.add_argument("--replace-idle-only", action="store_true", help="move only while no job waits")
+    g.add_argument(
+        "--replace-settle-h",
+        type=float,
+        default=_DEFAULT.settle_s / 3600,
+        help="a moved job stays at least this many hours where it was moved",
+    )
     g.add_argument(
         "--checkpoint-gbps",
         type=float,
         default=_DEFAULT.net_gbps,
         help="checkpoint write and read bandwidth, GB/s",
     )
-    return p.parse_args(argv)  # fmt: skip
+    return p.parse_args(argv)
 
 
 def _replace_config(a: argparse.Namespace) -> ReplaceConfig:
-    for flag in ("replace_after", "replace_min_run_h", "replace_expect", "replace_min_gain",
-                 "replace_payback", "restart_s", "checkpoint_gbps"):  # fmt: skip
+    flags = ("replace_after", "replace_min_run_h", "replace_expect", "replace_min_gain",
+             "replace_payback", "restart_s", "checkpoint_gbps", "replace_settle_h")  # fmt: skip
+    for flag in flags:
         if getattr(a, flag) < 0:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 0")
     return ReplaceConfig(
         after=a.replace_after, min_run_s=a.replace_min_run_h * 3600, expect=a.replace_expect,
         min_gain=a.replace_min_gain, payback=a.replace_payback, restart_s=a.restart_s,
-        net_gbps=a.checkpoint_gbps or _DEFAULT.net_gbps,
+        net_gbps=a.checkpoint_gbps or _DEFAULT.net_gbps, idle_only=a.replace_idle_only,
+        settle_s=a.replace_settle_h * 3600,
     )  # fmt: skip
 
 

@@ -132,9 +132,11 @@ class OffloadAwarePlacer:
         running: Sequence[RunningOffload],
         nodes: Sequence[NodeFree],
         speed: Mapping[str, float],
+        waiting: int = 0,
     ) -> Move | None:
         """A running offloading job worth moving onto the free `nodes`, and where
-        (replace.py); None if re-placement is off or none is."""
+        (replace.py; `waiting`: how many jobs wait); None if re-placement is off or
+        none is."""
         view = self.offload_view
         if self.replace is None or view is None or not running:
             return None
@@ -169,7 +171,7 @@ class OffloadAwarePlacer:
         def klass(n: NodeFree) -> Hashable:
             return (n.gpu_type, len(n.free_milli), view.signature(n.node_id))
 
-        return choose_move(running, nodes, speed, self.replace, estimate, place, klass)
+        return choose_move(running, nodes, speed, self.replace, estimate, place, klass, waiting)
 
     def place(
         self, jobs: Sequence[JobRequest], nodes: Sequence[NodeFree], speed: Mapping[str, float]

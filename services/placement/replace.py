@@ -61,6 +61,8 @@ class ReplaceConfig:
     restart_s: float = 300.0  # fixed restart overhead, seconds
     net_gbps: float = 1.25  # checkpoint write and read, GB/s (10 Gb/s)
     state_factor: float = 3.0  # checkpoint bytes per parameter byte (fp32 params + 2 AdamW)
+    idle_only: bool = False  # move only while no job waits
+    settle_s: float = 0.0  # a moved job stays at least this long where it was moved
 
     def describe(self) -> str:
         return (
@@ -68,6 +70,8 @@ class ReplaceConfig:
             f"{self.min_run_s / 3600:g} h; expected remaining = {self.expect:g} x elapsed; "
             f"min gain {self.min_gain:.0%}; payback {self.payback:g}x; cost {self.restart_s:g} s"
             f" + 2 x {self.state_factor:g} x param bytes at {self.net_gbps:g} GB/s"
+            + (f"; a moved job stays {self.settle_s / 3600:g} h" if self.settle_s else "")
+            + ("; only while no job waits" if self.idle_only else "")
         )
 
 
@@ -88,6 +92,7 @@ class RunningOffload:
     speed: float  # speed of the (slowest) GPU type it runs on
     relief: float  # ρ: slowdown its leaving takes off the others on its nodes, per GPU
     nodes: frozenset[str]  # the nodes it runs on
+    moved_s: float | None = None  # time since its last move (None: never moved)
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,7 @@ def choose_move(
     estimate: Estimate,
     place: Callable[[JobRequest, Sequence[NodeFree]], Allocation | None],
     klass: Callable[[NodeFree], Hashable],
+    waiting: int = 0,
 ) -> Move | None:
     """The first candidate (longest elapsed first) worth moving, and where; or None.
 
@@ -121,9 +127,14 @@ def choose_move(
 
     A job some free node holds whole goes to the class of the node where the move
     saves most (ties: the first node), placed there by `place` (which GPUs); a job
-    no free node holds whole is placed by `place` on all of them and tested there."""
+    no free node holds whole is placed by `place` on all of them and tested there.
+    `waiting`: how many jobs wait (with `idle_only`, no move while any does)."""
+    if cfg.idle_only and waiting:
+        return None
     for r in sorted(running, key=lambda r: (-r.elapsed_s, r.job.job_id)):
         if r.elapsed_s < max(cfg.min_run_s, cfg.after * r.est_run_s):
+            continue
+        if r.moved_s is not None and r.moved_s < cfg.settle_s:
             continue
         before = r.slowdown / r.speed
         cost = restart_cost_s(r.param_bytes, cfg)

@@ -627,7 +627,8 @@ class Simulator:
             cands = self._movable(now, cfg)
             if not cands:
                 return
-            move = placer.replacement(cands, self.state.free_nodes(), self.speed)
+            free = self.state.free_nodes()
+            move = placer.replacement(cands, free, self.speed, self.waiting.count)
             if move is None:
                 return
             if not self._move(self.runs[self.offload.by_id[move.job_id]], move, now):
@@ -646,6 +647,7 @@ class Simulator:
                 RunningOffload(
                     req, self.offload.param_bytes[seq], elapsed, run.est, run.factor, run.speed,
                     self.offload.relief(seq), frozenset(st.node_ids[i] for i, _ in run.claim),
+                    now - run.seg_start if run.seg_restart > 0 else None,  # moved: since when
                 )
             )  # fmt: skip
         return out

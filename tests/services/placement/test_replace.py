@@ -88,6 +88,20 @@ def test_no_move(elapsed: float, slowdown: float, cfg: ReplaceConfig, why: str) 
     assert move is None and asked == [], why
 
 
+def test_a_moved_job_settles_and_idle_only_waits_for_an_empty_queue() -> None:
+    r = _running(elapsed=10 * H, slowdown=2.0)
+    moved = RunningOffload(**{**r.__dict__, "moved_s": 5 * H})
+    assert _decide(moved, ReplaceConfig(settle_s=5 * H))[0] is not None
+    assert _decide(moved, ReplaceConfig(settle_s=5 * H + 1))[0] is None
+    assert _decide(r, ReplaceConfig(settle_s=1e9))[0] is not None  # never moved
+    cfg = ReplaceConfig(idle_only=True)
+    nodes = {"V100": 1.0}
+    est = lambda *a: (1.0, 0.0)  # noqa: E731
+    place = lambda job, ns: Allocation(job.job_id, ((ns[0].node_id, (0,)),), 1000)  # noqa: E731
+    assert choose_move([r], NODES, nodes, cfg, est, place, lambda n: n.node_id, waiting=1) is None
+    assert choose_move([r], NODES, nodes, cfg, est, place, lambda n: n.node_id, waiting=0)
+
+
 def test_payback_boundary() -> None:
     """saved = (before − after) · elapsed / before against payback · cost, at the edge."""
     r = _running(elapsed=10 * H, slowdown=2.0)
