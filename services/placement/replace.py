@@ -56,7 +56,7 @@ class ReplaceConfig:
     after: float = 2.0  # candidate once it ran this many times its run-time estimate ...
     min_run_s: float = 6 * 3600.0  # ... and at least this long
     expect: float = 1.0  # expected remaining run time = expect × elapsed (at today's rate)
-    min_gain: float = 0.1  # own time per unit of work must fall by at least this share
+    min_gain: float = 0.25  # own time per unit of work must fall by at least this share
     payback: float = 4.0  # expected saving at least payback × the move's cost
     restart_s: float = 300.0  # fixed restart overhead, seconds
     net_gbps: float = 1.25  # checkpoint write and read, GB/s (10 Gb/s)

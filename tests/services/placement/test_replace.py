@@ -79,7 +79,7 @@ def test_a_job_moves_where_it_saves_most_and_never_to_its_own_node() -> None:
     [
         (6 * H - 1, 2.0, ReplaceConfig(), "has not run min_run_s"),
         (7 * H, 2.0, ReplaceConfig(after=8.0), "has not run `after` times its estimate"),
-        (10 * H, 1.3, ReplaceConfig(), "b's own 1.2 is not 10% below 1.3"),
+        (10 * H, 1.3, ReplaceConfig(min_gain=0.1), "b's own 1.2 is not 10% below 1.3"),
         (10 * H, 2.0, ReplaceConfig(payback=1e4), "the saving does not pay back the cost"),
     ],
 )
@@ -133,14 +133,15 @@ def test_a_long_job_moves_when_a_node_frees_and_pays_its_restart(tmp_path: Path)
     frees at 8 h, x (first by id among equals) moves there: it restores for `cost`
     seconds, then both run alone at f1. Finish times by hand."""
     f1, f2 = _slowdown(1), _slowdown(2)
-    cfg = ReplaceConfig()
+    cfg = ReplaceConfig(min_gain=0.1)
+    assert f1 < 0.9 * f2
     cost = restart_cost_s(GPT2XL, cfg)
     t, w = 8 * H, 20 * H
     jobs = [TraceJob("z", 0.0, t, 2), TraceJob("x", 1.0, w, 1, param_bytes=GPT2XL),
             TraceJob("y", 1.0, w, 1, param_bytes=GPT2XL)]  # fmt: skip
     runs = {}
     for name in ("greedy+offload+replace", "milp+offload+replace", "greedy+offload"):
-        placer = make_placer(name, reproducible=True)
+        placer = make_placer(name, reproducible=True, replace=cfg)
         res = simulate(jobs, CLUSTER, make_policy("fifo"), placer, SimConfig())
         runs[name] = res
         rec = {r.job_id: r for r in res.records}
