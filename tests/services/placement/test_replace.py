@@ -4,12 +4,14 @@ run, the trace's work conserved and an independent reading of --jobs-out."""
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Sequence
 from pathlib import Path
 from random import Random
 
 import pytest
 
+from bench.offload_breakdown import breakdown
 from services.placement.registry import make_placer
 from services.placement.replace import (
     ReplaceConfig,
@@ -168,6 +170,14 @@ def test_a_long_job_moves_when_a_node_frees_and_pays_its_restart(tmp_path: Path)
     for k in ("offload_avg_jct_s", "offload_migration_s", "offload_restart_s", "offload_slowdown"):
         assert mine[k] == pytest.approx(summary[k], rel=1e-9)
     assert summary["offload_restart_s"] == pytest.approx(cost / 2)
+    # bench.offload_breakdown splits each segment: x's first had y there from its
+    # start (all at start); its second, after the restore, runs alone
+    with out.open(newline="") as fh:
+        parts = breakdown(CLUSTER, list(csv.DictReader(fh))).jobs
+    xs = [p for p in parts if p.job_id == "x"]
+    assert len(xs) == 2 and all(p.total == pytest.approx(p.offload_s, rel=1e-9) for p in xs)
+    assert xs[1].alone == pytest.approx(left * (f1 - 1.0), rel=1e-9)
+    assert xs[1].at_start == pytest.approx(0.0, abs=1e-6) and xs[1].later == 0.0
 
 
 def test_moves_conserve_every_jobs_work_and_never_share_a_gpu(tmp_path: Path) -> None:
