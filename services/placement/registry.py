@@ -55,4 +55,7 @@ def make_placer(
     try:
         return PLACERS[name]()
     except KeyError:
-        raise UserError(f"unknown placer {name!r}; choose from {', '.join(PLACERS)}") from None
+        raise UserError(
+            f"unknown placer {name!r}; choose from {', '.join(PLACERS)} (milp and greedy also as "
+            f"NAME{OFFLOAD_SUFFIX} and NAME{OFFLOAD_SUFFIX}{REPLACE_SUFFIX})"
+        ) from None
