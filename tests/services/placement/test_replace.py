@@ -14,6 +14,7 @@ import pytest
 from bench.offload_breakdown import breakdown
 from services.placement.registry import make_placer
 from services.placement.replace import (
+    Move,
     ReplaceConfig,
     RunningOffload,
     choose_move,
@@ -46,7 +47,7 @@ OWN = {"old": 1.0, "a": 1.5, "b": 1.2}  # own slowdown a job would get on each n
 CAUSED = {"old": 0.0, "a": 0.0, "b": 0.1}  # and the slowdown it would add there
 
 
-def _decide(r: RunningOffload, cfg: ReplaceConfig) -> tuple[object, list[list[str]]]:
+def _decide(r: RunningOffload, cfg: ReplaceConfig) -> tuple[Move | None, list[list[str]]]:
     asked: list[list[str]] = []
 
     def estimate(pbytes: int, gpus: int, node_id: str, take: int) -> tuple[float, float]:

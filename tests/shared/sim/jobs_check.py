@@ -97,7 +97,7 @@ def recompute_offload(path: Path) -> dict[str, float]:
             st, fin = float(row["start_s"]), float(row["finish_s"])
             added = float(row["offload_s"])
             restore = float(row.get("restart_s") or 0.0)
-            if not (0.0 <= added and 0.0 <= restore and added + restore <= fin - st + 1e-6):
+            if min(added, restore) < 0.0 or added + restore > fin - st + 1e-6:
                 raise AssertionError(f"{row['job_id']}: offload_s + restart_s outside its segment")
             j = jobs.setdefault(row["job_id"], [float(row["submit_s"]), fin, 0.0, 0.0, 0.0])
             j[1] = max(j[1], fin)
