@@ -127,6 +127,12 @@ class OffloadAwarePlacer:
         self.leaves_cycles = bool(getattr(inner, "leaves_cycles", False))
         self.offload_view: OffloadView | None = None  # set by the simulator
 
+    @property
+    def cycles(self) -> int:
+        """The wrapped placer's calls that left garbage cycles (the simulator, which
+        pauses the GC, collects by this count; without it nothing was collected)."""
+        return int(getattr(self.inner, "cycles", 0))
+
     def replacement(
         self,
         running: Sequence[RunningOffload],
