@@ -20,6 +20,11 @@ GPU count, the share of the 10% of offloading jobs that lose the most, and for
 single-node jobs their alone cost where they ran against the cheapest group
 for each (its work moved there at the groups' relative GPU speeds; no capacity
 limit: a floor no placer reaches).
+
+A re-placed job (`restart_s` > 0, services/placement/replace.py) has one row per
+segment, each split on its own: its first `restart_s` seconds it holds its
+GPUs and takes its share of its nodes' links without progress or loss of its
+own (as the simulator has it), so the parts still add up to `offload_s`.
 """
 
 from __future__ import annotations
@@ -81,11 +86,12 @@ def _group(node_id: str) -> str:
 
 
 def breakdown(cluster: ClusterSpec, rows: list[dict[str, str]]) -> Breakdown:
-    """The split of every offloading row (one segment per job: no preemption)."""
+    """The split of every offloading row (a segment: re-placed jobs have several)."""
     st = OffloadState(cluster)
     parts: dict[int, list[tuple[int, int]]] = {}
     out: dict[int, JobParts] = {}
     events: list[tuple[float, int, int]] = []
+    begin: dict[int, float] = {}  # segment -> when its progress starts (after a restore)
     for k, r in enumerate(rows):
         if not r["param_bytes"]:
             continue
@@ -100,6 +106,7 @@ def breakdown(cluster: ClusterSpec, rows: list[dict[str, str]]) -> Breakdown:
             r["job_id"], _group(cluster.nodes[on[0][0]].node_id), gpus, float(r["offload_s"] or 0)
         )
         events += [(float(r["finish_s"]), 0, k), (float(r["start_s"]), 1, k)]
+        begin[k] = float(r["start_s"]) + float(r.get("restart_s") or 0.0)
     events.sort()  # at one instant: finishes first, as the simulator frees GPUs first
     streams = [0] * len(cluster.nodes)
     on_node: list[set[int]] = [set() for _ in cluster.nodes]
@@ -112,10 +119,10 @@ def breakdown(cluster: ClusterSpec, rows: list[dict[str, str]]) -> Breakdown:
     last = events[0][0] if events else 0.0
     started: list[int] = []  # at the current instant
     for n, (t, kind, k) in enumerate(events):
-        dt = t - last
-        last = t
-        for j in running if dt > 0 else ():
-            if not parts[j]:
+        prev, last = last, t
+        for j in running if t > prev else ():
+            dt = t - max(prev, begin[j])  # a restoring segment makes no progress
+            if not parts[j] or dt <= 0:
                 continue
             mine = dict(parts[j])
             now = {i: streams[i] for i in mine}
@@ -166,6 +173,7 @@ def _alone_best(
             continue
         here = st.index[r["nodes"].split(":")[0]]
         work = float(r["finish_s"]) - float(r["start_s"]) - p.offload_s
+        work -= float(r.get("restart_s") or 0.0)
         ref = work * speed_of(cluster.nodes[here].gpu_type, cluster.speed)
         costs = []
         for i in reps.values():

@@ -14,6 +14,10 @@ seconds are in the JSON: `wall_s`, `cpu_s`), and `--jobs-out DIR` writes
 each run's per-job CSV and summary JSON (as `simulate --jobs-out`, `--json`): every
 figure of the table is recomputed from the CSV (tests/shared/sim/jobs_check.py,
 ../shared/tools/check_jobs.py).
+
+`NAME+offload+replace` also moves running offloading jobs that have run long
+(services/placement/replace.py); its settings are the `--replace-*` flags, printed
+with the marking, and it is compared with both `NAME+offload` and `NAME`.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
-from services.placement.registry import OFFLOAD_SUFFIX, make_placer
+from services.placement.registry import OFFLOAD_SUFFIX, REPLACE_SUFFIX, make_placer
+from services.placement.replace import ReplaceConfig
 from services.scoring.policies import make_policy
 from shared.cli.common import write_json
 from shared.cli.simulate import load_run_jobs
@@ -46,6 +51,7 @@ KEYS = (
     "offload_migration_s",
     "offload_slowdown",
 )
+_DEFAULT = ReplaceConfig()
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -63,13 +69,68 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--discipline", default="easy")
     p.add_argument("--placers", default="greedy,greedy+offload,milp,milp+offload")
     p.add_argument("--out", default=None, help="directory for the JSON and the plot")
+    g = p.add_argument_group("re-placement (NAME+offload+replace; services/placement/replace.py)")
+    g.add_argument(
+        "--replace-after",
+        type=float,
+        default=_DEFAULT.after,
+        help="candidate after this many times its run-time estimate",
+    )
+    g.add_argument(
+        "--replace-min-run-h",
+        type=float,
+        default=_DEFAULT.min_run_s / 3600,
+        help="... and at least this many hours",
+    )
+    g.add_argument(
+        "--replace-expect",
+        type=float,
+        default=_DEFAULT.expect,
+        help="expected remaining run time as a multiple of elapsed",
+    )
+    g.add_argument("--replace-min-gain", type=float, default=_DEFAULT.min_gain)
+    g.add_argument("--replace-payback", type=float, default=_DEFAULT.payback)
+    g.add_argument(
+        "--restart-s",
+        type=float,
+        default=_DEFAULT.restart_s,
+        help="fixed restart overhead of a move, seconds",
+    )
+    g.add_argument("--replace-idle-only", action="store_true", help="move only while no job waits")
+    g.add_argument(
+        "--replace-settle-h",
+        type=float,
+        default=_DEFAULT.settle_s / 3600,
+        help="a moved job stays at least this many hours where it was moved",
+    )
+    g.add_argument(
+        "--checkpoint-gbps",
+        type=float,
+        default=_DEFAULT.net_gbps,
+        help="checkpoint write and read bandwidth, GB/s",
+    )
     return p.parse_args(argv)
+
+
+def _replace_config(a: argparse.Namespace) -> ReplaceConfig:
+    flags = ("replace_after", "replace_min_run_h", "replace_expect", "replace_min_gain",
+             "replace_payback", "restart_s", "checkpoint_gbps", "replace_settle_h")  # fmt: skip
+    for flag in flags:
+        if getattr(a, flag) < 0:
+            raise UserError(f"--{flag.replace('_', '-')} must be at least 0")
+    return ReplaceConfig(
+        after=a.replace_after, min_run_s=a.replace_min_run_h * 3600, expect=a.replace_expect,
+        min_gain=a.replace_min_gain, payback=a.replace_payback, restart_s=a.restart_s,
+        net_gbps=a.checkpoint_gbps or _DEFAULT.net_gbps, idle_only=a.replace_idle_only,
+        settle_s=a.replace_settle_h * 3600,
+    )  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
     a = _parse(argv)
     placers = [n.strip() for n in a.placers.split(",") if n.strip()]
     policies = [n.strip() for n in a.policies.split(",") if n.strip()]
+    replace = _replace_config(a)
     for name in placers:
         make_placer(name)  # every name checked before the long runs
     for name in policies:
@@ -80,6 +141,9 @@ def main(argv: list[str]) -> int:
     jobs = mark_offloading(jobs, a.fraction, a.seed)
     marking = describe_marking(a.fraction, a.seed)
     console.print(marking)
+    replacing = any(n.endswith(REPLACE_SUFFIX) for n in placers)
+    if replacing:
+        console.print(replace.describe())
     config = SimConfig(seed=a.seed, discipline=a.discipline)
     rows: dict[str, dict[str, Any]] = {}
     runs = [(pol, name) for pol in policies for name in placers]
@@ -91,7 +155,7 @@ def main(argv: list[str]) -> int:
             def tick(done: int, _total: int, task: TaskID = task) -> None:
                 bar.update(task, completed=done)
 
-            placer = make_placer(name, reproducible=True)
+            placer = make_placer(name, reproducible=True, replace=replace)
             cpu = time.process_time()
             res = simulate(jobs, cluster, make_policy(pol), placer, config, tick)
             cpu = time.process_time() - cpu
@@ -103,6 +167,8 @@ def main(argv: list[str]) -> int:
             rows[label] = {k: s[k] for k in (*KEYS, "offload_jobs", "priority_inversions")}
             rows[label]["wall_s"] = round(res.wall_s, 1)
             rows[label]["cpu_s"] = round(cpu, 2)  # this process's CPU time for the run
+            rows[label]["replacements"] = res.replacements
+            rows[label]["offload_restart_s"] = s.get("offload_restart_s", 0.0)
             if a.jobs_out:
                 Path(a.jobs_out).mkdir(parents=True, exist_ok=True)
                 safe = "".join(c if c.isalnum() or c in "+-." else "_" for c in label)
@@ -111,6 +177,8 @@ def main(argv: list[str]) -> int:
     result = {"marking": marking, "trace": a.trace, "limit": a.limit, "since": a.since,
               "until": a.until, "policies": policies, "discipline": a.discipline,
               "cluster": a.cluster, "placers": rows, "versus": _versus(rows)}  # fmt: skip
+    if replacing:
+        result["replace"] = replace.describe()
     print_table(console, result)
     if a.out:
         out = Path(a.out)
@@ -125,10 +193,15 @@ def _versus(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Each aware placer against its unaware twin: relative change of every key."""
     out = {}
     for name, r in rows.items():
-        twin = name.removesuffix(OFFLOAD_SUFFIX)  # "policy / placer": the same policy
-        if name != twin and twin in rows:
-            base = rows[twin]
-            out[f"{name} vs {twin}"] = {k: round(r[k] / base[k] - 1, 4) for k in KEYS if base[k]}
+        bare = name.removesuffix(REPLACE_SUFFIX)
+        twins = [bare] if bare != name else []  # NAME+offload+replace: vs NAME+offload ...
+        twins.append(bare.removesuffix(OFFLOAD_SUFFIX))  # "policy / placer": the same policy
+        for twin in twins:
+            if name != twin and twin in rows:
+                base = rows[twin]
+                out[f"{name} vs {twin}"] = {
+                    k: round(r[k] / base[k] - 1, 4) for k in KEYS if base[k]
+                }
     return out
 
 

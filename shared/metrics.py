@@ -69,6 +69,7 @@ class Segment:
     gpu_type: str = ""  # the type(s) it ran on, `+`-joined
     nodes: str = ""  # `node:idx+idx;node:idx`
     offload_s: float = 0.0  # run time added by migrations compute did not hide (offloading jobs)
+    restart_s: float = 0.0  # first seconds of the segment spent restoring a moved job's checkpoint
 
 
 @dataclass(frozen=True, slots=True)

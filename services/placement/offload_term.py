@@ -58,6 +58,11 @@ cheapest estimate (rounded to 0.01) that can hold it whole, then the next, and
 so on (greedy.py's rule within each); a job no node holds whole is spread over
 the cheapest nodes that can hold it together; others are placed as greedy.py
 places them.
+
+Re-placement (`replace`, set for `NAME+offload+replace`): between rounds, a
+running offloading job that has run well past its estimate may be moved to free
+GPUs where the same placer, with the same charge, puts it alone, if its time per
+unit of work falls enough to pay for the checkpoint and restart (replace.py).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ from typing import Protocol
 from services.placement.classes import STREAM, slot_gpus
 from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpPlacer
+from services.placement.replace import Move, ReplaceConfig, RunningOffload, choose_move
 from services.placement.state import apply_allocations
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, PlacementResult, Placer
 
@@ -114,11 +120,64 @@ def offload_cost(view: OffloadView, job: JobRequest, node_id: str, extra: int = 
 
 
 class OffloadAwarePlacer:
-    def __init__(self, inner: Placer) -> None:
+    def __init__(self, inner: Placer, replace: ReplaceConfig | None = None) -> None:
         self.inner = inner
-        self.name = f"{inner.name}+offload"
+        self.replace = replace  # re-placement of running offloading jobs (None: off)
+        self.name = f"{inner.name}+offload" + ("+replace" if replace is not None else "")
         self.leaves_cycles = bool(getattr(inner, "leaves_cycles", False))
         self.offload_view: OffloadView | None = None  # set by the simulator
+
+    @property
+    def cycles(self) -> int:
+        """The wrapped placer's calls that left garbage cycles (the simulator, which
+        pauses the GC, collects by this count; without it nothing was collected)."""
+        return int(getattr(self.inner, "cycles", 0))
+
+    def replacement(
+        self,
+        running: Sequence[RunningOffload],
+        nodes: Sequence[NodeFree],
+        speed: Mapping[str, float],
+        waiting: int = 0,
+    ) -> Move | None:
+        """A running offloading job worth moving onto the free `nodes`, and where
+        (replace.py; `waiting`: how many jobs wait); None if re-placement is off or
+        none is."""
+        view = self.offload_view
+        if self.replace is None or view is None or not running:
+            return None
+
+        def place(job: JobRequest, free: Sequence[NodeFree]) -> Allocation | None:
+            got = self.place([job], free, speed).allocations
+            return got[0] if got else None
+
+        size = {n.node_id: len(n.free_milli) for n in nodes}
+        cache: dict[tuple[object, ...], tuple[float, float]] = {}
+
+        def estimate(pbytes: int, gpus: int, node_id: str, take: int) -> tuple[float, float]:
+            # nodes of one type, size and signature give the same estimate (module doc)
+            key = (
+                pbytes,
+                gpus,
+                take,
+                size.get(node_id),
+                view.signature(node_id),
+                speed_key(node_id),
+            )
+            got = cache.get(key)
+            if got is None:
+                got = cache[key] = view.estimate(pbytes, gpus, node_id, take)
+            return got
+
+        types = {n.node_id: n.gpu_type for n in nodes}
+
+        def speed_key(node_id: str) -> str | None:
+            return types.get(node_id)
+
+        def klass(n: NodeFree) -> Hashable:
+            return (n.gpu_type, len(n.free_milli), view.signature(n.node_id))
+
+        return choose_move(running, nodes, speed, self.replace, estimate, place, klass, waiting)
 
     def place(
         self, jobs: Sequence[JobRequest], nodes: Sequence[NodeFree], speed: Mapping[str, float]

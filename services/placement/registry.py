@@ -7,12 +7,14 @@ from collections.abc import Callable
 from services.placement.baselines import BestFitPlacer, FgdPlacer, FirstFitPlacer
 from services.placement.greedy import GreedyPlacer
 from services.placement.milp import MilpConfig, MilpPlacer
+from services.placement.replace import ReplaceConfig
 from shared.errors import UserError
 from shared.placement_api import Placer
 
-__all__ = ["OFFLOAD_SUFFIX", "PLACERS", "make_placer"]
+__all__ = ["OFFLOAD_SUFFIX", "PLACERS", "REPLACE_SUFFIX", "make_placer"]
 
 OFFLOAD_SUFFIX = "+offload"
+REPLACE_SUFFIX = "+replace"
 
 
 PLACERS: dict[str, Callable[[], Placer]] = {
@@ -29,11 +31,21 @@ PLACERS: dict[str, Callable[[], Placer]] = {
 REPRODUCIBLE_DETERMINISTIC_TIME = 0.05
 
 
-def make_placer(name: str, reproducible: bool = False) -> Placer:
+def make_placer(
+    name: str, reproducible: bool = False, replace: ReplaceConfig | None = None
+) -> Placer:
     """A placer by name. `reproducible` (simulation): every answer depends only on the
     inputs, never on the machine's speed or load (the MILP stops on deterministic time).
     `NAME+offload` (milp, greedy): the same placer charged with offloading jobs'
-    migration slowdown (offload_term.py)."""
+    migration slowdown (offload_term.py); `NAME+offload+replace`: and it moves running
+    offloading jobs that have run long to where they stream less (replace.py; settings
+    `replace`, default ReplaceConfig())."""
+    if name.endswith(OFFLOAD_SUFFIX + REPLACE_SUFFIX):
+        from services.placement.offload_term import OffloadAwarePlacer
+
+        base = name.removesuffix(OFFLOAD_SUFFIX + REPLACE_SUFFIX)
+        if base in ("milp", "greedy"):
+            return OffloadAwarePlacer(make_placer(base, reproducible), replace or ReplaceConfig())
     if name.endswith(OFFLOAD_SUFFIX) and name.removesuffix(OFFLOAD_SUFFIX) in ("milp", "greedy"):
         from services.placement.offload_term import OffloadAwarePlacer
 
@@ -43,4 +55,7 @@ def make_placer(name: str, reproducible: bool = False) -> Placer:
     try:
         return PLACERS[name]()
     except KeyError:
-        raise UserError(f"unknown placer {name!r}; choose from {', '.join(PLACERS)}") from None
+        raise UserError(
+            f"unknown placer {name!r}; choose from {', '.join(PLACERS)} (milp and greedy also as "
+            f"NAME{OFFLOAD_SUFFIX} and NAME{OFFLOAD_SUFFIX}{REPLACE_SUFFIX})"
+        ) from None

@@ -73,7 +73,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "--placer",
         default="milp",
         help="placement: milp (default, OR-Tools CP-SAT), greedy, first-fit, best-fit, fgd; "
-        "milp+offload, greedy+offload: charged with offloading jobs' migration slowdown",
+        "milp+offload, greedy+offload: charged with offloading jobs' migration slowdown; "
+        "milp+offload+replace, greedy+offload+replace: and running offloading jobs that have "
+        "run long are moved where they stream less (settings printed)",
     )
     p.add_argument(
         "--window", type=int, default=128, help="jobs the policy hands placement per round"
@@ -128,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
     summary = result.summary()
     if args.offload_fraction > 0:
         summary["offload_marking"] = describe_marking(args.offload_fraction, args.seed)
+    replace = getattr(placer, "replace", None)
+    if replace is not None:
+        summary["offload_replace"] = replace.describe()
+        print(f"{replace.describe()}; {result.replacements} moves", file=sys.stderr)
     if args.jobs_out:
         write_jobs_csv(result.records, args.jobs_out)
     if args.json:

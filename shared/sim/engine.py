@@ -36,9 +36,11 @@ from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.placement.checker import inversions
 from services.placement.ordered import OrderedPlacer
+from services.placement.replace import Move, ReplaceConfig, RunningOffload
 from shared.cluster import ClusterSpec
 from shared.metrics import JobRecord, Segment, summarize
 from shared.offload_metrics import offload_summary
@@ -65,6 +67,8 @@ from shared.traces import TraceJob
 __all__ = ["SimConfig", "SimResult", "Simulator", "simulate"]
 
 _FINISH, _TICK = 0, 1
+_REPLACE_EVERY_S = 3600.0  # re-placement is checked at every finish and at least this often
+_MOVES_PER_CHECK = 8
 _REPORT_EVERY = 4096  # place in window order, skipping what does not fit
 
 # solver models built between two garbage collections while the cyclic GC is paused
@@ -96,6 +100,7 @@ class SimResult:
     discipline: str = "easy"
     priority_inversions: int = 0  # checker.inversions over every round
     order_fallbacks: int = 0  # rounds where the placer's answer broke the order (replaced)
+    replacements: int = 0  # running offloading jobs moved (services/placement/replace.py)
     offload: dict[str, OffloadRecord] = field(default_factory=dict)  # offloading jobs by id
 
     def offload_part(self) -> OffloadPart:
@@ -118,12 +123,15 @@ class _Run:
     __slots__ = (
         "claim",
         "epoch",
+        "est",
         "factor",
         "finish_at",
         "job",
         "mark",
         "nodes",
         "offload",
+        "restart_until",
+        "seg_restart",
         "seg_start",
         "seg_unhidden",
         "segments",
@@ -150,6 +158,10 @@ class _Run:
         self.finish_at = -1.0
         self.seg_unhidden = 0.0
         self.step: StepCost | None = None  # its step cost at the current rate
+        # re-placement (replace.py): estimate at start, restore of a move until when, its cost
+        self.est = 0.0
+        self.restart_until = 0.0
+        self.seg_restart = 0.0
 
 
 def simulate(
@@ -212,6 +224,9 @@ class Simulator:
         self.obs.offload = self.offload  # the policy's offload_pressure feature reads it
         if hasattr(inner, "offload_view"):
             inner.offload_view = self.offload  # an offload-aware placer reads it
+        # an offload-aware placer with re-placement on (services/placement/replace.py)
+        self.replace: ReplaceConfig | None = getattr(inner, "replace", None)
+        self._next_replace = 0.0
         policy.reset(policy_context(policy, cluster, self.history, config.seed, self._true_run_s))
 
     def _true_run_s(self, job: QueuedJob) -> float:
@@ -274,6 +289,8 @@ class Simulator:
                 or (self.easy and i > first_new and self._new_head())
             ):
                 self._round(now)
+            if self.replace is not None and (freed or now >= self._next_replace):
+                self._replace(now)
         if self.progress is not None:
             self.progress(n, n)
         self.result.order_fallbacks = self.placer.fallbacks
@@ -501,9 +518,16 @@ class Simulator:
             end = now + self.history.estimate(job)
             self.releases[job.seq] = Release(end, alloc)
             insort(self.release_keys, (end, job.seq))
+        if self.replace is not None and run.offload is not None:
+            run.est = self.history.estimate(job)
         self.policy.remove(job)
         self.waiting.remove(job)
         self._reqs.pop(job.seq, None)
+        self._begin(run, claim, now)
+
+    def _begin(self, run: _Run, claim: Claim, now: float) -> None:
+        """A segment of a running job begins on `claim` (its GPUs already taken)."""
+        job = run.job
         st = self.state
         types = sorted({st.node_type[i] for i, _ in claim})
         run.claim, run.seg_start = claim, now
@@ -526,14 +550,17 @@ class Simulator:
         """Credit an offloading job's progress since its last rate change."""
         dt = now - run.mark
         if dt > 0:
-            run.work -= dt * run.speed / (self.ref_speed * run.factor)
-            run.seg_unhidden += dt * (1.0 - 1.0 / run.factor)
+            # restoring a moved job's checkpoint: GPUs held, no progress, no migrations
+            busy = min(max(run.restart_until - run.mark, 0.0), dt)
+            work = dt - busy
+            run.work -= work * run.speed / (self.ref_speed * run.factor)
+            run.seg_unhidden += work * (1.0 - 1.0 / run.factor)
             rec = run.offload
             assert rec is not None
             cost = run.step
             assert cost is not None
             rec.run_s += dt
-            rec.unhidden_s += dt * (1.0 - 1.0 / run.factor)
+            rec.unhidden_s += work * (1.0 - 1.0 / run.factor)
             rec.hits_weighted += dt * cost.hit_rate
             rec.latency_weighted += dt * cost.migration_ms
             steps = dt * 1e3 / cost.step_ms if cost.step_ms > 0 else 0.0
@@ -549,7 +576,8 @@ class Simulator:
             run.factor = run.step.slowdown
             assert run.offload is not None
             run.offload.slowdowns.append(run.factor)
-            run.finish_at = now + max(run.work, 0.0) * self.ref_speed * run.factor / run.speed
+            begin = max(now, run.restart_until)  # a moved job restores its checkpoint first
+            run.finish_at = begin + max(run.work, 0.0) * self.ref_speed * run.factor / run.speed
             heapq.heappush(self.events, (run.finish_at, _FINISH, seq, run.epoch))
 
     def _finish(self, run: _Run, now: float) -> None:
@@ -573,7 +601,9 @@ class Simulator:
             self._bank(run, now)
             unhidden, run.finish_at = run.seg_unhidden, -1.0
             self._rerate(self.offload.stop(job.seq), now)
-        run.segments.append(Segment(run.seg_start, now, run.types, run.nodes, unhidden))
+        restart = min(run.seg_restart, now - run.seg_start)
+        run.seg_restart = 0.0
+        run.segments.append(Segment(run.seg_start, now, run.types, run.nodes, unhidden, restart))
         job.attained_gpu_s += job.gpus * (now - run.seg_start)
         run.claim = ()
         if self.preemptor is not None:
@@ -583,6 +613,66 @@ class Simulator:
         self.vc_held[job.vc] = self.vc_held.get(job.vc, 0.0) + gpus
         q = self.cluster.queue_of(job.vc)
         self.queue_held[q] = self.queue_held.get(q, 0.0) + gpus
+
+    # ---- re-placement of running offloading jobs (services/placement/replace.py) ------
+    def _replace(self, now: float) -> None:
+        """Move running offloading jobs the placer finds worth moving onto the free GPUs
+        (after the round: waiting jobs had them first), one at a time, each decided on
+        the state the previous one left."""
+        cfg = self.replace
+        assert cfg is not None
+        self._next_replace = now + _REPLACE_EVERY_S
+        placer: Any = self.placer.inner  # an OffloadAwarePlacer (it has `replace`)
+        for _ in range(_MOVES_PER_CHECK):
+            cands = self._movable(now, cfg)
+            if not cands:
+                return
+            free = self.state.free_nodes()
+            move = placer.replacement(cands, free, self.speed, self.waiting.count)
+            if move is None:
+                return
+            if not self._move(self.runs[self.offload.by_id[move.job_id]], move, now):
+                return
+
+    def _movable(self, now: float, cfg: ReplaceConfig) -> list[RunningOffload]:
+        st, out = self.state, []
+        for seq in self.offload.placed:
+            run = self.runs[seq]
+            job = run.job
+            elapsed = sum(s.finish_s - s.start_s for s in run.segments) + now - run.seg_start
+            if elapsed < max(cfg.min_run_s, cfg.after * run.est) or now < run.restart_until:
+                continue
+            req = JobRequest(job.job_id, job.num_gpus, job.gpu_milli, job.gpu_types, job.weight)
+            out.append(
+                RunningOffload(
+                    req, self.offload.param_bytes[seq], elapsed, run.est, run.factor, run.speed,
+                    self.offload.relief(seq), frozenset(st.node_ids[i] for i, _ in run.claim),
+                    now - run.seg_start if run.seg_restart > 0 else None,  # moved: since when
+                )
+            )  # fmt: skip
+        return out
+
+    def _move(self, run: _Run, move: Move, now: float) -> bool:
+        """Checkpoint `run`, free its GPUs and restart it on `move.alloc`; the restore
+        (`move.cost_s`) is charged on the new GPUs at the start of the new segment."""
+        job = run.job
+        claim = self.state.claim(move.alloc, job.num_gpus)
+        if claim is None or move.alloc.gpu_milli != job.gpu_milli:
+            if claim is not None:
+                self.state.release(claim, job.gpu_milli)
+            self.result.conflicts += 1
+            return False
+        rel = self.releases.get(job.seq)
+        self._stop(run, now)
+        run.epoch += 1  # its old finish event is stale
+        if rel is not None:  # EASY: the same expected release, on the new GPUs
+            self.releases[job.seq] = Release(rel.time_s, move.alloc)
+            insort(self.release_keys, (rel.time_s, job.seq))
+        run.seg_restart, run.restart_until = move.cost_s, now + move.cost_s
+        self._begin(run, claim, now)
+        self.result.replacements += 1
+        self.settled = False  # the GPUs it left may start a waiting job
+        return True
 
     def preempt(self, run: _Run, now: float) -> None:
         """Stop a running job and put it back in the queue with the work it has left."""

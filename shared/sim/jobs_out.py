@@ -29,6 +29,7 @@ HEADER = (
     "nodes",
     "param_bytes",  # offloading jobs: model size (empty: no offload)
     "offload_s",  # run time of the segment added by migrations compute did not hide
+    "restart_s",  # its first seconds spent restoring the checkpoint of a re-placed job
 )
 
 
@@ -40,12 +41,13 @@ def write_jobs_csv(records: Iterable[JobRecord], path: str | Path) -> None:
         sub = repr(r.submit_s)
         pb = r.param_bytes or ""
         if not r.segments:
-            w.writerow((r.job_id, r.vc, sub, "", "", r.num_gpus, r.gpu_milli, "", "", pb, ""))
+            w.writerow((r.job_id, r.vc, sub, "", "", r.num_gpus, r.gpu_milli, "", "", pb, "", ""))
         for s in r.segments:
             off = repr(s.offload_s) if r.param_bytes else ""
+            rst = repr(s.restart_s) if r.param_bytes else ""
             w.writerow(
                 (r.job_id, r.vc, sub, repr(s.start_s), repr(s.finish_s), r.num_gpus, r.gpu_milli,
-                 s.gpu_type, s.nodes, pb, off)
+                 s.gpu_type, s.nodes, pb, off, rst)
             )  # fmt: skip
     try:
         Path(path).write_text(buf.getvalue())
@@ -67,7 +69,7 @@ def read_jobs_csv(path: str | Path) -> list[JobRecord]:
             if row["start_s"]:
                 seg = Segment(
                     float(row["start_s"]), float(row["finish_s"]), row["gpu_type"], row["nodes"],
-                    float(row.get("offload_s") or 0.0),
+                    float(row.get("offload_s") or 0.0), float(row.get("restart_s") or 0.0),
                 )  # fmt: skip
                 rec = JobRecord(rec.job_id, rec.vc, rec.submit_s, rec.num_gpus, rec.gpu_milli,
                                 (*rec.segments, seg), rec.param_bytes)  # fmt: skip

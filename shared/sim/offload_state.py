@@ -184,6 +184,21 @@ class OffloadState:
             caused += g * (self.cost(seq, i, s).slowdown - before)
         return own, caused / max(take, 1)
 
+    def relief(self, seq: int) -> float:
+        """Slowdown the running job `seq` leaving would take off the other offloading
+        jobs on its nodes (Σ over their GPUs there of f_now − f_without, per GPU of
+        `seq`): the ρ of services/placement/replace.py."""
+        total = 0.0
+        for i, mine in self.placed[seq].items():
+            if seq not in self.on_node[i]:
+                continue
+            s = self.streams[i]
+            for o in self.on_node[i]:
+                if o != seq:
+                    now, after = self.cost(o, i, s).slowdown, self.cost(o, i, s - mine).slowdown
+                    total += self.placed[o][i] * (now - after)
+        return total / max(self.gpus[seq], 1)
+
     def moves_on(self, param_bytes: int, gpus: int, node_id: str) -> bool:
         """`moves` by node id (what placement reads)."""
         return self.moves(param_bytes, gpus, self.index[node_id])

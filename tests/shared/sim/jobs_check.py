@@ -86,28 +86,36 @@ def recompute(path: Path, total_gpus: int) -> dict[str, Any]:
 def recompute_offload(path: Path) -> dict[str, float]:
     """The offload figures (shared/offload_metrics.py) from the CSV alone, from their
     definitions: over finished jobs with a `param_bytes`, mean JCT, mean added
-    migration time, and added / (held − added)."""
-    jobs: dict[str, list[float]] = {}  # job -> [submit, last finish, held, added]
+    migration time, mean restore time, re-placements, and (added + restore) /
+    (held − added − restore)."""
+    jobs: dict[str, list[float]] = {}  # job -> [submit, last finish, held, added, restore]
+    moves = 0
     with path.open(newline="") as fh:
         for row in csv.DictReader(fh):
             if not row.get("param_bytes") or not row["start_s"]:
                 continue
             st, fin = float(row["start_s"]), float(row["finish_s"])
             added = float(row["offload_s"])
-            if not 0.0 <= added <= fin - st + 1e-6:
-                raise AssertionError(f"{row['job_id']}: offload_s {added} outside its segment")
-            j = jobs.setdefault(row["job_id"], [float(row["submit_s"]), fin, 0.0, 0.0])
+            restore = float(row.get("restart_s") or 0.0)
+            if min(added, restore) < 0.0 or added + restore > fin - st + 1e-6:
+                raise AssertionError(f"{row['job_id']}: offload_s + restart_s outside its segment")
+            j = jobs.setdefault(row["job_id"], [float(row["submit_s"]), fin, 0.0, 0.0, 0.0])
             j[1] = max(j[1], fin)
             j[2] += fin - st
             j[3] += added
+            j[4] += restore
+            moves += restore > 0
     n = len(jobs)
     if not n:
         return {"offload_jobs": 0}
     held = sum(j[2] for j in jobs.values())
     added = sum(j[3] for j in jobs.values())
+    restore = sum(j[4] for j in jobs.values())
     return {
         "offload_jobs": n,
         "offload_avg_jct_s": sum(j[1] - j[0] for j in jobs.values()) / n,
         "offload_migration_s": added / n,
-        "offload_slowdown": added / (held - added),
+        "offload_restart_s": restore / n,
+        "offload_moves": moves,
+        "offload_slowdown": (added + restore) / (held - added - restore),
     }

@@ -1,0 +1,213 @@
+"""Re-placement of running offloading jobs: checkpoint, stop, restart elsewhere.
+
+Why: most migration time is held by a few offloading jobs that run for weeks on a
+run-time estimate of about an hour (README, "Where the migration time comes
+from"), so no placer can tell them apart when they start. What can be seen later
+is how long a job has run. A running offloading job becomes a candidate once it
+has run `after` times its run-time estimate and at least `min_run_s`; if the
+offload-aware placer (the MILP with the offload charge, or its greedy variant:
+offload_term.py) finds room for it on the free GPUs of other nodes where its time
+per unit of work is lower, it is moved there.
+
+Decision (per candidate, longest-running first; one move per call, so every move
+sees the state the previous one left):
+
+    before = f_now / s_now                         time per unit of work now
+    after  = f_new / s_new + Δ_new / s_new − ρ / s_now
+    saved  = (before − after) · expect · elapsed / before
+    move if f_new / s_new ≤ (1 − min_gain) · before  and  saved ≥ payback · cost
+
+f the job's offload slowdown (its own: now, and on the place the placer chose,
+with its GPUs added), s the GPU type's speed, Δ_new the slowdown it would add to
+the offloading jobs already at the new place and ρ the slowdown its leaving takes
+off those on its nodes now (both Σ over their GPUs, per GPU of the job: the
+placer's Δ), elapsed its run time so far. `expect · elapsed` is the run time it
+is expected still to need at its current rate: a job that has run e well past its
+estimate is taken to run about `expect` · e more (a heavy-tailed guess, stated,
+not learned). The move costs
+
+    cost = restart_s + 2 · state_factor · param_bytes / (net_gbps · 10⁹)
+
+seconds: a fixed restart overhead (process start, framework and data loader set-up)
+plus its parameters and AdamW states (fp32: 3 × the parameter bytes) written to and
+read back from shared storage at `net_gbps` GB/s. The simulator charges all of it
+on the new GPUs (held, no progress) at the start of the new segment (`restart_s`
+in --jobs-out); the old GPUs are freed at the decision (the checkpoint's write is
+counted on the new GPUs, not the old ones: the same GPU-seconds, the job's finish
+delayed by all of it).
+
+Capacity: a move takes as many GPUs as it frees, and it is decided after the
+round has placed the waiting jobs, on the GPUs they left; the job's current nodes
+are not offered (a move within a node changes nothing the cost model reads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
+
+__all__ = ["Move", "ReplaceConfig", "RunningOffload", "choose_move", "restart_cost_s"]
+
+
+@dataclass(frozen=True)
+class ReplaceConfig:
+    after: float = 2.0  # candidate once it ran this many times its run-time estimate ...
+    min_run_s: float = 6 * 3600.0  # ... and at least this long
+    expect: float = 1.0  # expected remaining run time = expect × elapsed (at today's rate)
+    min_gain: float = 0.25  # own time per unit of work must fall by at least this share
+    payback: float = 4.0  # expected saving at least payback × the move's cost
+    restart_s: float = 300.0  # fixed restart overhead, seconds
+    net_gbps: float = 1.25  # checkpoint write and read, GB/s (10 Gb/s)
+    state_factor: float = 3.0  # checkpoint bytes per parameter byte (fp32 params + 2 AdamW)
+    idle_only: bool = False  # move only while no job waits
+    settle_s: float = 0.0  # a moved job stays at least this long where it was moved
+
+    def describe(self) -> str:
+        return (
+            f"re-placement: candidates after {self.after:g}x estimate and "
+            f"{self.min_run_s / 3600:g} h; expected remaining = {self.expect:g} x elapsed; "
+            f"min gain {self.min_gain:.0%}; payback {self.payback:g}x; cost {self.restart_s:g} s"
+            f" + 2 x {self.state_factor:g} x param bytes at {self.net_gbps:g} GB/s"
+            + (f"; a moved job stays {self.settle_s / 3600:g} h" if self.settle_s else "")
+            + ("; only while no job waits" if self.idle_only else "")
+        )
+
+
+def restart_cost_s(param_bytes: int, cfg: ReplaceConfig) -> float:
+    """Seconds a move costs the job (module doc)."""
+    return cfg.restart_s + 2.0 * cfg.state_factor * param_bytes / (cfg.net_gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class RunningOffload:
+    """A running offloading job as the decision sees it."""
+
+    job: JobRequest  # its id, GPUs, allowed types, weight
+    param_bytes: int
+    elapsed_s: float  # run time so far, all segments
+    est_run_s: float  # the run-time estimate it started with
+    slowdown: float  # its offload slowdown now
+    speed: float  # speed of the (slowest) GPU type it runs on
+    relief: float  # ρ: slowdown its leaving takes off the others on its nodes, per GPU
+    nodes: frozenset[str]  # the nodes it runs on
+    moved_s: float | None = None  # time since its last move (None: never moved)
+
+
+@dataclass(frozen=True)
+class Move:
+    job_id: str
+    alloc: Allocation
+    cost_s: float  # restart cost charged on the new GPUs
+    before: float  # time per unit of work now
+    after: float  # ... expected at the new place, neighbours counted
+    saved_s: float  # expected saving (module doc)
+
+
+Estimate = Callable[[int, int, str, int], tuple[float, float]]
+
+
+def choose_move(
+    running: Sequence[RunningOffload],
+    nodes: Sequence[NodeFree],
+    speed: Mapping[str, float],
+    cfg: ReplaceConfig,
+    estimate: Estimate,
+    place: Callable[[JobRequest, Sequence[NodeFree]], Allocation | None],
+    klass: Callable[[NodeFree], Hashable],
+    waiting: int = 0,
+) -> Move | None:
+    """The first candidate (longest elapsed first) worth moving, and where; or None.
+
+    `estimate(param_bytes, gpus, node_id, take)` is OffloadView.estimate ((own
+    slowdown, Δ)); `klass(node)` the node's class (nodes of one class give every job
+    the same estimate: offload_term.py); `place(job, nodes)` the offload-aware
+    placer's answer for the job alone on `nodes`, or None if it finds no room.
+
+    A job some free node holds whole goes to the class of the node where the move
+    saves most (ties: the first node), placed there by `place` (which GPUs); a job
+    no free node holds whole is placed by `place` on all of them and tested there.
+    `waiting`: how many jobs wait (with `idle_only`, no move while any does)."""
+    if cfg.idle_only and waiting:
+        return None
+    for r in sorted(running, key=lambda r: (-r.elapsed_s, r.job.job_id)):
+        if r.elapsed_s < max(cfg.min_run_s, cfg.after * r.est_run_s):
+            continue
+        if r.moved_s is not None and r.moved_s < cfg.settle_s:
+            continue
+        before = r.slowdown / r.speed
+        cost = restart_cost_s(r.param_bytes, cfg)
+        g = r.job.num_gpus
+        free = [n for n in nodes if n.node_id not in r.nodes and r.job.allows(n.gpu_type)]
+        if sum(_whole(n) for n in free) < g and r.job.gpu_milli >= FULL_GPU:
+            continue
+        holds = [
+            n for n in free if _whole(n) >= g or (g == 1 and max(n.free_milli) >= r.job.gpu_milli)
+        ]
+        if holds:
+            best, best_saved = None, 0.0
+            for n in holds:
+                got = _test(r, [(n.node_id, g)], speed, estimate, before, cost, cfg, n.gpu_type)
+                if got is not None and (best is None or got[1] > best_saved):
+                    best, best_saved = n, got[1]
+            if best is None:
+                continue
+            k = klass(best)
+            alloc = place(r.job, [n for n in holds if klass(n) == k])
+        else:
+            # spread over nodes: its own rate is at least the best one GPU gets alone
+            # on any free node (fewer GPUs there share less), Δ at least 0
+            own = min(estimate(r.param_bytes, g, n.node_id, 1)[0] / speed.get(n.gpu_type, 1.0)
+                      for n in free)  # fmt: skip
+            saved = (before - own + r.relief / r.speed) * cfg.expect * r.elapsed_s / before
+            if own > (1 - cfg.min_gain) * before or saved < cfg.payback * cost:
+                continue
+            alloc = place(r.job, free)
+        if alloc is None:
+            continue
+        types = {n.node_id: n.gpu_type for n in free}
+        parts = [(nid, len(idx)) for nid, idx in alloc.gpus]
+        slowest = min((types[nid] for nid, _ in parts), key=lambda t: speed.get(t, 1.0))
+        got = _test(r, parts, speed, estimate, before, cost, cfg, slowest)
+        if got is not None:
+            return Move(r.job.job_id, alloc, cost, before, got[0], got[1])
+    return None
+
+
+def _test(
+    r: RunningOffload,
+    parts: Sequence[tuple[str, int]],
+    speed: Mapping[str, float],
+    estimate: Estimate,
+    before: float,
+    cost: float,
+    cfg: ReplaceConfig,
+    slowest: str,
+) -> tuple[float, float] | None:
+    """(after, saved) of moving `r` to `parts` ((node id, GPUs)) if the move passes the
+    test of the module doc, else None. It runs at its slowest node (synchronous data
+    parallel); Δ is summed over its parts by their GPUs."""
+    s = speed.get(slowest, 1.0)
+    g = r.job.num_gpus
+    own = caused = 0.0
+    for nid, take in parts:
+        f, d = estimate(r.param_bytes, g, nid, take)
+        own = max(own, f / s)
+        caused += d * take / g / s
+    after = own + caused - r.relief / r.speed
+    saved = (before - after) * cfg.expect * r.elapsed_s / before
+    if own <= (1 - cfg.min_gain) * before and saved >= cfg.payback * cost:
+        return after, saved
+    return None
+
+
+def _holds(n: NodeFree, job: JobRequest) -> bool:
+    """Whether node `n` alone can take the whole job."""
+    if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
+        return bool(n.free_milli) and max(n.free_milli) >= job.gpu_milli
+    return _whole(n) >= job.num_gpus
+
+
+def _whole(n: NodeFree) -> int:
+    return sum(1 for f in n.free_milli if f >= FULL_GPU)
