@@ -13,7 +13,10 @@ as it is released, not when its buffer is next taken), once without sliced
 optimizer states (every state whole), and once as the default was before
 both (`before`: whole states, write-behind); `lru` beside them, for the
 ratio, `lru` with sliced states (what slicing alone gives naive offload)
-and `none`.
+and `none`. Past its tensors, the run-time lead also fills `lead_bytes`
+(the engine's default: an eighth of the fast budget) within 256 accesses,
+except in `count-lead` (the previous default: 8 tensors within 64 accesses,
+nothing in bytes), `before`, `lead-only` and `no-prefetch`.
 Prints the median step, hit rate and bytes moved per variant; exits non-zero
 unless every variant's losses are equal.
 """
@@ -44,7 +47,7 @@ from bench.offload import (
     _timed_step,
     _workload,
 )
-from offload_agent.policies import PREFETCH_AHEAD, PlanPolicy
+from offload_agent.policies import COUNT_LOOKAHEAD, LOOKAHEAD, PREFETCH_AHEAD, PlanPolicy
 from services.profiler.planner import build_plan
 from shared.cli.common import write_json
 from shared.errors import UserError
@@ -92,7 +95,18 @@ VARIANTS = {
         False,
     ),
     "lru-sliced": ("lru with sliced states", "lru", 0, 0, False, True),
+    "count-lead": (  # the default until the lead counted bytes
+        f"lead in tensors only (ahead {PREFETCH_AHEAD})",
+        "tencache",
+        8,
+        PREFETCH_AHEAD,
+        False,
+        None,
+    ),
 }
+# variants whose run-time lead counts tensors only, within COUNT_LOOKAHEAD
+# accesses (the engine's rule before the lead in bytes)
+COUNT_ONLY = {"count-lead", "before", "lead-only", "no-prefetch"}
 
 
 def _arch(
@@ -125,8 +139,14 @@ def _arch(
                         if not e.apply_plan(plan):
                             raise RuntimeError(f"plan refused: {e.last_error}")
                         assert e.cache is not None
+                        count = v in COUNT_ONLY
                         e.cache.policy = PlanPolicy(
-                            plan.prefetch, plan.window, ahead=ahead, write_behind=behind
+                            plan.prefetch,
+                            plan.window,
+                            ahead=ahead,
+                            write_behind=behind,
+                            lead_bytes=None if count else e.config.prefetch_lead_bytes(),
+                            lookahead=COUNT_LOOKAHEAD if count else LOOKAHEAD,
                         )
                     losses[v].append(loss)
                     if step >= a.warmup:

@@ -33,6 +33,8 @@ log = logging.getLogger("rltune.offload")
 
 Bind = Callable[[str, "torch.Tensor | None"], None]
 
+MAX_AHEAD = 64  # most tensors fetched ahead, whatever the lead in bytes
+
 
 def _no_bind(tensor_id: str, view: torch.Tensor | None) -> None:
     return None
@@ -152,11 +154,15 @@ class TensorCache:
         already in the fast tier is passed over, not counted), in the order
         they are needed; the first that finds no buffer ends the round."""
         ahead: set[str] = set()
+        ahead_bytes = 0
+        lead_bytes = self.policy.lead_bytes
         for tensor_id, distance in self.policy.upcoming():
-            if len(ahead) >= self.policy.window:
+            if len(ahead) >= self.policy.window and (
+                lead_bytes is None or ahead_bytes >= lead_bytes or len(ahead) >= MAX_AHEAD
+            ):
                 return
             entry = self.residency.entries.get(tensor_id)
-            if entry is None or entry.tier is Tier.FAST:
+            if entry is None or entry.tier is Tier.FAST or tensor_id in ahead:
                 continue
             if entry.tier is not Tier.FETCHING:
                 got = self._slot_for(entry, demand=False, distance=distance)
@@ -165,6 +171,7 @@ class TensorCache:
                 entry.last_use = self.clock  # just fetched: not the next LRU victim
                 self._submit(entry, *got)
             ahead.add(tensor_id)
+            ahead_bytes += entry.spec.nbytes
 
     def drain(self) -> None:
         """Wait for every copy in flight (end of a run, before a re-plan)."""

@@ -44,7 +44,7 @@ from torch import nn
 from offload_agent.cache import TensorCache
 from offload_agent.device import Device
 from offload_agent.gradients import GradientSteps
-from offload_agent.hooks import LooseParams, install_hooks, saved_tensor_refs
+from offload_agent.hooks import LooseParams, ViewPins, install_hooks, saved_tensor_refs
 from offload_agent.layout import ParamBinder, build_cache
 from offload_agent.nvme import NvmeStore, SwapPathError
 from offload_agent.optim import (
@@ -110,6 +110,20 @@ class EngineConfig:
     # of 12 comparisons on the CPU stand-in and on the H100's large GPT and BERT
     # (README, "Sliced optimizer states").
     write_behind: bool = False
+    # tencache's run-time lead in bytes: past its `window` tensors, the cache
+    # keeps fetching ahead (buffers permitting) until this many bytes are
+    # fetched and not yet used. Default: an eighth of the fast budget. Counting
+    # tensors alone, many small ones (ResNet's BatchNorm parameters and states,
+    # state slices) used up the lead in a few hundred KB.
+    lead_bytes: int | None = None
+    # watch every op for parameters read outside their modules' forward
+    # (`LooseParams`): None: the first step looks, later steps only if it found
+    # any (the watch costs a few percent of a small model's step); True: always
+    # (a model that reads a parameter loosely only on some later step).
+    watch_loose: bool | None = None
+
+    def prefetch_lead_bytes(self) -> int:
+        return self.fast_budget // 8 if self.lead_bytes is None else self.lead_bytes
 
     def state_slicing(self) -> tuple[int, int] | None:
         """(slice bytes, parameter bytes above which states are sliced), or None."""
@@ -203,7 +217,9 @@ class OffloadEngine:
         self._handles: list[object] = []
         self._binder = ParamBinder(self.params)
         self.loose: set[str] = set()  # parameters read outside their modules' forward
-        self._watch_loose = True  # the first step looks for them; later ones if any
+        self._watch_loose = config.watch_loose is not False  # the first step looks
+        self.views = ViewPins(self)  # views of cached tensors, pinned while they live
+        self._fetched: set[str] = set()  # tensors fetched in this step
         self._in_step = False
         # module buffers (BatchNorm statistics, position ids) as the model had them,
         # to give back at close: while the engine runs they live in the fast tier
@@ -225,7 +241,10 @@ class OffloadEngine:
                 self.store.remove_all()  # no partial swap files left behind
             raise
         self._move_buffers()
-        self._handles = install_hooks(self.model, self.names, self)
+        self._placeholders = {
+            t.untyped_storage().data_ptr(): n for n, t in self._binder.placeholders.items()
+        }
+        self._handles = install_hooks(self.model, self.names, self, self.views)
         self._handles.append(
             self.model.register_state_dict_post_hook(
                 functools.partial(OffloadEngine._real_values, self)
@@ -346,12 +365,13 @@ class OffloadEngine:
             self.recorder.start()
         t0 = time.perf_counter()
         self.grads.begin()
+        self._fetched.clear()
         self._in_step = True
         try:
             with ExitStack() as stack:
-                stack.enter_context(saved_tensor_refs(self))
+                pack = stack.enter_context(saved_tensor_refs(self))
                 if self._watch_loose:
-                    stack.enter_context(LooseParams(self.names, self))
+                    stack.enter_context(LooseParams(self.names, self, self.views, pack))
                 cache.begin_step()
                 yield
                 self.grads.finish(self.steps)
@@ -359,10 +379,19 @@ class OffloadEngine:
             self._in_step = False
             for entry in cache.residency:
                 entry.pins = 0
+            kept = self.views.end_step()
+        if kept:
+            raise RuntimeError(
+                f"a view of {kept[0]} (p.T, p[0], p.view(...), ... taken outside the forward "
+                "of its module, or returned by it) is still referenced after the step: the "
+                "fast buffer it points into is reused from here on; do not keep views of "
+                "parameters across steps"
+            )
         warmup = warmup and bool(self.grads.stepped)  # an evaluation step records nothing
         # Watching every op costs ~7% of a small model's CPU step; a model that
         # read no parameter loosely in its first step does not pay it again.
-        self._watch_loose = bool(self.loose)
+        if self.config.watch_loose is None:
+            self._watch_loose = bool(self.loose or self.views.seen)
         self.device.synchronize()
         self.stats.step_ms.append((time.perf_counter() - t0) * 1e3)
         self.stats.memory(cache.fast.allocated_bytes, cache.host.allocated_bytes)
@@ -385,6 +414,7 @@ class OffloadEngine:
                 "backward (evaluation too) inside it"
             )
         self.recorder.on_use(tensor_id)
+        self._fetched.add(tensor_id)
         return self._cache().use(tensor_id)
 
     def release(self, tensor_id: str, *, all_pins: bool = False) -> None:
@@ -392,6 +422,18 @@ class OffloadEngine:
 
     def pinned(self, tensor_id: str) -> bool:
         return self._cache().residency[tensor_id].pins > 0
+
+    def pin(self, tensor_id: str) -> None:
+        """One more pin on a tensor in the fast tier (a view of it lives on)."""
+        entry = self._cache().residency[tensor_id]
+        assert entry.fast_slot is not None, tensor_id
+        entry.pins += 1
+
+    def placeholder_of(self, t: torch.Tensor) -> str | None:
+        """The parameter whose NaN placeholder `t` is (or views), if any."""
+        if t.layout is not torch.strided:
+            return None
+        return self._placeholders.get(t.untyped_storage().data_ptr())
 
     def use_loose(self, tensor_id: str) -> None:
         """A parameter read with no module hook around it: fetch it (the caller
@@ -422,6 +464,12 @@ class OffloadEngine:
             raise RuntimeError(
                 f"backward reached {tensor_id} outside `with engine.step():`; run every "
                 "forward and backward inside it"
+            )
+        if tensor_id not in self._fetched:
+            raise RuntimeError(
+                f"{tensor_id} has a gradient but was not fetched in this step: the forward "
+                "read its placeholder, outside the forward of its module, in a way the "
+                "first step did not show; set EngineConfig(watch_loose=True)"
             )
         self.grads.on_gradient(tensor_id, grad)
 
@@ -470,7 +518,12 @@ class OffloadEngine:
         """Switch to `plan`; on any problem keep training on what runs now."""
         try:
             check_plan(plan, self.profile(), self.budgets)
-            setup = from_plan(plan, self.specs, write_behind=self.config.write_behind)
+            setup = from_plan(
+                plan,
+                self.specs,
+                write_behind=self.config.write_behind,
+                lead_bytes=self.config.prefetch_lead_bytes(),
+            )
             if setup.uses_nvme and not self._store_ok:
                 raise PlanError(
                     f"plan for {plan.job_id} puts tensors on NVMe but the NVMe tier is unusable "

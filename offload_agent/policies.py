@@ -1,10 +1,12 @@
 """What to fetch ahead and what to evict: the part that differs between strategies.
 
 * `PlanPolicy` (10Cache): the plan's prefetch order is the recorded access
-  order of one step; a cursor follows the accesses; up to `window` tensors
-  among the next LOOKAHEAD accesses that are not in the fast tier yet are
-  fetched ahead (at least PREFETCH_AHEAD, whatever lead the plan's buffers
-  were sized for: a prefetch may also take a free buffer of a larger class);
+  order of one step; a cursor follows the accesses; among the next LOOKAHEAD
+  accesses, the tensors not in the fast tier yet are fetched ahead: `window`
+  of them at least (at least PREFETCH_AHEAD, whatever lead the plan's
+  buffers were sized for: a prefetch may also take a free buffer of a larger
+  class), and past that while fewer than `lead_bytes` are ahead (a lead in
+  bytes: counted in tensors only, a run of small ones used it up);
   the victim is the buffer whose next use is furthest away (Belady's rule,
   exact here because the order repeats every step). A prefetch never evicts
   something needed sooner than what it brings in. With `write_behind` (off by
@@ -23,19 +25,22 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 __all__ = ["LayerOrderPolicy", "OnDemandPolicy", "PlanPolicy", "Policy"]
 
 _FAR = float("inf")
-LOOKAHEAD = 64  # accesses a plan's prefetch looks ahead for its `window` fetches
+LOOKAHEAD = 256  # accesses a plan's prefetch looks ahead for its lead
 PREFETCH_AHEAD = 8  # a plan's fetches in flight at least (buffers permitting)
+COUNT_LOOKAHEAD = 64  # the lookahead when the lead counted tensors only (no bytes)
+WRITE_BEHIND_AFTER = 64  # write-behind: next use further than this many accesses
 
 
 class Policy(Protocol):
     name: str
-    window: int
+    window: int  # most tensors fetched ahead and not yet used
+    lead_bytes: int | None  # most bytes fetched ahead and not yet used (None: no cap)
     protect_sooner: bool  # a prefetch may only evict tensors needed later than it
 
     def write_behind(self, tensor_id: str) -> bool:
@@ -46,7 +51,7 @@ class Policy(Protocol):
 
     def on_use(self, tensor_id: str, clock: int) -> None: ...
 
-    def upcoming(self) -> list[tuple[str, float]]: ...
+    def upcoming(self) -> Iterable[tuple[str, float]]: ...
 
     def eviction_rank(self, tensor_id: str, last_use: int) -> float: ...
 
@@ -83,11 +88,12 @@ class _Cursor:
             return float(hits[i] - self.pos)
         return float(hits[0] + len(self.order) - self.pos)
 
-    def ahead(self, n: int) -> list[tuple[str, float]]:
+    def ahead(self, n: int) -> Iterator[tuple[str, float]]:
+        """The next `n` accesses with their distances, lazily (the cache stops early)."""
         size = len(self.order)
-        if not size:
-            return []
-        return [(self.order[(self.pos + k) % size], float(k)) for k in range(min(n, size))]
+        order, pos = self.order, self.pos
+        for k in range(min(n, size)):
+            yield order[(pos + k) % size], float(k)
 
 
 class PlanPolicy:
@@ -101,13 +107,20 @@ class PlanPolicy:
         ahead: int = PREFETCH_AHEAD,
         *,
         write_behind: bool = False,
+        lead_bytes: int | None = None,
+        lookahead: int = LOOKAHEAD,
     ) -> None:
+        """`window` tensors fetched ahead at least (`ahead` at run time), and past
+        that while fewer than `lead_bytes` are (at most `cache.MAX_AHEAD`
+        tensors), among the next `lookahead` accesses."""
         self.lead = window  # the lead the plan's buffers were sized for
         self._write_behind = write_behind
         # fetches in flight at run time: more than the sized lead where buffers
         # allow (a free one, or one whose tensor is needed later: never sooner)
         self.window = max(window, ahead)
-        self._cursor = _Cursor(order)
+        self.lead_bytes = lead_bytes
+        self.lookahead = lookahead
+        self._cursor = _Cursor(order, max(256, lookahead))
 
     def begin_step(self) -> None:
         self._cursor.pos = 0
@@ -116,13 +129,14 @@ class PlanPolicy:
         self._cursor.advance(tensor_id)
 
     def write_behind(self, tensor_id: str) -> bool:
-        return self._write_behind and self._cursor.distance(tensor_id) > LOOKAHEAD
+        return self._write_behind and self._cursor.distance(tensor_id) > WRITE_BEHIND_AFTER
 
-    def upcoming(self) -> list[tuple[str, float]]:
-        """The next LOOKAHEAD accesses: the cache fetches up to `window` of them
-        that are not in the fast tier yet (repeats and tensors already there are
-        passed over, so the lead is `window` fetches, not `window` accesses)."""
-        return self._cursor.ahead(LOOKAHEAD if self.window else 0)
+    def upcoming(self) -> Iterable[tuple[str, float]]:
+        """The next `lookahead` accesses: the cache fetches those not in the fast
+        tier yet, `window` of them at least and then until `lead_bytes` are
+        ahead (repeats and tensors already there are passed over, so the lead
+        counts fetches, not accesses)."""
+        return self._cursor.ahead(self.lookahead if self.window else 0)
 
     def eviction_rank(self, tensor_id: str, last_use: int) -> float:
         return self._cursor.distance(tensor_id)
@@ -134,6 +148,7 @@ class LayerOrderPolicy:
 
     name = "fixed"
     protect_sooner = False
+    lead_bytes: int | None = None
 
     def __init__(self, layer_order: Sequence[str], window: int) -> None:
         self.window = window
@@ -172,6 +187,7 @@ class OnDemandPolicy:
     name = "lru"
     protect_sooner = False
     window = 0
+    lead_bytes: int | None = None
 
     def begin_step(self) -> None:
         return None

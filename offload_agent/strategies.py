@@ -120,13 +120,19 @@ def fixed_setup(
 
 
 def from_plan(
-    plan: PrefetchPlan, specs: Sequence[TensorSpec], *, write_behind: bool = False
+    plan: PrefetchPlan,
+    specs: Sequence[TensorSpec],
+    *,
+    write_behind: bool = False,
+    lead_bytes: int | None = None,
 ) -> Setup:
     fast = {c: t.get("gpu", 0) for c, t in plan.buffers.items() if t.get("gpu", 0)}
     host = {c: t.get("host", 0) for c, t in plan.buffers.items() if t.get("host", 0)}
     homes = {tid: _TIER[tier] for tid, tier in plan.placement.items()}
     classes = buffer_classes(plan, {s.tensor_id: s.nbytes for s in specs})
-    policy = PlanPolicy(plan.prefetch, plan.window, write_behind=write_behind)
+    policy = PlanPolicy(
+        plan.prefetch, plan.window, write_behind=write_behind, lead_bytes=lead_bytes
+    )
     return Setup("tencache", fast, host, homes, policy, classes)
 
 

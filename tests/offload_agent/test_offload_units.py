@@ -21,11 +21,11 @@ def test_plan_policy_follows_the_order_and_ranks_by_next_use() -> None:
     p = PlanPolicy(["a", "b", "c", "a", "d"], window=2)
     assert (p.lead, p.window) == (2, PREFETCH_AHEAD)
     assert PlanPolicy(["a"], window=PREFETCH_AHEAD + 3).window == PREFETCH_AHEAD + 3
-    assert p.upcoming() == [("a", 0.0), ("b", 1.0), ("c", 2.0), ("a", 3.0), ("d", 4.0)]
+    assert list(p.upcoming()) == [("a", 0.0), ("b", 1.0), ("c", 2.0), ("a", 3.0), ("d", 4.0)]
     p.on_use("a", 1)
     p.on_use("b", 2)
-    assert p.upcoming()[:3] == [("c", 0.0), ("a", 1.0), ("d", 2.0)]
-    assert p.upcoming()[3:] == [("a", 3.0), ("b", 4.0)]  # into the next step
+    assert list(p.upcoming())[:3] == [("c", 0.0), ("a", 1.0), ("d", 2.0)]
+    assert list(p.upcoming())[3:] == [("a", 3.0), ("b", 4.0)]  # into the next step
     assert p.eviction_rank("a", 0) == 1.0  # next use: position 3
     assert p.eviction_rank("b", 0) == 4.0  # next step: 1 + 5 - 2
     assert p.eviction_rank("zzz", 0) == float("inf")  # never used again: first out
@@ -33,17 +33,17 @@ def test_plan_policy_follows_the_order_and_ranks_by_next_use() -> None:
     p.on_use("a", 4)
     p.on_use("d", 5)
     p.on_use("a", 6)  # wrapped into the next step
-    assert p.upcoming()[:2] == [("b", 0.0), ("c", 1.0)]
+    assert list(p.upcoming())[:2] == [("b", 0.0), ("c", 1.0)]
 
 
 def test_layer_order_prefetch_turns_around_in_backward() -> None:
     p = LayerOrderPolicy(["l0", "l1", "l2", "l3"], window=2)
     p.on_use("l0", 1)
-    assert [t for t, _ in p.upcoming()] == ["l1", "l2"]
+    assert [t for t, _ in list(p.upcoming())] == ["l1", "l2"]
     p.on_use("l3", 2)
     p.on_use("l2", 3)
-    assert [t for t, _ in p.upcoming()] == ["l1", "l0"]
-    assert OnDemandPolicy().upcoming() == []
+    assert [t for t, _ in list(p.upcoming())] == ["l1", "l0"]
+    assert list(OnDemandPolicy().upcoming()) == []
 
 
 def test_residency_refuses_moves_that_lose_bytes() -> None:
@@ -206,3 +206,46 @@ def test_slice_by_slice_adamw_equals_the_whole_tensor_step() -> None:
     assert torch.equal(cut.join(m_s, p0.shape), whole[1])
     assert torch.equal(cut.join(v_s, p0.shape), whole[2])
     assert torch.equal(opt.state[ref]["exp_avg_sq"], whole[2])
+
+
+@pytest.mark.parametrize(
+    ("lead_bytes", "want"),
+    [(None, 2), (0, 2), (5 * ALIGN, 5), (5 * ALIGN + 1, 6), (100 * ALIGN, 12)],
+)  # fmt: skip
+def test_the_lead_counts_bytes_past_its_tensors(lead_bytes: int | None, want: int) -> None:
+    """Twelve 4 KiB tensors streamed from host, buffers for all: after the first
+    access the cache has fetched ahead `window` (2) tensors at least, and past
+    those while fewer than `lead_bytes` are ahead; a tensor already fetched and
+    the one in use count for nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from offload_agent.cache import TensorCache
+    from offload_agent.stats import CacheStats
+
+    n = 13
+    dev = CpuDevice()
+    fast = SlabPool("gpu", dev.alloc_fast, budget=n * ALIGN)
+    fast.build({ALIGN: n})
+    host = SlabPool("host", dev.alloc_host, budget=n * ALIGN)
+    host.build({ALIGN: n})
+    specs = [TensorSpec(f"t{i}", (ALIGN // 4,), torch.float32, "param") for i in range(n)]
+    order = [s.tensor_id for s in specs]
+    policy = PlanPolicy(order, 2, ahead=2, lead_bytes=lead_bytes)
+    with ThreadPoolExecutor(1) as io:
+        cache = TensorCache(
+            device=dev, fast=fast, host=host, store=None, io=io, policy=policy,
+            stats=CacheStats(),
+        )  # fmt: skip
+        values = [torch.full((ALIGN // 4,), float(i)) for i in range(n)]
+        cache.install(
+            zip(specs, values, strict=True),
+            {s.tensor_id: Tier.HOST for s in specs},
+            {s.tensor_id: ALIGN for s in specs},
+        )
+        assert torch.equal(cache.use("t0"), values[0])
+        ahead = [t for t in order[1:] if cache.residency[t].tier is not Tier.HOST]
+        assert ahead == order[1 : 1 + want]
+        cache.drain()
+        for t in order:  # every copy landed whole
+            assert torch.equal(cache.use(t), values[int(t[1:])])
+            cache.release(t)

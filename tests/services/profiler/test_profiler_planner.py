@@ -305,7 +305,7 @@ def test_one_buffer_of_lead_beats_no_prefetch_when_large_tensors_eat_the_budget(
     policy = PlanPolicy(plan.prefetch, plan.window)
     policy.begin_step()
     assert policy.lead == plan.window
-    assert [t for t, _ in policy.upcoming()][: plan.window] == plan.prefetch[: plan.window]
+    assert [t for t, _ in list(policy.upcoming())][: plan.window] == plan.prefetch[: plan.window]
 
 
 @settings(max_examples=150)
