@@ -18,7 +18,7 @@ from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
 from services.scoring.rl.args import FEATURE_SETS, Args
 from services.scoring.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from services.scoring.rl.env import shuffle_ties
+from services.scoring.rl.env import EpisodeConfig, EpisodeSpec, build_episode, shuffle_ties
 from services.scoring.rl.network import ScoreNet, WindowScorer, drf_base
 from services.scoring.rl.policy import RLPolicy
 from services.scoring.rl.train import net_config
@@ -178,3 +178,15 @@ def test_shuffle_ties_permutes_within_a_second_only() -> None:
     assert [j.submit_s for j in a] == sorted(j.submit_s for j in jobs)
     assert a != sorted(jobs, key=lambda j: j.submit_s)  # some second has several jobs
     assert shuffled(jobs, 7) == a  # the bench's orders are the training's
+
+
+def test_episodes_shuffle_ties_when_asked() -> None:
+    """`--shuffle-ties`: an episode holds the same jobs, those of one second in another
+    order, drawn from the episode's seed."""
+    cluster = load_cluster("clusters/train/p100.yaml")
+    trace = load_jobs(str(TRACE), "philly", cluster, SkipStats())[:20_000]
+    spec = EpisodeSpec(0, 5_000, 1.0, 11)
+    plain, n = build_episode(trace, cluster, spec, EpisodeConfig())
+    mixed, m = build_episode(trace, cluster, spec, EpisodeConfig(shuffle_ties=True))
+    assert n == m and sorted(map(id, plain)) == sorted(map(id, mixed)) and plain != mixed
+    assert [j.submit_s for j in mixed] == [j.submit_s for j in plain]
