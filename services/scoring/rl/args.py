@@ -105,6 +105,9 @@ class Args:
     residual: str = ""
     """drf: the network learns a correction added to drf's score, starting at zero, so
     that the untrained policy is drf (residual policy learning); empty: none"""
+    residual_bound: float = 0.0
+    """> 0: the residual's correction is kept within this (c * tanh(out / c)): a job
+    of one VC passes another only if it waited at least 10^-2c as long (0: unbounded)"""
     shuffle_ties: bool = False
     """each episode orders the jobs submitted in one second at random (seeded by the
     episode), so the policy cannot learn one order of arbitrary ties"""
@@ -174,6 +177,8 @@ def validate(args: Args) -> None:
         raise UserError(f"--teacher {args.teacher!r}: choose from {', '.join(TEACHERS)}")
     if args.residual not in ("", *RESIDUALS):
         raise UserError(f"--residual {args.residual!r}: choose from {', '.join(RESIDUALS)}")
+    if args.residual_bound < 0:
+        raise UserError("--residual-bound must be 0 or more")
     if args.keep_every < 0:
         raise UserError("--keep-every must be 0 or more")
     if args.features not in FEATURE_SETS:

@@ -29,7 +29,12 @@ smallest positive value in the window; GAP exceeds any log10 wait (10: 300 years
 the base is lexicographic whatever the number of VCs. PPO then learns a correction:
 it reorders jobs of one VC as soon as it outweighs their difference in log wait, and
 jobs of different VCs only where it outweighs GAP times their rank difference. The
-base reads no run time (only the VC's held GPUs and the wait).
+base reads no run time (only the VC's held GPUs and the wait). A bounded correction
+(`NetConfig.bound` = c > 0: c * tanh(out / c), zero where out is) keeps every
+job's score within c of the base: two jobs of one VC swap only if the later one
+waited less than 10^(2c) times as long, so no job is held back behind jobs that
+arrived much later (the starvation an unbounded correction learned, README), and
+for 2c < GAP the order across VCs stays drf's.
 
 Observation normalisation: running mean and variance of the job and cluster
 features (CleanRL's RunningMeanStd), kept as buffers so a checkpoint carries
@@ -61,6 +66,7 @@ class NetConfig:
     base: str = ""  # "drf": residual on drf's score (module doc); "": none
     base_rank_col: int = -1  # columns of vc_share_rank and log_wait_s in the input (base)
     base_wait_col: int = -1
+    bound: float = 0.0  # > 0: the correction is bound * tanh(out / bound), in (-bound, bound)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -137,6 +143,8 @@ class ScoreNet(nn.Module):
         else:
             inp = e
         scores = (self.head(inp) + self.linear(xn)).squeeze(-1)
+        if self.cfg.bound > 0:
+            scores = self.cfg.bound * torch.tanh(scores / self.cfg.bound)
         if self.cfg.base:
             scores = scores + drf_base(
                 x[..., self.cfg.base_rank_col], x[..., self.cfg.base_wait_col], mask
@@ -220,6 +228,9 @@ class WindowScorer:
             hid += np.concatenate([pooled, gn]) @ self._wh_ctx
         out: np.ndarray = (np.tanh(hid) @ self._wo + self._bo + xn @ self._wl)[:, 0]
         cfg = self.net.cfg
+        if cfg.bound > 0:
+            b = np.float32(cfg.bound)
+            out = b * np.tanh(out / b)
         if cfg.base:
             x32 = x.astype(np.float32, copy=False)
             out = out + drf_base_np(x32[:, cfg.base_rank_col], x32[:, cfg.base_wait_col])

@@ -130,6 +130,7 @@ def net_config(args: Args, features: Sequence[str]) -> NetConfig:
     return NetConfig(
         len(features), len(GLOBAL_FEATURES), args.hidden, args.context, args.residual,
         cols.get("vc_share_rank", -1), cols.get("log_wait_s", -1),
+        args.residual_bound if args.residual else 0.0,
     )  # fmt: skip
 
 

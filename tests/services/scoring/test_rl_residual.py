@@ -121,11 +121,13 @@ def _window(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return x, encode_global(obs)
 
 
-@pytest.mark.parametrize("context", [True, False])
-def test_residual_numpy_path_equals_the_module(context: bool) -> None:
+@pytest.mark.parametrize("context, bound", [(True, 0.0), (False, 0.0), (True, 0.4)])
+def test_residual_numpy_path_equals_the_module(context: bool, bound: float) -> None:
     """With a non-zero correction (the output layer perturbed) the served numpy path
-    and the module agree; untrained, both give the base exactly."""
-    cfg = dataclasses.replace(net_config(Args(residual="drf"), FEATURES), context=context)
+    and the module agree; untrained, both give the base exactly; a bounded correction
+    stays within its bound of the base."""
+    args = Args(residual="drf", residual_bound=bound)
+    cfg = dataclasses.replace(net_config(args, FEATURES), context=context)
     for seed in range(10):
         torch.manual_seed(seed)
         net = ScoreNet(cfg).eval()
@@ -144,6 +146,8 @@ def test_residual_numpy_path_equals_the_module(context: bool) -> None:
                 p.add_(torch.randn_like(p))
             module = net(xs, mask, torch.from_numpy(g[None]))[0][0].numpy()
         assert not np.allclose(module, base.numpy())
+        if bound:
+            assert np.abs(module - base.numpy()).max() <= bound + 1e-5  # float32 rounding
         np.testing.assert_allclose(scorer(x[:, cols], g), module, rtol=1e-5, atol=1e-5)
 
 

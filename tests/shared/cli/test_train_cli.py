@@ -93,6 +93,7 @@ def test_train_ablation_features_and_the_wait_bound(tmp_path: Path) -> None:
         (["--bound-gpus", "0"], "--bound-gpus must be positive"),
         (["--residual", "fifo"], "--residual 'fifo'"),
         (["--keep-every", "-1"], "--keep-every must be 0 or more"),
+        (["--residual-bound", "-1"], "--residual-bound must be 0 or more"),
     ],
 )
 def test_train_user_errors_are_one_line(
