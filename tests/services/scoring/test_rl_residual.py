@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from bench.tie_orders import shuffled
 from services.placement.registry import make_placer
@@ -99,7 +101,9 @@ def test_drf_base_by_hand() -> None:
     got = drf_base(rank, wait, mask)[0, :5]
     want = torch.tensor([2.0, -10 + 1.0, -20 + 3.0, 0.0, -10 + 1.0])
     torch.testing.assert_close(got, want)
-    one = drf_base(torch.zeros(1, 3), torch.tensor([[1.0, 2.0, 3.0]]), torch.ones(1, 3, dtype=bool))
+    one = drf_base(
+        torch.zeros(1, 3), torch.tensor([[1.0, 2.0, 3.0]]), torch.ones(1, 3, dtype=torch.bool)
+    )
     torch.testing.assert_close(one, torch.tensor([[1.0, 2.0, 3.0]]))  # one VC: the wait
 
 
@@ -154,7 +158,7 @@ def test_residual_numpy_path_equals_the_module(context: bool, bound: float) -> N
 def test_residual_checkpoint_round_trips(tmp_path: Path) -> None:
     net = _residual(1, FEATURE_SETS["no-history"])
     with torch.no_grad():
-        net.head[2].bias.fill_(0.25)
+        cast(nn.Linear, net.head[2]).bias.fill_(0.25)
     path = tmp_path / "r.pt"
     save_checkpoint(path, Checkpoint(net, FEATURE_SETS["no-history"]))
     back = load_checkpoint(path)
