@@ -28,10 +28,10 @@ lint: install
 	$(BIN)/ruff format --check .
 
 typecheck: install
-	$(BIN)/mypy shared/ services/ offload_agent/ bench/
+	$(BIN)/mypy shared/ services/ offload_agent/ bench/ tests/
 
 unit: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 test: lint typecheck unit
 

@@ -85,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
     plots = write_plots(runs, cluster.total_gpus, out)
     sys.stdout.write(table)
     console.print(f"wrote {out / 'summary.md'}, summary.csv, " + ", ".join(p.name for p in plots))
-    codes = [check_outcome(run.label, len(jobs), run.summary) for run in runs]
+    codes = [
+        check_outcome(run.label, len(jobs), run.summary, jobs, cluster.gpu_types) for run in runs
+    ]
     return max(codes, default=0)
 
 

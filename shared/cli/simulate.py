@@ -7,6 +7,8 @@ import dataclasses
 import math
 import sys
 import time
+from collections import Counter
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from shared.cli import common
@@ -142,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         f"({rate:.0f} jobs/s); trace rows skipped: {skipped}",
         file=sys.stderr,
     )
-    return check_outcome(policy.label, len(jobs), result.summary())
+    return check_outcome(policy.label, len(jobs), result.summary(), jobs, cluster.gpu_types)
 
 
 def mark_offload(args: argparse.Namespace, jobs: list[TraceJob]) -> list[TraceJob]:
@@ -168,18 +170,45 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
     )
 
 
-def check_outcome(label: str, total: int, summary: dict[str, Any]) -> int:
+def check_outcome(
+    label: str,
+    total: int,
+    summary: dict[str, Any],
+    jobs: Iterable[TraceJob] = (),
+    cluster_types: Collection[str] = (),
+) -> int:
     """Say on stderr when a run means little: nothing finished (exit status 1) or more
-    than half of the jobs rejected; the reasons are the summary's `rejected`."""
+    than half of the jobs rejected; the reasons are the summary's `rejected`, with the
+    GPU types asked for that `cluster_types` lacks when `jobs` are given."""
+    from shared.sim.admit import NO_SUCH_TYPE
+
     rejected = summary.get("rejected") or {}
     n_rej = sum(rejected.values())
     why = ", ".join(f"{n} {r}" for r, n in rejected.items()) or "no job was rejected"
+    if rejected.get(NO_SUCH_TYPE) and cluster_types:
+        lacking = unknown_types(jobs, cluster_types)
+        if lacking:
+            why += (
+                f"; jobs ask for {', '.join(lacking)}, the cluster has "
+                f"{', '.join(sorted(cluster_types))}"
+            )
     if not summary.get("jobs"):
         print(f"error: {label}: no job finished out of {total} ({why})", file=sys.stderr)
         return 1
     if n_rej * 2 > total:
         print(f"warning: {label}: {n_rej} of {total} jobs rejected ({why})", file=sys.stderr)
     return 0
+
+
+def unknown_types(jobs: Iterable[TraceJob], cluster_types: Collection[str]) -> list[str]:
+    """GPU type names jobs ask for (after the mapping onto the cluster's names) that
+    none of the cluster's nodes has, most asked for first."""
+    have = set(cluster_types)
+    count: Counter[str] = Counter()
+    for job in jobs:
+        if job.gpu_types and not have.intersection(job.gpu_types):
+            count.update(job.gpu_types)
+    return [t for t, _ in count.most_common()]
 
 
 class _LazyProgress:

@@ -135,8 +135,8 @@ def run(args: argparse.Namespace) -> int:
         names = ", ".join(p.name for p in plots)
         console.print(f"wrote {out / 'summary.md'}, summary.csv, {names}")
     return max(
-        check_outcome(pr.label, len(jobs), pr.summary)
-        for (_, pr, _), jobs in zip(runs, trace, strict=True)
+        check_outcome(pr.label, len(jobs), pr.summary, jobs, s.cluster.gpu_types)
+        for (s, pr, _), jobs in zip(runs, trace, strict=True)
     )
 
 

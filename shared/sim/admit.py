@@ -8,7 +8,9 @@ from shared.policy_api import QueuedJob
 from shared.sim.state import ClusterState
 from shared.traces import TraceJob
 
-__all__ = ["admit_reason"]
+__all__ = ["NO_SUCH_TYPE", "admit_reason"]
+
+NO_SUCH_TYPE = "GPU type not in cluster"
 
 
 def admit_reason(
@@ -21,7 +23,7 @@ def admit_reason(
         return "no GPUs requested"
     types = job.gpu_types
     if types and not any(t in state.total_by_type for t in types):
-        return "GPU type not in cluster"
+        return NO_SUCH_TYPE
     if job.num_gpus > _capacity(types, state):
         return "more GPUs than the cluster has"
     q = cluster.queues.get(cluster.queue_of(job.vc))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,7 @@ async def publish_trace(settings: BusSettings, cluster: Path, limit: int) -> int
 
 @contextlib.asynccontextmanager
 async def services(
-    settings: BusSettings, runs: dict[str, Callable[[asyncio.Event], Awaitable[Any]]]
+    settings: BusSettings, runs: Mapping[str, Callable[[asyncio.Event], Coroutine[Any, Any, Any]]]
 ) -> AsyncIterator[dict[str, asyncio.Task[Any]]]:
     stop = asyncio.Event()
     tasks = {name: asyncio.create_task(run(stop), name=name) for name, run in runs.items()}
@@ -74,7 +74,7 @@ def lockstep_runs(
     tmp: Path,
     offload_fraction: float = 0.0,
     preempt: bool = False,
-) -> dict[str, Callable[[asyncio.Event], Awaitable[Any]]]:
+) -> dict[str, Callable[[asyncio.Event], Coroutine[Any, Any, Any]]]:
     sim_conf = cluster_sim.SimSettings(
         trace=str(PHILLY), format="philly", cluster=str(cluster), policy=policy, placer=placer,
         limit=limit, lockstep=True, json_out=str(tmp / "up.json"),

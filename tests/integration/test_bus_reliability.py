@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 import msgspec
 from aiokafka import AIOKafkaProducer
@@ -42,7 +43,7 @@ async def _until(what: str, check: object, timeout_s: float) -> None:
     raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
-async def _send(bus: BusSettings, items: list[tuple[bytes | None, bytes]], **kw: int) -> None:
+async def _send(bus: BusSettings, items: Sequence[tuple[bytes | None, bytes]], **kw: int) -> None:
     p = AIOKafkaProducer(bootstrap_servers=bus.bootstrap, max_request_size=8 << 20)
     await p.start()
     try:

@@ -8,8 +8,11 @@ without ever starting."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -47,7 +50,7 @@ async def _events(bus: BusSettings) -> list[JobEvent]:
 
 
 async def test_two_agents_run_placed_jobs_with_their_gpus(bus: BusSettings, tmp_path: Path) -> None:
-    runs = {
+    runs: dict[str, Callable[[asyncio.Event], Coroutine[Any, Any, Any]]] = {
         "arrival": lambda stop: arrival.serve(bus, stop),
         "scoring": lambda stop: scoring.serve(
             bus, stop, conf=scoring.ScoringSettings("fifo", rounds="free")
@@ -61,7 +64,7 @@ async def test_two_agents_run_placed_jobs_with_their_gpus(bus: BusSettings, tmp_
         cfg = agent.AgentConfig(
             tmp_path / f"{node}.sock", node, status_interval_s=1.0, inventory=inv
         )
-        runs[node] = lambda stop, cfg=cfg: agent.serve(bus, stop, config=cfg)
+        runs[node] = functools.partial(agent.serve, bus, config=cfg)
     jobs = [
         _job(tmp_path, "v-two", 2, ["V100"]),
         _job(tmp_path, "p-three", 3, ["P100"]),

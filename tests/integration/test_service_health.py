@@ -78,8 +78,8 @@ async def test_every_services_metrics_pass_promtool(bus: BusSettings, tmp_path: 
             track(name)
         await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 90)
         await produce(bus, [b'{"job_id": "m1", "num_gpus": 1}', b"junk"])
-        for job, moved in (("j1", 100), ("j1", 250), ("j2", 40)):
-            observe(OffloadStats(job, "node-a", 0.9, bytes_in=moved, bytes_out=moved // 2))
+        for job, n in (("j1", 100), ("j1", 250), ("j2", 40)):
+            observe(OffloadStats(job, "node-a", 0.9, bytes_in=n, bytes_out=n // 2))
         await asyncio.sleep(1.0)
         status, text = _get(f"http://127.0.0.1:{port}/metrics")
         assert status == 200

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 from hypothesis import given
@@ -41,7 +42,7 @@ def test_summary_by_hand() -> None:
     # submissions span [0, 20]: a holds 2 GPUs over [10, 20], b 1 over [5, 8], c starts at 20
     assert s["gpu_util"] == (2 * 10 + 1 * 3) / (4 * 20)
     assert s["max_queue_s"] == 10.0
-    by = s["queue_by_size"]
+    by = cast(dict[str, dict[str, float]], s["queue_by_size"])
     assert by["1"] == {"avg_s": 0.0, "max_s": 0.0, "jobs": 2}  # b and c
     assert by["2-7"] == {"avg_s": 10.0, "max_s": 10.0, "jobs": 1}  # a
     assert by["8-15"]["jobs"] == 0 and math.isnan(by["8-15"]["avg_s"])  # d never ran
@@ -59,7 +60,7 @@ def test_sharing_jobs_count_their_share() -> None:
 
 def test_empty_run_is_nan_not_an_error() -> None:
     s = summarize([JobRecord("d", "", 0.0, 1)], total_gpus=4)
-    assert s["jobs"] == 0 and math.isnan(s["avg_jct_s"]) and s["gpu_util"] == 0.0
+    assert s["jobs"] == 0 and math.isnan(cast(float, s["avg_jct_s"])) and s["gpu_util"] == 0.0
 
 
 def test_size_buckets() -> None:

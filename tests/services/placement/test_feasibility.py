@@ -11,10 +11,10 @@ from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
 from tests.services.placement.strategies import jobs, nodes
 
 SPEED = {"A": 1.0, "B": 2.0}
-SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@settings(max_examples=1500, **SETTINGS)
+@settings(SETTINGS, max_examples=1500)
 @given(nodes(), jobs())
 def test_baselines_feasible(cluster: list[NodeFree], window: list[JobRequest]) -> None:
     for name in PLACERS:
@@ -24,7 +24,7 @@ def test_baselines_feasible(cluster: list[NodeFree], window: list[JobRequest]) -
         assert violations(window, cluster, res.allocations) == [], name
 
 
-@settings(max_examples=1000, **SETTINGS)
+@settings(SETTINGS, max_examples=1000)
 @given(nodes(max_nodes=8), jobs(max_jobs=16, max_gpus=12))
 def test_milp_feasible(cluster: list[NodeFree], window: list[JobRequest]) -> None:
     res = MilpPlacer(MilpConfig(time_limit_s=1.0)).place(window, cluster, SPEED)

@@ -54,7 +54,7 @@ def order(policy: Policy, jobs: list[QueuedJob], obs: Obs, k: int = 10, seed: in
     policy.reset(policy_context(policy, CLUSTER, obs.history, seed, lambda j: RUN_S[j.seq]))
     for j in jobs:
         policy.add(j)
-    return [j.seq for j in policy.window(k, obs)]  # type: ignore[arg-type]
+    return [j.seq for j in policy.window(k, obs)]
 
 
 def test_fifo_smallest_and_oracle() -> None:
@@ -69,7 +69,7 @@ def test_window_is_the_first_k_and_remove_works() -> None:
     p = make_policy("fifo")
     assert order(p, JOBS, Obs(), k=2) == [0, 1]
     p.remove(JOBS[0])
-    assert [j.seq for j in p.window(2, Obs())] == [1, 2]  # type: ignore[arg-type]
+    assert [j.seq for j in p.window(2, Obs())] == [1, 2]
 
 
 def test_sjf_est_uses_only_same_group_history() -> None:

@@ -15,7 +15,7 @@ from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
 from services.scoring.rl import Checkpoint, RLPolicy, load_checkpoint, save_checkpoint
 from services.scoring.rl.network import NetConfig, ScoreNet, WindowScorer
-from services.scoring.rl.policy import Step
+from services.scoring.rl.policy import Recorder, Step
 from shared.cluster import parse_cluster
 from shared.errors import UserError
 from shared.policy_api import History, OracleContext, PolicyContext, QueuedJob
@@ -113,19 +113,19 @@ class _Leaky(RLPolicy):
         self._true = ctx.true_run_s
 
     def window(self, k, obs):  # type: ignore[no-untyped-def]
-        rec = self.recorder
-        assert rec is not None
+        assert self.recorder is not None
+        rec: Recorder = self.recorder
 
         class Spy:
             def record(inner, step: Step, now: float) -> None:
                 for row, seq in enumerate(step.pool):
-                    step.x[row, 0] += self._true(self._fifo[seq]) if self._true else 0.0
+                    step.x[row, 0] += self._true(self._fifo[seq])
                 rec.record(step, now)
 
             def removed(inner, seq: int) -> None:
                 rec.removed(seq)
 
-        self.recorder = Spy()  # type: ignore[assignment]
+        self.recorder = Spy()
         try:
             return list(super().window(k, obs))
         finally:

@@ -8,6 +8,7 @@ import math
 import random
 
 import pytest
+from msgspec import Struct
 
 from services.scoring.why import WhyState, eta_profile
 from shared.messages import (
@@ -26,20 +27,20 @@ from shared.wire import Record
 T = Topics("rltune.")
 
 
-def _state(*msgs: tuple[str, object]) -> WhyState:
+def _state(*msgs: tuple[str, Struct]) -> WhyState:
     s = WhyState(T)
     for i, (topic, msg) in enumerate(msgs):
         s.add(Record(topic, 0, i, None, encode(msg)))
     return s
 
 
-def _cluster() -> list[tuple[str, object]]:
+def _cluster() -> list[tuple[str, Struct]]:
     """Nodes a (8 V100), b (4 V100), c (4 P100). History: u's 4-GPU job ran 100 s, w's
     2-GPU job 400 s. Running: r1 (u, 4 on a, since 950: ends 1050 by estimate), r3
     (u, 4 on a, since 1000: 1100), r2 (w, 2 on b, since 900: 1300), r4 (w, 2 on b,
     since 990: 1390). Round 7 at t=1000 ranks q1 (u, 4 V100), target (w, 8 V100), q3."""
     a, v, ev = T.jobs_accepted, T.cluster_nodes, T.jobs_events
-    out: list[tuple[str, object]] = [
+    out: list[tuple[str, Struct]] = [
         (v, NodeStatus("a", "V100", 8, [], time=1000.0)),
         (v, NodeStatus("b", "V100", 4, [], time=1000.0)),
         (v, NodeStatus("c", "P100", 4, [0, 1, 2, 3], time=1000.0)),
@@ -130,12 +131,12 @@ def _grid(now: int, free: int, rel: list[tuple[int, int]], ahead: list[tuple[int
         return None
 
     for n, d in ahead:
-        x = first(n, d)
-        if x is not None:
-            for y in range(x, x + d):
+        at = first(n, d)
+        if at is not None:
+            for y in range(at, at + d):
                 level[y] -= n
-    x = first(need, dur)
-    return math.inf if x is None else float(now + x)
+    start = first(need, dur)
+    return math.inf if start is None else float(now + start)
 
 
 @pytest.mark.parametrize("seed", range(200))

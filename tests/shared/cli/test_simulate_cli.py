@@ -153,6 +153,29 @@ def test_nothing_finished_is_null_in_json_and_exits_1(
     assert "no job finished out of 1 (1 more GPUs than the cluster has)" in err
 
 
+def test_no_such_gpu_type_names_the_types_asked_for_and_those_there(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = files["dir"] / "typed.jsonl"
+    rows = [
+        '{"job_id": "a", "num_gpus": 1, "duration_s": 5, "gpu_types": ["T4"]}',
+        '{"job_id": "b", "num_gpus": 1, "duration_s": 5, "gpu_types": ["A100", "T4"]}',
+        '{"job_id": "c", "num_gpus": 1, "duration_s": 5, "gpu_types": ["T4"]}',
+        '{"job_id": "d", "num_gpus": 1, "duration_s": 5, "gpu_types": ["P100", "T4"]}',
+    ]
+    trace.write_text("\n".join(rows) + "\n")
+    argv = sim(files, trace=trace)
+    argv[argv.index("philly")] = "jsonl"
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    # d can run on the P100 node; a, b, c cannot: T4 asked by three, A100 by one
+    assert "error: fifo: no job finished" not in err
+    assert (
+        "warning: fifo: 3 of 4 jobs rejected (3 GPU type not in cluster; "
+        "jobs ask for T4, A100, the cluster has P100)"
+    ) in err
+
+
 def test_more_than_half_rejected_is_a_warning(
     files: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 
 def violations(path: Path) -> list[str]:
@@ -40,7 +41,7 @@ def violations(path: Path) -> list[str]:
     return bad
 
 
-def recompute(path: Path, total_gpus: int) -> dict[str, object]:
+def recompute(path: Path, total_gpus: int) -> dict[str, Any]:
     """The utilisation and queueing figures of DESIGN.md from the CSV alone, written
     from the definitions without shared.metrics: gpu_util (inside the submission
     span), gpu_util_makespan, max_queue_s and queue_by_size."""

@@ -30,7 +30,7 @@ GOOD = {
     "jsonl": '{"job_id": "a", "num_gpus": 1, "duration_s": 5}\n',
 }
 junk_line = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters='\r\n\x00"'),
+    alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters='\r\n\x00"'),
     max_size=60,
 ).filter(lambda s: s.strip() != "")
 
