@@ -7,13 +7,17 @@ jobs with that order as in the trace (`trace`) and permuted within each second b
 seeded generator (a seed), for each policy, and prints one JSON line per run.
 
     .venv/bin/python -m bench.tie_orders --seeds trace,1,2,3 --policies rl,drf \\
-        [--trace ...] [--cluster clusters/philly-hetero.yaml] [--since 2017-10-15]
+        [--trace ...] [--cluster clusters/philly-hetero.yaml] [--since 2017-10-15] \\
+        [--until TIME] [--load L] [--placer milp]
+
+Last, on stderr, each policy's figures over the orders: mean avg bounded slowdown,
+its range, and the mean of its per-order ratios to the `--against` policy's
+(default: the last one named), side by side from the same run.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from typing import cast
@@ -22,6 +26,7 @@ import numpy as np
 
 from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
+from services.scoring.rl.env import shuffle_ties
 from shared.cli import simulate as cli
 from shared.sim import simulate
 from shared.traces import SkipStats, TraceJob
@@ -31,16 +36,10 @@ TRACE = "../shared/traces/philly/philly-sep-oct.csv"
 
 def shuffled(jobs: list[TraceJob], seed: int) -> list[TraceJob]:
     """`jobs` by submit time, those of one second in a seeded random order (seed < 0:
-    the trace's order)."""
-    ordered = sorted(jobs, key=lambda j: j.submit_s)  # stable: the trace's order
+    the trace's order); the same shuffle as training episodes' `--shuffle-ties`."""
     if seed < 0:
-        return ordered
-    rng = np.random.default_rng(seed)
-    out: list[TraceJob] = []
-    for _, same in itertools.groupby(ordered, key=lambda j: j.submit_s):
-        group = list(same)
-        out += [group[i] for i in rng.permutation(len(group))]
-    return out
+        return sorted(jobs, key=lambda j: j.submit_s)  # stable: the trace's order
+    return shuffle_ties(jobs, np.random.default_rng(seed))
 
 
 def main(argv: list[str]) -> int:
@@ -50,17 +49,29 @@ def main(argv: list[str]) -> int:
     p.add_argument("--trace", default=TRACE)
     p.add_argument("--cluster", default="clusters/philly-hetero.yaml")
     p.add_argument("--since", default="2017-10-15")
+    p.add_argument("--until", default="")
+    p.add_argument("--load", default="", help="compress arrivals to this load (as simulate)")
+    p.add_argument("--placer", default="milp")
+    p.add_argument("--against", default="", help="ratios to this policy (default: the last)")
     a = p.parse_args(argv)
     sub = argparse.ArgumentParser().add_subparsers()
     cli.register(sub)
     parser = sub.choices["simulate"]
+    extra = ["--until", a.until] if a.until else []
+    extra += ["--load", a.load] if a.load else []
     args = parser.parse_args(["--trace", a.trace, "--format", "philly", "--cluster", a.cluster,
-                              "--since", a.since, "--policy", "fifo"])  # fmt: skip
+                              "--since", a.since, "--policy", "fifo", "--placer", a.placer,
+                              *extra])  # fmt: skip
+    names = a.policies.split(",")
+    against = a.against or names[-1]
+    if against not in names:
+        raise SystemExit(f"--against {against!r} is not one of --policies")
+    bsld: dict[str, list[float]] = {n: [] for n in names}
     cluster = cli.load_run_cluster(args)
     jobs = cli.load_run_jobs(args, cluster, SkipStats())
     for seed in (-1 if s == "trace" else int(s) for s in a.seeds.split(",")):
         order = shuffled(jobs, seed)
-        for name in a.policies.split(","):
+        for name in names:
             policy = make_policy(name)
             with cli._LazyProgress(f"{name} seed {seed}") as bar:
                 res = simulate(order, cluster, policy, make_placer(args.placer, reproducible=True),
@@ -70,6 +81,18 @@ def main(argv: list[str]) -> int:
                    "avg_jct_h": cast(float, s["avg_jct_s"]) / 3600, "gpu_util": s["gpu_util"],
                    "sim_s": res.wall_s}  # fmt: skip
             print(json.dumps(row), flush=True)
+            bsld[name].append(cast(float, s["avg_bsld"]))
+    ref = np.asarray(bsld[against])
+    print(
+        f"avg bsld over {len(ref)} orders ({a.seeds}), {a.cluster} {a.placer}, "
+        f"{a.since}..{a.until or 'end'}, load {a.load or 'as traced'}:",
+        file=sys.stderr,
+    )
+    for name in names:
+        v = np.asarray(bsld[name])
+        print(f"  {name:24s} mean {v.mean():.3f}  range {v.min():.3f}-{v.max():.3f}  "
+              f"vs {against} (mean of ratios) {np.mean(v / ref) - 1:+.1%}",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "FEATURE_SETS",
     "HEURISTICS",
     "OBJECTIVES",
+    "RESIDUALS",
     "REWARDS",
     "TEACHERS",
     "Args",
@@ -25,6 +26,7 @@ __all__ = [
 ]
 
 OBJECTIVES = ("bsld", "queue", "jct", "util")
+RESIDUALS = ("drf",)  # network.BASES (that module imports torch)
 REWARDS = ("episode", "round")
 
 _BASE = tuple(f for f in JOB_FEATURES if f not in OFFLOAD_FEATURES)
@@ -100,6 +102,18 @@ class Args:
     """width of the network"""
     context: bool = True
     """score each job with the window's pooled summary (False: the plain kernel)"""
+    residual: str = ""
+    """drf: the network learns a correction added to drf's score, starting at zero, so
+    that the untrained policy is drf (residual policy learning); empty: none"""
+    residual_bound: float = 0.0
+    """> 0: the residual's correction is kept within this (c * tanh(out / c)): a job
+    of one VC passes another only if it waited at least 10^-2c as long (0: unbounded)"""
+    shuffle_ties: bool = False
+    """each episode orders the jobs submitted in one second at random (seeded by the
+    episode), so the policy cannot learn one order of arbitrary ties"""
+    keep_every: int = 0
+    """also keep the checkpoint of every this many iterations (`out` + `.itN`), for
+    selection on whole simulations afterwards (0: none)"""
     warm_start: int = 10
     """epochs imitating the teacher's ranking per warm-start iteration (0: none)"""
     warm_iterations: int = 1
@@ -161,6 +175,12 @@ def validate(args: Args) -> None:
         raise UserError(f"--reward {args.reward!r}: choose from {', '.join(REWARDS)}")
     if args.teacher not in TEACHERS:
         raise UserError(f"--teacher {args.teacher!r}: choose from {', '.join(TEACHERS)}")
+    if args.residual not in ("", *RESIDUALS):
+        raise UserError(f"--residual {args.residual!r}: choose from {', '.join(RESIDUALS)}")
+    if args.residual_bound < 0:
+        raise UserError("--residual-bound must be 0 or more")
+    if args.keep_every < 0:
+        raise UserError("--keep-every must be 0 or more")
     if args.features not in FEATURE_SETS:
         raise UserError(f"--features {args.features!r}: choose from {', '.join(FEATURE_SETS)}")
     for name in (

@@ -35,6 +35,7 @@ W · (part under the policy − part under the baseline), the part being
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,7 @@ __all__ = [
     "objective",
     "round_rewards",
     "run_episode",
+    "shuffle_ties",
 ]
 
 
@@ -81,6 +83,7 @@ class EpisodeConfig:
     window: int = 128
     offload_reward: float = 0.0  # W of the offload part (module doc); 0: off
     dense: bool = False  # split the reward over the rounds (module doc, `round_rewards`)
+    shuffle_ties: bool = False  # jobs of one submit second in a seeded random order
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,20 @@ def build_episode(
     keep = min(1.0, spec.load * capacity(cluster) / max(demand(raw), 1e-9))
     rng = np.random.default_rng(spec.seed)
     picked = [j for j, u in zip(raw, rng.random(len(raw)), strict=True) if u < keep][:want]
+    if cfg.shuffle_ties:
+        picked = shuffle_ties(picked, rng)
     return picked, min(cfg.prefix, max(len(picked) - 1, 0))
+
+
+def shuffle_ties(jobs: Sequence[TraceJob], rng: np.random.Generator) -> list[TraceJob]:
+    """`jobs` by submit time, those of one second in a random order: a trace's order
+    of same-second submissions is arbitrary, and every policy breaks ties by it."""
+    ordered = sorted(jobs, key=lambda j: j.submit_s)  # stable: the trace's order
+    out: list[TraceJob] = []
+    for _, same in itertools.groupby(ordered, key=lambda j: j.submit_s):
+        group = list(same)
+        out += [group[i] for i in rng.permutation(len(group))] if len(group) > 1 else group
+    return out
 
 
 class Switch:

@@ -13,6 +13,29 @@ Every operation is per job or a masked mean over jobs, so a job's score does
 not depend on where in the window it sits (tests/services/scoring/
 test_rl_network.py permutes windows to check).
 
+The residual variant (`NetConfig.base = "drf"`, residual policy learning): the
+score is a fixed heuristic's score plus the network's, read off the raw
+(unnormalised) features,
+
+    b_j   = -GAP * r_j + log_wait_j                 r_j: the rank of the job's VC's
+    s_j   = b_j + (w . norm(x_j) + head(...))       GPUs held among the window's VCs
+
+with the network's output layer and linear term starting at zero, so the untrained
+policy ranks exactly as `drf` (queue weights 1): the VC holding the fewest GPUs
+first, within it and between tied VCs the longest wait first (equal waits tie, and
+the policy puts the older first). `r_j` is the integer dense rank, recovered from the
+feature `vc_share_rank` (rank / (number of distinct shares - 1)) by dividing by the
+smallest positive value in the window; GAP exceeds any log10 wait (10: 300 years), so
+the base is lexicographic whatever the number of VCs. PPO then learns a correction:
+it reorders jobs of one VC as soon as it outweighs their difference in log wait, and
+jobs of different VCs only where it outweighs GAP times their rank difference. The
+base reads no run time (only the VC's held GPUs and the wait). A bounded correction
+(`NetConfig.bound` = c > 0: c * tanh(out / c), zero where out is) keeps every
+job's score within c of the base: two jobs of one VC swap only if the later one
+waited less than 10^(2c) times as long, so no job is held back behind jobs that
+arrived much later (the starvation an unbounded correction learned, README), and
+for 2c < GAP the order across VCs stays drf's.
+
 Observation normalisation: running mean and variance of the job and cluster
 features (CleanRL's RunningMeanStd), kept as buffers so a checkpoint carries
 them; the trainer updates them between PPO iterations, never inside one.
@@ -20,6 +43,7 @@ them; the trainer updates them between PPO iterations, never inside one.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import cast
 
@@ -27,7 +51,10 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["NetConfig", "RunningMeanStd", "ScoreNet", "WindowScorer"]
+__all__ = ["BASES", "BASE_GAP", "NetConfig", "RunningMeanStd", "ScoreNet", "WindowScorer"]
+
+BASES = ("drf",)  # heuristic scores a residual network can start from
+BASE_GAP = 10.0  # per rank of VC share: more than any log10(1 + wait in s)
 
 
 @dataclass(frozen=True)
@@ -36,6 +63,10 @@ class NetConfig:
     n_global: int  # cluster features
     hidden: int = 32
     context: bool = True  # False: the plain kernel, each job scored alone
+    base: str = ""  # "drf": residual on drf's score (module doc); "": none
+    base_rank_col: int = -1  # columns of vc_share_rank and log_wait_s in the input (base)
+    base_wait_col: int = -1
+    bound: float = 0.0  # > 0: the correction is bound * tanh(out / bound), in (-bound, bound)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -91,6 +122,12 @@ class ScoreNet(nn.Module):
         nn.init.zeros_(self.linear.weight)
         self.head = _mlp(h + (h + cfg.n_global if cfg.context else 0), h, 1)
         self.value_head = _mlp(h + cfg.n_global, 2 * h, 1)
+        if cfg.base:
+            if cfg.base not in BASES or min(cfg.base_rank_col, cfg.base_wait_col) < 0:
+                raise ValueError(f"residual base {cfg.base!r} needs its two feature columns")
+            out = cast(nn.Linear, self.head[2])
+            nn.init.zeros_(out.weight)  # the untrained policy is the base heuristic
+            nn.init.zeros_(out.bias)
 
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor, g: torch.Tensor
@@ -106,8 +143,31 @@ class ScoreNet(nn.Module):
         else:
             inp = e
         scores = (self.head(inp) + self.linear(xn)).squeeze(-1)
+        if self.cfg.bound > 0:
+            scores = self.cfg.bound * torch.tanh(scores / self.cfg.bound)
+        if self.cfg.base:
+            scores = scores + drf_base(
+                x[..., self.cfg.base_rank_col], x[..., self.cfg.base_wait_col], mask
+            )
         scores = scores.masked_fill(~mask, float("-inf"))
         return scores, self.value_head(ctx).squeeze(-1)
+
+
+def drf_base(rank: torch.Tensor, log_wait: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """drf's score [B, N] from the raw `vc_share_rank` and `log_wait_s` columns [B, N]
+    (module doc): -GAP * integer rank of the VC's share + log wait."""
+    pos = torch.where(mask & (rank > 0), rank, torch.full_like(rank, math.inf))
+    step = pos.min(dim=-1, keepdim=True).values  # 1 / (distinct shares - 1); inf: one
+    step = torch.where(torch.isfinite(step), step, torch.ones_like(step))
+    return -BASE_GAP * torch.round(rank / step) + log_wait
+
+
+def drf_base_np(rank: np.ndarray, log_wait: np.ndarray) -> np.ndarray:
+    """`drf_base` of one window (every row a job), in numpy, float32."""
+    pos = rank[rank > 0]
+    step = pos.min() if len(pos) else np.float32(1.0)
+    out: np.ndarray = np.float32(-BASE_GAP) * np.round(rank / step) + log_wait
+    return out
 
 
 class WindowScorer:
@@ -167,4 +227,11 @@ class WindowScorer:
             pooled = e.sum(0) / np.float32(max(len(e), 1))
             hid += np.concatenate([pooled, gn]) @ self._wh_ctx
         out: np.ndarray = (np.tanh(hid) @ self._wo + self._bo + xn @ self._wl)[:, 0]
+        cfg = self.net.cfg
+        if cfg.bound > 0:
+            b = np.float32(cfg.bound)
+            out = b * np.tanh(out / b)
+        if cfg.base:
+            x32 = x.astype(np.float32, copy=False)
+            out = out + drf_base_np(x32[:, cfg.base_rank_col], x32[:, cfg.base_wait_col])
         return out

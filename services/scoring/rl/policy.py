@@ -17,7 +17,10 @@ Which jobs it sees: up to `max_jobs` waiting jobs. When more wait, the oldest
 job of every group (same user/VC, GPU count, share and allowed types: jobs the
 features cannot tell apart except by age) comes first, then the oldest others,
 so that a short job deep in a long queue can still be seen. Within a group the
-scores differ only by age.
+scores differ only by age. A residual network on `drf` (`NetConfig.base`, see
+network.py) sees instead the first `max_jobs` jobs of `drf`'s own order (VCs by GPUs
+held, FIFO within a VC and across tied VCs), so that untrained it hands placement
+exactly `drf`'s window.
 
 The wait bound (`max_wait_s`, aging of large jobs): a job of at least
 `bound_gpus` GPUs that has waited `max_wait_s` or longer is put ahead of every
@@ -48,6 +51,7 @@ policy is handed an `OracleContext`); `reset` keeps nothing of it but the seed.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import operator
 from collections.abc import Hashable, Iterator, Sequence
@@ -119,6 +123,7 @@ class RLPolicy:
     def reset_state(self, seed: int) -> None:
         self._fifo: dict[int, QueuedJob] = {}
         self._groups: dict[Hashable, dict[int, QueuedJob]] = {}
+        self._vcs: dict[str, dict[int, QueuedJob]] = {}  # FIFO per VC (the drf base)
         self._rng = np.random.default_rng(seed)
 
     @staticmethod
@@ -128,6 +133,7 @@ class RLPolicy:
     def add(self, job: QueuedJob) -> None:
         self._fifo[job.seq] = job
         self._groups.setdefault(self._group(job), {})[job.seq] = job
+        self._vcs.setdefault(job.vc, {})[job.seq] = job
 
     def remove(self, job: QueuedJob) -> None:
         del self._fifo[job.seq]
@@ -136,14 +142,21 @@ class RLPolicy:
         del group[job.seq]
         if not group:
             del self._groups[key]
+        vc = self._vcs[job.vc]
+        del vc[job.seq]
+        if not vc:
+            del self._vcs[job.vc]
         if self.recorder is not None:
             self.recorder.removed(job.seq)
 
-    def candidates(self) -> list[QueuedJob]:
-        """The jobs the network scores, in (submit, seq) order."""
+    def candidates(self, obs: Observation | None = None) -> list[QueuedJob]:
+        """The jobs the network scores, in (submit, seq) order (a residual network on
+        `drf`, given `obs`: the first `max_jobs` of drf's order; module doc)."""
         n = self.max_jobs
         if len(self._fifo) <= n:
             pool = list(self._fifo.values())
+        elif obs is not None and self.net.cfg.base == "drf":
+            pool = self._drf_head(n, obs)
         else:
             heads = [next(iter(g.values())) for g in self._groups.values()]
             heads.sort(key=_age)
@@ -158,6 +171,25 @@ class RLPolicy:
         pool.sort(key=_age)
         return pool
 
+    def _drf_head(self, n: int, obs: Observation) -> list[QueuedJob]:
+        """The first `n` jobs of `drf`'s order (queue weights 1)."""
+        by_held: dict[float, list[dict[int, QueuedJob]]] = {}
+        for vc, fifo in self._vcs.items():
+            by_held.setdefault(obs.vc_gpus(vc), []).append(fifo)
+        pool: list[QueuedJob] = []
+        for held in sorted(by_held):
+            tied = by_held[held]
+            # equal shares: FIFO across the tied VCs
+            jobs: Iterator[QueuedJob] = (
+                iter(tied[0].values())
+                if len(tied) == 1
+                else heapq.merge(*(q.values() for q in tied), key=_age)
+            )
+            pool += itertools.islice(jobs, n - len(pool))
+            if len(pool) == n:
+                break
+        return pool
+
     # ---- scoring ------------------------------------------------------------------------
     def encode(self, pool: list[QueuedJob], obs: Observation) -> np.ndarray:
         """Every JOB_FEATURES column of the jobs of `pool` [len(pool), len(JOB_FEATURES)]."""
@@ -169,7 +201,7 @@ class RLPolicy:
         return self._scorer(x[:, self.columns], g)
 
     def window(self, k: int, obs: Observation) -> Iterator[QueuedJob]:
-        pool = self.candidates()
+        pool = self.candidates(obs)
         forced: list[QueuedJob] = []
         if self.max_wait_s is not None and pool:
             bound = obs.now - self.max_wait_s

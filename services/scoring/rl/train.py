@@ -48,7 +48,15 @@ from shared.sim import load_jobs
 from shared.sim.offload_jobs import describe_marking, mark_offloading
 from shared.traces import SkipStats, TraceJob
 
-__all__ = ["FEATURE_SETS", "Args", "IterationLog", "load_world", "make_optimizer", "train"]
+__all__ = [
+    "FEATURE_SETS",
+    "Args",
+    "IterationLog",
+    "load_world",
+    "make_optimizer",
+    "net_config",
+    "train",
+]
 
 WARM_START_LR = 3e-3
 LOSSES = ("policy", "value", "entropy", "kl", "clip", "warm_start")
@@ -109,6 +117,21 @@ def episode_specs(
         )
         for _ in range(count)
     ]
+
+
+def net_config(args: Args, features: Sequence[str]) -> NetConfig:
+    """The network `args` asks for, reading `features` (a residual base reads two)."""
+    cols = {}
+    if args.residual:
+        for name in ("vc_share_rank", "log_wait_s"):
+            if name not in features:
+                raise UserError(f"--residual {args.residual} needs the feature {name}")
+            cols[name] = list(features).index(name)
+    return NetConfig(
+        len(features), len(GLOBAL_FEATURES), args.hidden, args.context, args.residual,
+        cols.get("vc_share_rank", -1), cols.get("log_wait_s", -1),
+        args.residual_bound if args.residual else 0.0,
+    )  # fmt: skip
 
 
 def make_optimizer(net: torch.nn.Module, args: Args) -> torch.optim.Adam:
@@ -255,6 +278,7 @@ def train(
     cfg = EpisodeConfig(
         args.prefix, args.jobs, args.load_lo, args.load_hi, args.baseline, args.objective,
         args.placer, args.window, args.offload_reward, args.reward == "round",
+        args.shuffle_ties,
     )  # fmt: skip
     train_jobs, clusters, val_jobs = load_world(args)
     # ---- the network, the optimizer, or both from a checkpoint ----
@@ -273,7 +297,7 @@ def train(
         start_iter = int(ckpt.state.get("iteration", 0))
         t_start -= float(ckpt.state.get("elapsed_s", 0.0))  # the budget and log count it all
     else:
-        net = ScoreNet(NetConfig(len(features), len(GLOBAL_FEATURES), args.hidden, args.context))
+        net = ScoreNet(net_config(args, features))
         opt = make_optimizer(net, args)
     meta: dict[str, Any] = dict(ckpt.meta) if args.resume else {}
     meta |= {
@@ -347,6 +371,9 @@ def train(
                     meta.update(val_gain=val_gain, iteration=it + 1)
                     best_ckpt = Checkpoint(_copy(net), features, dict(meta))
                     save_checkpoint(args.out, best_ckpt)
+            if args.keep_every and (it + 1) % args.keep_every == 0:
+                meta_it = dict(meta) | {"iteration": it + 1, "val_gain_here": val_gain}
+                save_checkpoint(_nth(args.out, it + 1), Checkpoint(net, features, meta_it))
             state = {"iteration": it + 1, "elapsed_s": time.perf_counter() - t_start}
             save_checkpoint(
                 _last(args.out), Checkpoint(net, features, meta, opt.state_dict(), state)
@@ -386,6 +413,11 @@ def _copy(net: ScoreNet) -> ScoreNet:
     twin = ScoreNet(net.cfg)
     twin.load_state_dict(net.state_dict())
     return twin
+
+
+def _nth(out: str, iteration: int) -> Path:
+    p = Path(out)
+    return p.with_name(f"{p.stem}.it{iteration}{p.suffix}")
 
 
 def _last(out: str) -> Path:

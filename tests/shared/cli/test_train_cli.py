@@ -91,6 +91,9 @@ def test_train_ablation_features_and_the_wait_bound(tmp_path: Path) -> None:
         (["--teacher", "oracle"], "--teacher 'oracle'"),
         (["--max-wait-h", "-1"], "--max-wait-h must be 0 or more"),
         (["--bound-gpus", "0"], "--bound-gpus must be positive"),
+        (["--residual", "fifo"], "--residual 'fifo'"),
+        (["--keep-every", "-1"], "--keep-every must be 0 or more"),
+        (["--residual-bound", "-1"], "--residual-bound must be 0 or more"),
     ],
 )
 def test_train_user_errors_are_one_line(
@@ -141,3 +144,19 @@ def test_train_privileged_teacher_and_round_credit(tmp_path: Path) -> None:
     assert ckpt.features == load_checkpoint(tmp_path / "d.last.pt").features
     rows = list(csv.DictReader((tmp_path / "r.csv").open()))
     assert rows[0]["losses/imitation"] != "nan" and rows[1]["losses/policy"] != "nan"
+
+
+def test_train_residual_with_shuffled_ties_and_snapshots(tmp_path: Path) -> None:
+    """`--residual drf` trains a residual network (its base recorded in the
+    checkpoint, its correction moved off zero by PPO), with `--shuffle-ties`
+    (what it does to episodes: test_rl_residual.py); `--keep-every 1` keeps each
+    iteration's checkpoint with its number."""
+    argv = _train(tmp_path, "r.pt", "--iterations", "2", "--warm-iterations", "0")
+    assert main([*argv, "--residual", "drf", "--shuffle-ties", "--keep-every", "1"]) == 0
+    ckpt = load_checkpoint(tmp_path / "r.it2.pt")
+    assert ckpt.net.cfg.base == "drf" and ckpt.meta["iteration"] == 2
+    assert ckpt.features[ckpt.net.cfg.base_wait_col] == "log_wait_s"
+    assert ckpt.features[ckpt.net.cfg.base_rank_col] == "vc_share_rank"
+    assert (tmp_path / "r.it1.pt").exists()
+    out = ckpt.net.state_dict()["head.2.weight"]
+    assert not torch.equal(out, torch.zeros_like(out))
