@@ -61,6 +61,7 @@ import numpy as np
 
 from services.scoring.rl.network import ScoreNet, WindowScorer
 from services.scoring.rl.ppo import sample_ranking
+from shared.errors import UserError
 from shared.policy_api import Observation, PolicyContext, QueuedJob
 from shared.policy_features import JOB_FEATURES, encode, encode_global
 
@@ -117,7 +118,16 @@ class RLPolicy:
 
     # ---- the waiting queue --------------------------------------------------------------
     def reset(self, ctx: PolicyContext) -> None:
-        """Forget every job; of `ctx` only the seed is kept."""
+        """Forget every job; of `ctx` the seed is kept, and the cluster's queue weights
+        are checked against a `drf` base (which ranks VCs with weights 1)."""
+        if self.net.cfg.base == "drf":
+            weighted = sorted(q for q, spec in ctx.cluster.queues.items() if spec.weight != 1.0)
+            if weighted:
+                raise UserError(
+                    f"{self.label}: a residual on drf ranks VCs as if every queue weight "
+                    f"were 1, and cluster {ctx.cluster.name!r} weights "
+                    f"{', '.join(weighted)}; use a policy trained without --residual"
+                )
         self.reset_state(ctx.seed)
 
     def reset_state(self, seed: int) -> None:

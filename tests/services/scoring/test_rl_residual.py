@@ -93,6 +93,17 @@ def test_untrained_residual_is_drf_in_a_simulation() -> None:
     assert [r.segments for r in a.records] == [r.segments for r in b.records]
 
 
+def test_residual_on_drf_refuses_weighted_queues() -> None:
+    """drf divides a VC's GPUs by its queue weight; the residual's base does not, so on a
+    cluster with other weights it would not be drf: refused in one line, naming them."""
+    spec = {"nodes": [{"name": "p", "gpu_type": "P100", "gpus": 8}]}
+    weighted = parse_cluster({**spec, "queues": {"nlp": {"weight": 2}, "cv": {"weight": 1}}})
+    with pytest.raises(UserError, match=r"weights nlp; use a policy trained without"):
+        RLPolicy(_residual(0), FEATURES).reset(PolicyContext(weighted, History()))
+    ones = parse_cluster({**spec, "queues": {"nlp": {"weight": 1}}})
+    RLPolicy(_residual(0), FEATURES).reset(PolicyContext(ones, History()))
+
+
 def test_drf_base_by_hand() -> None:
     # three VCs (ranks 0, 1/2, 1), one VC twice; waits 99 s, 9 s, 999 s, 0 s, 9 s
     rank = torch.tensor([[0.0, 0.5, 1.0, 0.0, 0.5, 0.0]])
