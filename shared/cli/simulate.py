@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         f"({rate:.0f} jobs/s); trace rows skipped: {skipped}",
         file=sys.stderr,
     )
-    return check_outcome(policy.label, len(jobs), result.summary(), jobs, cluster.gpu_types)
+    return check_outcome(policy.label, len(jobs), summary, jobs, cluster.gpu_types)
 
 
 def mark_offload(args: argparse.Namespace, jobs: list[TraceJob]) -> list[TraceJob]:
