@@ -45,3 +45,76 @@ def test_cuda_asked_for_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[
     assert main(["bench", "offload_link"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all("torch.cuda.is_available() is False" in e for e in err)
+
+
+class _Clock:
+    """A fake `time.perf_counter`: a step takes 1 s of it, a drain 100 s."""
+
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Cache:
+    def __init__(self, clock: _Clock, events: list[str]) -> None:
+        self.clock, self.events = clock, events
+
+    def drain(self) -> None:
+        self.events.append("drain")
+        self.clock.now += 100.0
+
+
+class _Engine:
+    """What `interleaved` calls of an engine, with a prefetch for the next step
+    left in flight at every step's end (what the drain would wait for)."""
+
+    def __init__(self, name: str, clock: _Clock, events: list[str]) -> None:
+        from offload_agent.stats import CacheStats
+
+        self.name, self.clock, self.events = name, clock, events
+        self.cache = _Cache(clock, events)
+        self.stats = CacheStats()
+        self.model = None
+
+    def step(self) -> object:
+        from contextlib import contextmanager
+
+        @contextmanager
+        def ctx():  # type: ignore[no-untyped-def]
+            self.events.append(f"{self.name} step")
+            self.stats.access("hit")
+            yield
+            self.clock.now += 1.0
+
+        return ctx()
+
+
+def test_a_timed_step_runs_from_the_end_of_the_one_before_and_no_drain_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    import bench.offload as bo
+    from bench.offload import BenchArgs, Workload, interleaved
+
+    clock, events = _Clock(), list[str]()
+    monkeypatch.setattr(bo.time, "perf_counter", clock)
+    engines = {n: _Engine(n, clock, events) for n in ("a", "b")}
+    w = Workload("x", torch.nn.Identity(), lambda m, s: torch.ones(1, requires_grad=True), {})
+    planned: list[str] = []
+    a = BenchArgs(warmup=1, repeats=3, steps=2)
+    out = interleaved(engines, w, a, lambda n, e: planned.append(n))  # type: ignore[arg-type]
+    for m in out.values():
+        # each timed step is its own 1 s: neither the drain after the step before
+        # (the old accounting added 100 s to every step) nor the lead-in is in it
+        assert m.blocks == [[1000.0, 1000.0]] * 3
+        assert sorted(m.losses) == list(range(1 + 3 * 3))  # the same step indices
+        assert m.hits == 3 * 2  # counted over the timed steps only
+    # warm-up: every step drained; then per repeat one block per engine (lead-in
+    # + 2 timed steps), drained once at its end, the first engine rotating
+    block = lambda n: [f"{n} step"] * 3 + ["drain"]  # noqa: E731
+    want = ["a step", "drain", "b step", "drain"]
+    want += block("a") + block("b") + block("b") + block("a") + block("a") + block("b")
+    assert events == want
+    assert len(planned) == 2 + 2 * 3 * 3  # after every step
