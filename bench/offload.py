@@ -71,6 +71,10 @@ class BenchArgs:
     batch: int = 4
     steps: int = 2  # timed steps per strategy in each repeat (after one lead-in)
     repeats: int = 4  # interleaved blocks per strategy: steps x repeats timed steps
+    # continuous: a step from the end of the one before (what a training loop
+    # sees); both: also the previous accounting (each step drained at its end,
+    # in the same repeats: `step_ms_drained`), to compare the two
+    timing: str = "continuous"
     warmup: int = 2  # first: recorded profile (tencache plans after it)
     fast_frac: float = 0.3  # fast budget as a fraction of parameter + AdamW state bytes
     host_frac: float = 0.07  # host budget as a fraction of parameter + AdamW state bytes
@@ -106,6 +110,8 @@ def _parse(argv: list[str]) -> BenchArgs:
         raise UserError(f"--archs: unknown {sorted(unknown)}; choose from {', '.join(ALL_ARCHS)}")
     if a.link_gbps not in ("none", "auto"):
         _explicit_rates(a.link_gbps)
+    if a.timing not in ("continuous", "both"):
+        raise UserError(f"--timing {a.timing!r}: choose continuous or both")
     if a.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device {a.device!r}: choose auto, cpu or cuda")
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -296,6 +302,9 @@ class Measured:
     wait_ms: float = 0.0
     bytes_moved: int = 0
     tail_ms: list[float] = field(default_factory=list)  # each block's drain, not counted
+    # `--timing both`: steps timed the previous way, each from a drained cache to
+    # the end of its own drain (which waits for the next step's prefetches too)
+    drained: list[float] = field(default_factory=list)
 
     @property
     def times(self) -> list[float]:
@@ -370,6 +379,25 @@ def _timed_block(
     m.tail_ms.append((time.perf_counter() - t0) * 1e3)
 
 
+def _drained_block(
+    engine: OffloadEngine,
+    w: Workload,
+    first: int,
+    n: int,
+    m: Measured,
+    after: Callable[[OffloadEngine], None],
+) -> None:
+    """The accounting this bench used before: each step timed up to the end of a
+    drain of every copy in flight, the next step's prefetches included."""
+    assert engine.cache is not None
+    for step in range(first, first + n):
+        t0 = time.perf_counter()
+        m.losses[step] = _one_step(engine, w, step)
+        engine.cache.drain()
+        m.drained.append((time.perf_counter() - t0) * 1e3)
+        after(engine)
+
+
 def _rotated(engines: dict[str, OffloadEngine], step: int) -> list[tuple[str, OffloadEngine]]:
     """The engines in round-robin order, starting one further each step, so none
     always runs right after the same other one."""
@@ -390,7 +418,9 @@ def interleaved(
     step: the bench plans there), then `a.repeats` blocks per engine of one
     lead-in and `a.steps` timed steps (`_timed_block`), round-robin, starting
     one engine further each repeat, so that load from other processes hits all
-    of them alike. Every engine runs the same step indices (the same batches)."""
+    of them alike (with `a.timing == "both"`, each block is followed by
+    `a.steps` steps timed the previous way, `_drained_block`). Every engine runs
+    the same step indices (the same batches)."""
     out = {name: Measured() for name in engines}
     for step in range(a.warmup):
         for name, engine in _rotated(engines, step):
@@ -401,11 +431,16 @@ def interleaved(
             advance()
     for engine in engines.values():
         engine.stats.reset()
+    both = a.timing == "both"
+    per_repeat = a.steps + 1 + (a.steps if both else 0)
     for r in range(a.repeats):
-        first = a.warmup + r * (a.steps + 1)
+        first = a.warmup + r * per_repeat
         for name, engine in _rotated(engines, r):
             _timed_block(engine, w, first, a.steps, out[name], partial(after, name))
-            for _ in range(a.steps + 1):
+            if both:
+                then = first + a.steps + 1
+                _drained_block(engine, w, then, a.steps, out[name], partial(after, name))
+            for _ in range(per_repeat):
                 advance()
     return out
 
@@ -440,7 +475,8 @@ def _run(
                     raise
                 out[s] = {"cannot_start": str(exc)}
                 console.print(f"[yellow]{exc}: {s} is left out of {w.arch}'s comparison")
-        total = (a.warmup + a.repeats * (a.steps + 1)) * len(engines)
+        per_repeat = a.steps + 1 + (a.steps if a.timing == "both" else 0)
+        total = (a.warmup + a.repeats * per_repeat) * len(engines)
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task(f"{w.arch} (interleaved over strategies)", total=total)
             measured = interleaved(engines, w, a, _plan_after(a), lambda: progress.advance(task))
@@ -480,6 +516,7 @@ def _summary(engine: OffloadEngine, m: Measured) -> dict[str, Any]:
         "bytes_moved": m.bytes_moved,
         "bytes_moved_per_step": m.bytes_moved // steps,
         "drain_ms_after_block": round(statistics.median(m.tail_ms), 1),  # not counted
+        **({"step_ms_drained": round(statistics.median(m.drained), 1)} if m.drained else {}),
         "cpu_ms": round(statistics.median(m.cpu), 1),
         "peak_fast_bytes": st.peak_fast_bytes,
         "peak_host_bytes": st.peak_host_bytes,
@@ -606,6 +643,12 @@ def _arch_result(
         f"tencache_vs_{s}": round(runs[s]["step_ms"] / t, 3) if s in ran else None
         for s in ("lru", "fixed", "none")
     }
+    if "step_ms_drained" in runs["tencache"]:  # --timing both: the previous accounting
+        td = runs["tencache"]["step_ms_drained"]
+        result["ratios_drained"] = {
+            f"tencache_vs_{s}": round(runs[s]["step_ms_drained"] / td, 3) if s in ran else None
+            for s in ("lru", "fixed", "none")
+        }
     # the same ratio within each repeat (medians of its interleaved blocks): how
     # much it moves from one repeat to the next in the same process
     result["ratio_spread"] = {
@@ -640,6 +683,7 @@ def main(argv: list[str]) -> int:
     result["settings"] = {
         "steps": a.steps,
         "repeats": a.repeats,
+        "timing_compared": a.timing,
         "timed_steps_per_strategy": a.steps * a.repeats,
         "warmup_steps": a.warmup,
         "timing": "per repeat and strategy one untimed lead-in step, then --steps steps "

@@ -104,7 +104,12 @@ VARIANTS = {
         False,
         None,
     ),
+    "share-0.7": ("default, streaming share 0.7", "tencache", 8, PREFETCH_AHEAD, False, None),
+    "share-0.5": ("default, streaming share 0.5", "tencache", 8, PREFETCH_AHEAD, False, None),
 }
+# the most of the fast budget the plan's streaming buffers may take (`build_plan`'s
+# `stream_share`; the rest keeps tensors resident); others: the default, 0.9
+SHARES = {"share-0.7": 0.7, "share-0.5": 0.5}
 # variants whose run-time lead counts tensors only, within COUNT_LOOKAHEAD
 # accesses (the engine's rule before the lead in bytes)
 COUNT_ONLY = {"count-lead", "before", "lead-only", "no-prefetch"}
@@ -125,7 +130,8 @@ def _arch(
         if not e.profile_ready:
             return
         _name, _strategy, window, ahead, behind, _sliced = VARIANTS[v]
-        plan = build_plan(e.profile(), e.budgets, window=window)
+        share = SHARES.get(v, BenchArgs.stream_share)
+        plan = build_plan(e.profile(), e.budgets, window=window, stream_share=share)
         if not e.apply_plan(plan):
             raise RuntimeError(f"plan refused: {e.last_error}")
         assert e.cache is not None
