@@ -70,9 +70,13 @@ class _Engine:
     left in flight at every step's end (what the drain would wait for)."""
 
     def __init__(self, name: str, clock: _Clock, events: list[str]) -> None:
+        from offload_agent.device import CpuDevice
+        from offload_agent.link import LinkEmulation
         from offload_agent.stats import CacheStats
 
         self.name, self.clock, self.events = name, clock, events
+        self.link = LinkEmulation(pcie_gbps=1.0, nvme_gbps=1.0)
+        self.device = CpuDevice(link=self.link)
         self.cache = _Cache(clock, events)
         self.stats = CacheStats()
         self.model = None
@@ -84,6 +88,7 @@ class _Engine:
         def ctx():  # type: ignore[no-untyped-def]
             self.events.append(f"{self.name} step")
             self.stats.access("hit")
+            self.link.nvme.occupy(1_000_000, 0.0)  # 1 ms of the NVMe link
             yield
             self.clock.now += 1.0
 
@@ -111,6 +116,7 @@ def test_a_timed_step_runs_from_the_end_of_the_one_before_and_no_drain_is_counte
         assert m.blocks == [[1000.0, 1000.0]] * 3
         assert sorted(m.losses) == list(range(1 + 3 * 3))  # the same step indices
         assert m.hits == 3 * 2  # counted over the timed steps only
+        assert m.link_busy_ms == pytest.approx({"nvme": 6.0, "pcie_h2d": 0.0, "pcie_d2h": 0.0})
     # warm-up: every step drained; then per repeat one block per engine (lead-in
     # + 2 timed steps), drained once at its end, the first engine rotating
     block = lambda n: [f"{n} step"] * 3 + ["drain"]  # noqa: E731
@@ -118,3 +124,26 @@ def test_a_timed_step_runs_from_the_end_of_the_one_before_and_no_drain_is_counte
     want += block("a") + block("b") + block("b") + block("a") + block("a") + block("b")
     assert events == want
     assert len(planned) == 2 + 2 * 3 * 3  # after every step
+
+
+def test_runs_plot_reads_ratios_and_their_ranges(tmp_path: Path) -> None:
+    from bench.offload_runs import main as runs_main
+    from bench.offload_runs import ratios
+
+    run = {
+        "gpt2": {
+            "ratios": {"tencache_vs_lru": 1.6, "tencache_vs_fixed": None},
+            "ratio_spread": {"tencache_vs_lru": {"min": 1.2, "median": 1.5, "max": 2.0}},
+            "load_average": [3.0, 4.0],
+        },
+        "old": {"ratios": {"tencache_vs_lru": 1.4, "tencache_vs_fixed": 2.0}},  # no spread
+        "settings": {"steps": 2},
+    }
+    assert ratios(run) == {
+        "gpt2": {"lru": (1.6, 1.2, 2.0), "fixed": None},
+        "old": {"lru": (1.4, 1.4, 1.4), "fixed": (2.0, 2.0, 2.0)},
+    }
+    src, png = tmp_path / "run.json", tmp_path / "r.png"
+    src.write_text(json.dumps(run))
+    assert runs_main([str(png), str(src)]) == 0 and png.stat().st_size > 0
+    assert runs_main([str(png)]) == 2
