@@ -3,8 +3,10 @@
 10Cache plan should buy, and what its mechanisms are worth, side by side in
 one process.
 
-Tencache engines per architecture, same seed, same batches, round-robin
-(the settings of `rltune bench offload`, whose helpers this uses): the plan's
+Tencache engines per architecture, same seed, same batches, timed as
+`rltune bench offload` times them (interleaved repeats of a lead-in and
+`--steps` timed steps, each from the end of the one before; its settings
+and helpers): the plan's
 buffers sized for the planner's chosen lead (`--window` 8, shrunk to the 90%
 streaming share) or for a lead of one or none, and at run time either only
 that lead or up to 8 fetches ahead (`PREFETCH_AHEAD`, the engine's default);
@@ -17,6 +19,8 @@ and `none`. Past its tensors, the run-time lead also fills `lead_bytes`
 (the engine's default: an eighth of the fast budget) within 256 accesses,
 except in `count-lead` (the previous default: 8 tensors within 64 accesses,
 nothing in bytes), `before`, `lead-only` and `no-prefetch`.
+`share-0.7` and `share-0.5` plan with that streaming share (`build_plan`'s
+`stream_share`, default 0.9): fewer streaming buffers, more residents.
 Prints the median step, hit rate and bytes moved per variant; exits non-zero
 unless every variant's losses are equal.
 """
