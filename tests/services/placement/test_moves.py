@@ -98,3 +98,13 @@ def test_plain_and_offload_only_placers_issue_no_moves() -> None:
         st.event(JobEvent("x", "started", 0.0, [b.assignments[0].node_id]))
         assert st.free_round(2, 100 * H, []).moves == []
         assert (st.offload is not None) == name.endswith("+offload")
+
+
+def test_an_offload_placer_without_a_cluster_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from shared.cli import main
+
+    assert main(["service", "placement", "--placer", "milp+offload+replace"]) == 2
+    err = capsys.readouterr().err
+    assert "needs --cluster" in err and err.count("\n") == 1
