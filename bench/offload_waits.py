@@ -29,7 +29,7 @@ from pathlib import Path
 
 from shared.errors import UserError
 
-__all__ = ["GROUPS", "Job", "group", "load", "main", "summary"]
+__all__ = ["GROUPS", "Job", "gpu_hours", "group", "load", "main", "summary"]
 
 GROUPS = ("1", "2-7", "8+")
 
@@ -63,6 +63,21 @@ def load(path: str | Path) -> dict[str, Job]:
     except (OSError, KeyError, ValueError) as exc:
         raise UserError(f"cannot read {path} as a per-job CSV: {exc}") from exc
     return out
+
+
+def gpu_hours(path: str | Path) -> tuple[float, float]:
+    """(restore, migration) GPU-hours of a per-job CSV: Σ restart_s × GPUs and
+    Σ offload_s × GPUs over its segments (empty cells: 0)."""
+    restore = migration = 0.0
+    try:
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                g = int(r["num_gpus"])
+                restore += float(r["restart_s"] or 0.0) * g
+                migration += float(r["offload_s"] or 0.0) * g
+    except (OSError, KeyError, ValueError) as exc:
+        raise UserError(f"cannot read {path} as a per-job CSV: {exc}") from exc
+    return restore / 3600, migration / 3600
 
 
 def summary(
@@ -140,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in a.others:
             print(f"\n{path} against {a.base}:\n")
             print(table(*summary(base, load(path), a.days)))
+        print("\n| run | restore GPU-h | migration GPU-h |\n|---|---:|---:|")
+        for path in (a.base, *a.others):
+            restore, migration = gpu_hours(path)
+            print(f"| {path} | {restore:.1f} | {migration:.0f} |")
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.offload_waits import load, main, summary
+from bench.offload_waits import gpu_hours, load, main, summary
 
 HEADER = (
     "job_id,vc,submit_s,start_s,finish_s,num_gpus,gpu_milli,gpu_type,nodes,"
@@ -90,3 +90,14 @@ def test_a_bad_file_is_one_line_and_exit_2(
     assert main([str(bad), str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot read") and err.count("\n") == 1
+
+
+def test_gpu_hours_of_restore_and_migration(tmp_path: Path) -> None:
+    path = tmp_path / "j.csv"
+    path.write_text(
+        HEADER
+        + "a,vc,0,0,9000,2,1000,P100,n:0+1,5,1800.0,0.0\n"  # 2 GPUs x 0.5 h migration
+        + "a,vc,0,9000,20000,2,1000,P100,m:0+1,5,0.0,360.0\n"  # 2 x 0.1 h restore
+        + "b,vc,0,0,10,1,1000,P100,n:2,,,\n"  # no offload: empty cells
+    )
+    assert gpu_hours(path) == pytest.approx((0.2, 1.0))
