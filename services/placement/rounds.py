@@ -118,7 +118,7 @@ class PlacementState:
             if jid in self.jobs and jid not in self.placed and jid not in self.gone
         ]
         self.counts["unknown_jobs"] += sum(1 for jid, _ in jobs if jid not in self.jobs)
-        batch = self._solve(round_id, now, reqs)
+        batch = self._solve(round_id, now, reqs, moves=True)
         for a in batch.assignments:
             self.placed.add(a.job_id)
         return batch
@@ -164,8 +164,15 @@ class PlacementState:
         return {n.node_id: n.gpu_type for n in self.view.cluster.nodes}
 
     def _solve(
-        self, round_id: int, now: float, reqs: list[JobRequest], ctx: RoundContext | None = None
+        self,
+        round_id: int,
+        now: float,
+        reqs: list[JobRequest],
+        ctx: RoundContext | None = None,
+        moves: bool = False,
     ) -> PlacementBatch:
+        """Solve one round; with `moves` (free rounds only: the lockstep executor does
+        not apply moves yet) also ask for one re-placement move (moves.py)."""
         cluster = self.view.cluster
         speed = {t: speed_of(t, cluster.speed) for t in cluster.gpu_types}
         t0 = time.perf_counter()
@@ -178,16 +185,17 @@ class PlacementState:
         self.solve_ms.append(wall_ms)
         self.counts["rounds"] += 1
         self.view.take(result.allocations)
-        moves = []
+        orders = []
         if self.offload is not None:
             for a in result.allocations:
                 self.offload.given_gpus(a)
+        if self.offload is not None and moves:
             waiting = len(reqs) - len(result.allocations)
             mv = self.offload.move(self.placer.inner, now, self.view.free_nodes(), speed, waiting)
             if mv is not None:
                 self.view.take([mv.alloc])
                 self.counts["moves"] += 1
-                moves.append(
+                orders.append(
                     MoveOrder(
                         mv.job_id,
                         [Assignment(mv.job_id, n, list(g)) for n, g in mv.alloc.gpus],
@@ -206,5 +214,5 @@ class PlacementState:
             solver_ms=result.solver_ms or wall_ms,
             solver_status=result.status if reqs else "EMPTY",
             extra={k: float(v) for k, v in result.extra.items() if math.isfinite(v)},
-            moves=moves,
+            moves=orders,
         )

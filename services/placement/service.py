@@ -1,8 +1,9 @@
 """Placement service: `sched.priorities` (+ `sched.rounds`) → `sched.placements`.
 
-With `--placer NAME+offload+replace` (and `--cluster`) a batch may also carry
-`moves`: running offloading jobs to checkpoint and restart elsewhere
-(services/placement/moves.py), at most one per round.
+With `--placer NAME+offload+replace` (and `--cluster`) a batch of a free round may
+also carry `moves`: running offloading jobs to checkpoint and restart elsewhere
+(services/placement/moves.py), at most one per round (none in driven rounds: the
+lockstep executor does not apply moves yet).
 
 Consumes `jobs.accepted`, `cluster.nodes`, `jobs.events`, `sched.priorities`
 (it owns that topic's dead letters) and `sched.rounds`; keeps its own view of
@@ -57,7 +58,12 @@ class PlacementSettings:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--placer", default="milp", help="milp (default), greedy, first-fit, ...")
+    p.add_argument(
+        "--placer",
+        default="milp",
+        help="milp (default), greedy, first-fit, ...; NAME+offload and NAME+offload+replace "
+        "(moves, in free rounds) need --cluster",
+    )
     p.add_argument("--cluster", default=None, help="cluster spec (default: nodes as they report)")
     p.add_argument(
         "--discipline",
