@@ -10,7 +10,14 @@ from services.placement.ordered import OrderedPlacer
 from services.placement.registry import make_placer
 from services.placement.replace import ReplaceConfig, restart_cost_s
 from services.placement.rounds import PlacementState
-from shared.messages import Job, JobEvent, NodeStatus, OffloadSpec, PlacementBatch
+from shared.messages import (
+    Job,
+    JobEvent,
+    NodeStatus,
+    OffloadSpec,
+    PlacementBatch,
+    RoundRequest,
+)
 from tests.services.placement.test_replace import CLUSTER, GPT2XL, H, _slowdown
 
 CFG = ReplaceConfig(min_gain=0.1)
@@ -71,6 +78,21 @@ def test_the_service_moves_x_when_zs_node_frees(name: str) -> None:
     st.event(JobEvent("x", "started", 8 * H + 5, [zn]))
     assert st.offload.running["x"].start_s == 8 * H + 5
     assert st.offload.running["x"].before_s == pytest.approx(8 * H + 5 - 1.0)
+
+
+def test_a_driven_round_issues_no_move() -> None:
+    """Lockstep: the executor does not apply moves, so a driven round sends none where
+    a free round at the same point does."""
+    st = _state()
+    zn = _start(st, st.free_round(1, 0.0, [("z", 1.0)]), 0.0)["z"]
+    _start(st, st.free_round(2, 1.0, [("x", 2.0), ("y", 1.0)]), 1.0)
+    st.event(JobEvent("z", "finished", 8 * H, [zn]))
+    _free(st, zn)
+    st.request(RoundRequest(3, 8 * H, "score"))
+    st.request(RoundRequest(3, 8 * H, "place"))
+    (driven,) = st.answer_rounds()
+    assert driven.round_id == 3 and driven.moves == []
+    assert st.free_round(4, 8 * H, []).moves  # the same point, free: the move
 
 
 def test_a_refused_move_puts_the_job_back() -> None:
