@@ -11,10 +11,12 @@ change, and their share of the change of the avg JCT of the jobs that do not
 offload (wait change summed over the group / jobs that do not offload; the rest
 of the JCT change is run time: moved jobs finishing later or sooner do not enter
 here, only waits); then the `--days` submit days (UTC) whose jobs' summed wait
-changed most, each split into the 1-GPU jobs and the rest. The pattern these
-show at marking seeds 6, 8, 9 of README's "Results: re-placement" (8+ GPU jobs
-start hours sooner, 1-GPU jobs submitted on a few busy days hours later) is
-traced in docs/offload-replace-queue.md.
+changed most, each split into the 1-GPU jobs and the rest; last, each run's
+GPU-hours of checkpoint restore after moves (Σ restart_s × GPUs) and of unhidden
+migrations (Σ offload_s × GPUs): what moves cost the cluster and give back. The
+pattern these show at marking seeds 6, 8, 9 (8+ GPU jobs start hours sooner,
+1-GPU jobs submitted on a few busy days hours later) is traced in
+docs/offload-replace-queue.md.
 """
 
 from __future__ import annotations
