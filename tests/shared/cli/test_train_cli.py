@@ -94,6 +94,7 @@ def test_train_ablation_features_and_the_wait_bound(tmp_path: Path) -> None:
         (["--residual", "fifo"], "--residual 'fifo'"),
         (["--keep-every", "-1"], "--keep-every must be 0 or more"),
         (["--residual-bound", "-1"], "--residual-bound must be 0 or more"),
+        (["--bound-scale", "load"], "--bound-scale 'load'"),
     ],
 )
 def test_train_user_errors_are_one_line(
