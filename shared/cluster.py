@@ -94,7 +94,7 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise UserError(f"cluster file {p} is not valid YAML: {exc}") from exc
+        raise UserError(f"cluster file {p} is not valid YAML: {_yaml_problem(exc)}") from exc
     return parse_cluster(data, source=str(p))
 
 
@@ -236,3 +236,12 @@ def _parse_openb_csv(text: str, name: str, source: str) -> ClusterSpec:
     types = {n.gpu_type for n in nodes}
     speed = {t: DEFAULT_SPEEDS[t] for t in types if t in DEFAULT_SPEEDS}
     return ClusterSpec(name=name, nodes=tuple(nodes), speed=MappingProxyType(speed))
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error as one line: the problem and where (its own message spans lines
+    with a caret under the offending character)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem or exc.context}"
+    return " ".join(str(exc).split())

@@ -1,9 +1,9 @@
 """Re-placement of running offloading jobs: checkpoint, stop, restart elsewhere.
 
 Why: most migration time is held by a few offloading jobs that run for weeks on a
-run-time estimate of about an hour (README, "Where the migration time comes
-from"), so no placer can tell them apart when they start. What can be seen later
-is how long a job has run. A running offloading job becomes a candidate once it
+run-time estimate of about an hour (docs/offload-placement-results.md, "Where the
+migration time comes from"), so no placer can tell them apart when they start. What
+can be seen later is how long a job has run. A running offloading job becomes a candidate once it
 has run `after` times its run-time estimate and at least `min_run_s`; if the
 offload-aware placer (the MILP with the offload charge, or its greedy variant:
 offload_term.py) finds room for it on the free GPUs of other nodes where its time

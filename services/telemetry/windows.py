@@ -10,9 +10,12 @@ Figures (`snapshot`): the DESIGN.md metric keys computed by `shared.metrics.summ
 (the function `rltune simulate` uses) over two windows of the message clock
 (virtual time in simulation, epoch seconds live): `all` (every finished job)
 and `last:<N>s` (jobs that finished in the last N seconds), plus counters:
-jobs waiting / running / done, utilisation now per GPU type, rounds and
-throughput, placement latency, rejections, offload hit rate and migration
-latency. `reward` turns the last window into a `Reward` (see `Reward.parts`).
+jobs waiting / running / done (and `ahead`: accepted with a submit time after the
+cluster's clock, as a replay that publishes faster than the simulated cluster
+runs produces; they are not in its queue yet, so they are not `waiting`),
+utilisation now per GPU type, rounds and throughput, placement latency,
+rejections, offload hit rate and migration latency. `reward` turns the last
+window into a `Reward` (see `Reward.parts`).
 """
 
 from __future__ import annotations
@@ -162,18 +165,21 @@ class Telemetry:
         }
 
     def counters(self) -> dict[str, float]:
-        waiting = running = done = failed = 0
+        waiting = running = done = failed = ahead = 0
         for js in self.jobs.values():
             if js.done:
                 done += 1
                 failed += js.failed
             elif js.open_start is not None:
                 running += 1
+            elif js.job.submit_time > self.now:
+                ahead += 1
             else:
                 waiting += 1
         solves = list(self.solves.values())
         out: dict[str, float] = {
             "waiting": waiting,
+            "ahead": ahead,
             "running": running,
             "done": done,
             "failed": failed,

@@ -213,6 +213,7 @@ class _Progress:
     latest: dict[str, MetricsSnapshot] = field(default_factory=dict)
     rounds: list[tuple[float, float]] = field(default_factory=list)  # (wall, rounds)
     done_replay: bool = False
+    replay_clock: float | None = None  # trace submit time of the last job published
 
     def seen(self, snap: MetricsSnapshot) -> None:
         key = snap.source or snap.window
@@ -220,6 +221,17 @@ class _Progress:
         if key == FIGURES:
             self.rounds.append((time.monotonic(), snap.counters.get("rounds", 0.0)))
             self.rounds = self.rounds[-10:]
+
+    def lag(self) -> str:
+        """How far the simulated cluster's clock (telemetry's latest event time) is
+        behind the replay's, in trace time: the replay publishes each job at its
+        submit time / speedup of wall time, while the cluster's clock also loses each
+        round's latency, so a slow round lets jobs pile up `ahead` of it."""
+        tel = self.latest.get(FIGURES)
+        if tel is None or self.replay_clock is None or "clock_s" not in tel.counters:
+            return ""
+        behind = self.replay_clock - tel.counters["clock_s"]
+        return f", cluster clock {behind / 3600:.1f} h behind the replay" if behind > 60 else ""
 
     def rounds_per_s(self) -> float:
         if len(self.rounds) < 2 or self.rounds[-1][0] <= self.rounds[0][0]:
@@ -277,6 +289,7 @@ async def _replay(
             spec.submit_time = item.job.submit_s
             await producer.send(topic, spec.job_id, encode(spec))
             progress.submitted += 1
+            progress.replay_clock = item.job.submit_s
         await producer.flush()
     progress.done_replay = True
 
@@ -306,10 +319,12 @@ def view(latest: dict[str, MetricsSnapshot], rounds_per_s: float, head: str = ""
     t = Table(title=head or None, expand=True, show_header=False)
     t.add_column("what", no_wrap=True)
     t.add_column("value")
+    ahead = c.get("ahead", 0)
     t.add_row(
         "jobs",
         f"waiting {c.get('waiting', 0):.0f}  running {c.get('running', 0):.0f}  "
-        f"done {c.get('done', 0):.0f} (failed {c.get('failed', 0):.0f})",
+        f"done {c.get('done', 0):.0f} (failed {c.get('failed', 0):.0f})"
+        + (f"  submitted ahead of the cluster's clock {ahead:.0f}" if ahead else ""),
     )
     if tel:
         t.add_row(
@@ -378,7 +393,7 @@ async def _display(
     def head() -> str:
         return (
             f"replay {progress.submitted}/{progress.total} submitted, "
-            f"{time.monotonic() - progress.started:.0f} s"
+            f"{time.monotonic() - progress.started:.0f} s" + progress.lag()
         )
 
     if console.is_terminal:
@@ -398,7 +413,8 @@ async def _display(
                 n = c.counters if c else {}
                 console.print(
                     f"{head()}; waiting {n.get('waiting', 0):.0f} running "
-                    f"{n.get('running', 0):.0f} done {n.get('done', 0):.0f}; "
+                    f"{n.get('running', 0):.0f} done {n.get('done', 0):.0f} "
+                    f"ahead {n.get('ahead', 0):.0f}; "
                     f"{progress.rounds_per_s():.1f} rounds/s",
                     highlight=False,
                 )

@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -479,6 +480,41 @@ def test_docker_compose_config_is_valid(files: list[Path]) -> None:
     args = [a for f in files for a in ("-f", str(f))]
     run = subprocess.run([*cli, *args, "config", "-q"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
+
+
+def _check_compose(*files: Path) -> subprocess.CompletedProcess[str]:
+    """check-jsonschema with the Compose Specification's own JSON schema, which it
+    vendors (`--builtin-schema vendor.compose-spec`): a third-party check of every key
+    and value type that needs no Docker client."""
+    exe = Path(sys.executable).with_name("check-jsonschema")
+    cmd = [str(exe), "--builtin-schema", "vendor.compose-spec", *map(str, files)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def test_compose_files_match_the_compose_specification_schema() -> None:
+    run = _check_compose(COMPOSE_FILE, GPU_OVERLAY)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize(
+    ("break_it", "named"),
+    [
+        (lambda d: d["services"]["scoring"].update(restart_policy="always"), "restart_policy"),
+        (lambda d: d["services"]["scoring"].update(depends_on=5), "depends_on"),
+        (lambda d: d["services"]["scoring"].update(healthcheck={"every": "5s"}), "every"),
+    ],
+    ids=["unknown-key", "wrong-type", "unknown-nested-key"],
+)
+def test_the_compose_schema_check_refuses_a_broken_file(
+    tmp_path: Path, break_it: Any, named: str
+) -> None:
+    doc = yaml.safe_load(COMPOSE_FILE.read_text())
+    break_it(doc)
+    bad = tmp_path / "docker-compose.yml"
+    bad.write_text(yaml.safe_dump(doc))
+    run = _check_compose(bad)
+    assert run.returncode != 0
+    assert named in run.stdout + run.stderr
 
 
 def _kustomize_cli() -> list[str] | None:

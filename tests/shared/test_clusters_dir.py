@@ -5,7 +5,10 @@ from __future__ import annotations
 from itertools import pairwise
 from pathlib import Path
 
+import pytest
+
 from shared.cluster import load_cluster
+from shared.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2] / "clusters"
 
@@ -47,3 +50,23 @@ def test_rltune_synthetic_trace_runs_on_its_cluster_and_sjf_is_fifo_there() -> N
     sjf = simulate(jobs, cluster, make_policy("sjf-oracle"), GreedyPlacer(), SimConfig())
     assert fifo.rejected == {} and len(fifo.records) == len(jobs) == 960
     assert sjf.records == fifo.records
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("nodes: [\n", "line 2, column 1: expected the node content"),
+        ("a: [1, 2\nb: 3\n", "line 2, column 2: expected ',' or ']'"),
+    ],
+)
+def test_a_cluster_file_that_is_not_yaml_is_one_line_naming_where(
+    tmp_path: Path, text: str, where: str
+) -> None:
+    """PyYAML's own message spans lines (a caret under the character); the user gets
+    one line with the file, the line and column, and the problem."""
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(UserError) as err:
+        load_cluster(p)
+    assert str(err.value).startswith(f"cluster file {p} is not valid YAML: {where}")
+    assert "\n" not in str(err.value)

@@ -8,6 +8,7 @@ produce, in the same meaning, is refused with one line (`UserError`).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     except FileNotFoundError:
         raise UserError(f"checkpoint {path}: no such file") from None
     except Exception as exc:  # torch raises many kinds on a file that is not a checkpoint
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"checkpoint {path}: not a readable rltune checkpoint ({first})") from None
+        raise UserError(
+            f"checkpoint {path}: not a readable rltune checkpoint ({_why_unreadable(path, exc)})"
+        ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UserError(f"checkpoint {path}: not an rltune RL checkpoint (format {FORMAT})")
     features = tuple(data["features"])
@@ -82,3 +84,14 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(
         net, features, dict(data.get("meta") or {}), data.get("optimizer"), data.get("state") or {}
     )
+
+
+def _why_unreadable(path: Path, exc: Exception) -> str:
+    """One short clause: torch's own messages run to a paragraph (the weights-only
+    advice), which says nothing useful about a file that is not a checkpoint at all."""
+    with contextlib.suppress(OSError), path.open("rb") as f:
+        if f.read(4) != b"PK\x03\x04":
+            return "not a torch.save file: no zip archive"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    first = text.split(". ")[0]
+    return first if len(first) <= 160 else first[:157] + "..."

@@ -201,8 +201,13 @@ def test_mismatched_checkpoint_is_refused_with_one_line(tmp_path: Path) -> None:
         load_checkpoint(bad)
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a checkpoint")
-    with pytest.raises(UserError, match="not a readable rltune checkpoint"):
+    with pytest.raises(UserError, match=r"not a readable rltune checkpoint \(not a torch.save"):
         load_checkpoint(junk)
+    cut = tmp_path / "cut.pt"  # a checkpoint cut short (a copy that stopped halfway)
+    cut.write_bytes(good.read_bytes()[:3000])
+    with pytest.raises(UserError, match="not a readable rltune checkpoint") as err:
+        load_checkpoint(cut)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"job_id": "a", "num_gpus": 1, "submit_time": 0, "duration_s": 5}\n')
     cluster = tmp_path / "c.yaml"

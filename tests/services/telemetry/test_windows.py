@@ -24,3 +24,18 @@ def test_a_job_killed_while_queued_is_failed_with_no_jct() -> None:
         snap = t.snapshot(50.0, window)
         assert (snap.jobs, snap.avg_jct_s, snap.avg_queue_s) == (1, 40.0, 10.0)
     assert t.reward().parts["jobs"] == 1.0
+
+
+def test_a_job_submitted_after_the_clusters_clock_is_ahead_not_waiting() -> None:
+    """A replay that publishes faster than the simulated cluster runs: jobs whose submit
+    time the cluster's clock has not reached are not in its queue, so not `waiting`."""
+    t = Telemetry(window_s=100.0)
+    t.node(NodeStatus("h", "V100", 2, [0, 1], time=50.0))  # the cluster's clock: 50 s
+    t.accepted(Job("due", 1, 50.0))  # submitted at the clock: waiting
+    t.accepted(Job("early", 1, 10.0))  # waiting
+    t.accepted(Job("future", 1, 51.0))  # one second ahead of the clock
+    c = t.counters()
+    assert (c["waiting"], c["ahead"], c["running"]) == (2, 1, 0)
+    t.event(JobEvent("early", "started", 60.0, ["h"]))  # the clock passes 51 s
+    c = t.counters()
+    assert (c["waiting"], c["ahead"], c["running"]) == (2, 0, 1)
