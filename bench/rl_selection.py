@@ -71,6 +71,7 @@ PROTOCOLS: dict[str, tuple[tuple[Setting, ...], tuple[int, ...]]] = {
     "small": ((Setting("clusters/philly-hetero-small.yaml", "2017-10-15", "", ""),), (-1, 1, 2, 3)),
 }
 BIG = "16+"  # the size bucket of the large-job target
+TOP = 60.0  # the plot's bars stop here (fifo's are +150-260%); their labels say how far
 
 
 def run(protocol: str, policies: list[str], trace: str) -> None:
@@ -191,7 +192,13 @@ def plot(summary: dict[str, dict[str, dict]], out: Path) -> None:
     width = 0.8 / max(len(protocols), 1)
     for i, p in enumerate(protocols):
         ys = [100 * (summary[p].get(n, {}).get("ratio") or float("nan")) for n in names]
-        ax.bar([k + i * width for k in range(len(names))], ys, width, label=p)
+        xs = [k + i * width for k in range(len(names))]
+        ax.bar(xs, [min(y, TOP) for y in ys], width, label=p)
+        for x, y in zip(xs, ys, strict=True):
+            if y == y:  # not NaN: label every bar, the clipped ones with their value
+                ax.text(x, min(y, TOP), f"{y:+.0f}", ha="center", fontsize=6,
+                        va="bottom" if y >= 0 else "top")  # fmt: skip
+    ax.set_ylim(-30, TOP + 8)
     ax.axhline(0, color="black", lw=0.8)
     ax.axhline(-10, color="grey", ls="--", lw=0.8, label="target: -10%")
     ax.set_xticks([k + width * (len(protocols) - 1) / 2 for k in range(len(names))])
