@@ -23,6 +23,7 @@ __all__ = [
     "JobSpec",
     "KillRequest",
     "MetricsSnapshot",
+    "MoveOrder",
     "NodeStatus",
     "OffloadSpec",
     "OffloadStats",
@@ -174,6 +175,21 @@ class Assignment(Struct):
     gpu_indices: list[int]
 
 
+class MoveOrder(Struct):
+    """Placement asks the executor to move a running job: checkpoint it, give back its
+    GPUs and restart it on `assignments` (one per node). The executor reports the new
+    segment as `started` (node_ids and GPUs of the new place, detail "moved"); it may
+    refuse a move whose GPUs are not free (`rejected_placement`: the job keeps running
+    where it is). `restart_s`: what the move is expected to cost the job (restart
+    overhead plus the checkpoint written and read back); `saved_s`: the run time it is
+    expected to save (services/placement/replace.py)."""
+
+    job_id: str
+    assignments: list[Assignment]
+    restart_s: float = 0.0
+    saved_s: float = 0.0
+
+
 class PlacementBatch(Struct):
     round_id: int
     time: float
@@ -183,6 +199,8 @@ class PlacementBatch(Struct):
     # appended (issue 10): the placer's other figures, e.g. "head" (the window index of
     # the first job that could not start, -1 if none) and "reservation_s" (EASY)
     extra: dict[str, float] = {}
+    # appended (issue 13): running jobs to move (`--placer NAME+offload+replace`)
+    moves: list[MoveOrder] = []
 
 
 JobEventKind = Literal["started", "finished", "failed", "rejected_placement", "preempted"]

@@ -23,10 +23,19 @@ import math
 import time
 from collections import Counter
 
+from services.placement.moves import RunningOffloads
 from services.placement.ordered import OrderedPlacer
 from services.placement.view import FreeView
 from shared.cluster import ClusterSpec
-from shared.messages import Assignment, Job, JobEvent, NodeStatus, PlacementBatch, RoundRequest
+from shared.messages import (
+    Assignment,
+    Job,
+    JobEvent,
+    MoveOrder,
+    NodeStatus,
+    PlacementBatch,
+    RoundRequest,
+)
 from shared.placement_api import (
     FULL_GPU,
     Allocation,
@@ -70,15 +79,26 @@ class PlacementState:
         self.answered: dict[int, PlacementBatch] = {}  # driven: the last answers (resends)
         self.solve_ms: list[float] = []
         self.counts: Counter[str] = Counter()
+        # an offload-aware placer (NAME+offload...) reads the running offloading jobs
+        # through the cost model over the cluster spec's nodes (moves.py)
+        inner = placer.inner
+        self.offload: RunningOffloads | None = None
+        if cluster is not None and hasattr(inner, "offload_view"):
+            self.offload = RunningOffloads(cluster)
+            setattr(inner, "offload_view", self.offload.state)  # noqa: B010
 
     # ---- inputs -------------------------------------------------------------------------
     def accepted(self, job: Job) -> None:
         self.jobs.setdefault(job.job_id, job)
+        if self.offload is not None:
+            self.offload.accepted(job)
 
     def node(self, status: NodeStatus) -> None:
         self.view.update(status)
 
     def event(self, ev: JobEvent) -> None:
+        if self.offload is not None:
+            self.offload.event(ev)
         if ev.kind in ("started", "finished", "failed"):
             self.placed.discard(ev.job_id)
             self.gone.add(ev.job_id)
@@ -98,7 +118,7 @@ class PlacementState:
             if jid in self.jobs and jid not in self.placed and jid not in self.gone
         ]
         self.counts["unknown_jobs"] += sum(1 for jid, _ in jobs if jid not in self.jobs)
-        batch = self._solve(round_id, now, reqs)
+        batch = self._solve(round_id, now, reqs, moves=True)
         for a in batch.assignments:
             self.placed.add(a.job_id)
         return batch
@@ -144,8 +164,15 @@ class PlacementState:
         return {n.node_id: n.gpu_type for n in self.view.cluster.nodes}
 
     def _solve(
-        self, round_id: int, now: float, reqs: list[JobRequest], ctx: RoundContext | None = None
+        self,
+        round_id: int,
+        now: float,
+        reqs: list[JobRequest],
+        ctx: RoundContext | None = None,
+        moves: bool = False,
     ) -> PlacementBatch:
+        """Solve one round; with `moves` (free rounds only: the lockstep executor does
+        not apply moves yet) also ask for one re-placement move (moves.py)."""
         cluster = self.view.cluster
         speed = {t: speed_of(t, cluster.speed) for t in cluster.gpu_types}
         t0 = time.perf_counter()
@@ -158,6 +185,24 @@ class PlacementState:
         self.solve_ms.append(wall_ms)
         self.counts["rounds"] += 1
         self.view.take(result.allocations)
+        orders = []
+        if self.offload is not None:
+            for a in result.allocations:
+                self.offload.given_gpus(a)
+        if self.offload is not None and moves:
+            waiting = len(reqs) - len(result.allocations)
+            mv = self.offload.move(self.placer.inner, now, self.view.free_nodes(), speed, waiting)
+            if mv is not None:
+                self.view.take([mv.alloc])
+                self.counts["moves"] += 1
+                orders.append(
+                    MoveOrder(
+                        mv.job_id,
+                        [Assignment(mv.job_id, n, list(g)) for n, g in mv.alloc.gpus],
+                        mv.cost_s,
+                        mv.saved_s,
+                    )
+                )
         return PlacementBatch(
             round_id=round_id,
             time=now,
@@ -169,4 +214,5 @@ class PlacementState:
             solver_ms=result.solver_ms or wall_ms,
             solver_status=result.status if reqs else "EMPTY",
             extra={k: float(v) for k, v in result.extra.items() if math.isfinite(v)},
+            moves=orders,
         )

@@ -1,5 +1,10 @@
 """Placement service: `sched.priorities` (+ `sched.rounds`) → `sched.placements`.
 
+With `--placer NAME+offload+replace` (and `--cluster`) a batch of a free round may
+also carry `moves`: running offloading jobs to checkpoint and restart elsewhere
+(services/placement/moves.py), at most one per round (none in driven rounds: the
+lockstep executor does not apply moves yet).
+
 Consumes `jobs.accepted`, `cluster.nodes`, `jobs.events`, `sched.priorities`
 (it owns that topic's dead letters) and `sched.rounds`; keeps its own view of
 the free GPUs (`services.placement.view`) and solves with the placer by name
@@ -20,11 +25,12 @@ from dataclasses import dataclass
 import msgspec
 
 from services.placement.ordered import OrderedPlacer
-from services.placement.registry import make_placer
+from services.placement.registry import OFFLOAD_SUFFIX, make_placer
 from services.placement.rounds import PlacementState
 from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, run_service
 from shared.cluster import load_cluster
 from shared.config import BusSettings
+from shared.errors import UserError
 from shared.messages import (
     Job,
     JobEvent,
@@ -52,7 +58,12 @@ class PlacementSettings:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--placer", default="milp", help="milp (default), greedy, first-fit, ...")
+    p.add_argument(
+        "--placer",
+        default="milp",
+        help="milp (default), greedy, first-fit, ...; NAME+offload and NAME+offload+replace "
+        "(moves, in free rounds) need --cluster",
+    )
     p.add_argument("--cluster", default=None, help="cluster spec (default: nodes as they report)")
     p.add_argument(
         "--discipline",
@@ -69,6 +80,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> PlacementSettings:
     make_placer(args.placer)  # a bad name is one line and exit 2, before connecting
+    if OFFLOAD_SUFFIX in args.placer and not args.cluster:
+        raise UserError(
+            f"--placer {args.placer} needs --cluster: its offload cost model reads the "
+            "nodes' PCIe and NVMe GB/s and host memory from the cluster spec"
+        )
     return PlacementSettings(args.placer, args.cluster, args.reproducible, args.discipline)
 
 
@@ -106,6 +122,8 @@ class PlacementHandler:
             SOLVE_SECONDS.observe(b.solver_ms / 1e3)
         self.stats.extra["rounds"] = self.state.counts["rounds"]
         self.stats.extra["rejected_placement"] = self.state.counts["rejected_placement"]
+        if self.state.offload is not None:
+            self.stats.extra["moves"] = self.state.counts["moves"]
         if self.state.solve_ms:
             self.stats.extra["last_solve_ms"] = round(self.state.solve_ms[-1])
         return [Outgoing(self.t.sched_placements, str(b.round_id), encode(b)) for b in batches]
