@@ -14,6 +14,7 @@ from shared.traces._io import parse_time
 
 __all__ = [
     "ARG_DOCS",
+    "BOUND_SCALES",
     "FEATURE_SETS",
     "HEURISTICS",
     "OBJECTIVES",
@@ -28,6 +29,7 @@ __all__ = [
 OBJECTIVES = ("bsld", "queue", "jct", "util")
 RESIDUALS = ("drf",)  # network.BASES (that module imports torch)
 REWARDS = ("episode", "round")
+BOUND_SCALES = ("fixed", "backlog")  # the wait bound: as given, or x (1 + waiting / GPUs)
 
 _BASE = tuple(f for f in JOB_FEATURES if f not in OFFLOAD_FEATURES)
 FEATURE_SETS = {
@@ -96,6 +98,9 @@ class Args:
     when it serves, not in training episodes (0: none)"""
     bound_gpus: int = 16
     """the smallest job (GPUs) the wait bound applies to"""
+    bound_scale: str = "fixed"
+    """fixed: the bound is --max-wait-h; backlog: --max-wait-h x (1 + GPUs asked by
+    waiting jobs / the cluster's GPUs) at each round, later the fuller the queue"""
     features: str = "all"
     """feature set: all, no-history (the ablation), or offload (all + offload_pressure)"""
     hidden: int = 32
@@ -175,6 +180,10 @@ def validate(args: Args) -> None:
         raise UserError(f"--reward {args.reward!r}: choose from {', '.join(REWARDS)}")
     if args.teacher not in TEACHERS:
         raise UserError(f"--teacher {args.teacher!r}: choose from {', '.join(TEACHERS)}")
+    if args.bound_scale not in BOUND_SCALES:
+        raise UserError(
+            f"--bound-scale {args.bound_scale!r}: choose from {', '.join(BOUND_SCALES)}"
+        )
     if args.residual not in ("", *RESIDUALS):
         raise UserError(f"--residual {args.residual!r}: choose from {', '.join(RESIDUALS)}")
     if args.residual_bound < 0:

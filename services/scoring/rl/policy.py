@@ -31,7 +31,12 @@ which fall on the largest jobs. Applied to every job it is FIFO for every job
 past the bound, which on a loaded cluster is most of the queue (measured on the
 validation slice: bounded slowdown 2.7x, README); hence the size threshold.
 The recorded round (`Step`) holds only the jobs the network ranked, so PPO's
-log-probabilities are those of its own choices.
+log-probabilities are those of its own choices. `bound_scale="backlog"` scales the
+bound with the load the policy sees: `max_wait_s x (1 + waiting GPUs / cluster
+GPUs)` at each round, so that on a cluster whose queue holds more work than it has
+GPUs a large job is put ahead later (each one put ahead under EASY holds a
+reservation that idles GPUs; a fixed bound fired on most large jobs at a load of
+1.18 and cost 37% of bounded slowdown there, docs/rl-selection.md).
 
 How it scores: the encoder (`shared.policy_features.encode`, vectorised over the
 window) and the network's forward pass in numpy with the module's weights
@@ -59,6 +64,7 @@ from typing import Protocol
 
 import numpy as np
 
+from services.scoring.rl.args import BOUND_SCALES
 from services.scoring.rl.network import ScoreNet, WindowScorer
 from services.scoring.rl.ppo import sample_ranking
 from shared.errors import UserError
@@ -99,7 +105,10 @@ class RLPolicy:
         sample: bool = False,
         max_wait_s: float | None = None,
         bound_gpus: int = 1,
+        bound_scale: str = "fixed",
     ) -> None:
+        if bound_scale not in BOUND_SCALES:
+            raise UserError(f"bound scale {bound_scale!r}: choose from {', '.join(BOUND_SCALES)}")
         self.net = net.eval()
         self._scorer = WindowScorer(net)
         self.features = tuple(features)
@@ -109,6 +118,7 @@ class RLPolicy:
         self.sample = sample
         self.max_wait_s = max_wait_s
         self.bound_gpus = bound_gpus
+        self.bound_scale = bound_scale
         self.recorder: Recorder | None = None
         self.reset_state(0)
 
@@ -200,6 +210,13 @@ class RLPolicy:
                 break
         return pool
 
+    def bound_s(self, obs: Observation) -> float:
+        """The wait past which a job of `bound_gpus` or more goes ahead, this round."""
+        assert self.max_wait_s is not None
+        if self.bound_scale == "backlog":
+            return self.max_wait_s * (1.0 + obs.waiting_gpus() / max(obs.total_gpus(), 1))
+        return self.max_wait_s
+
     # ---- scoring ------------------------------------------------------------------------
     def encode(self, pool: list[QueuedJob], obs: Observation) -> np.ndarray:
         """Every JOB_FEATURES column of the jobs of `pool` [len(pool), len(JOB_FEATURES)]."""
@@ -214,7 +231,7 @@ class RLPolicy:
         pool = self.candidates(obs)
         forced: list[QueuedJob] = []
         if self.max_wait_s is not None and pool:
-            bound = obs.now - self.max_wait_s
+            bound = obs.now - self.bound_s(obs)
             big = self.bound_gpus
             forced = [j for j in pool if j.submit_s <= bound and j.num_gpus >= big]  # oldest first
             if forced:

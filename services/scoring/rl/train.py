@@ -310,6 +310,7 @@ def train(
         "val_jobs": len(val_jobs),
         "max_wait_s": args.max_wait_h * 3600.0 if args.max_wait_h else None,
         "bound_gpus": args.bound_gpus,
+        "bound_scale": args.bound_scale,
     }
     if args.offload_fraction:
         meta["offload_marking"] = describe_marking(args.offload_fraction, args.seed)

@@ -275,10 +275,40 @@ def test_the_wait_bound_travels_in_the_checkpoint(tmp_path: Path) -> None:
     from services.scoring.rl import load_policy
 
     for meta, want in (
-        ({}, (None, 1)),
-        ({"max_wait_s": 7200.0, "bound_gpus": 16}, (7200.0, 16)),
+        ({}, (None, 1, "fixed")),
+        ({"max_wait_s": 7200.0, "bound_gpus": 16}, (7200.0, 16, "fixed")),
+        (
+            {"max_wait_s": 7200.0, "bound_gpus": 16, "bound_scale": "backlog"},
+            (7200.0, 16, "backlog"),
+        ),
     ):
         path = tmp_path / "m.pt"
         save_checkpoint(path, Checkpoint(_net(), JOB_FEATURES, meta))
         policy = load_policy(str(path))
-        assert (policy.max_wait_s, policy.bound_gpus) == want
+        assert (policy.max_wait_s, policy.bound_gpus, policy.bound_scale) == want
+
+
+def test_the_backlog_bound_scales_with_the_waiting_gpus() -> None:
+    """Hand-computed: 6 GPUs, 7 waiting (4 + 2 + 1), so a 300 s bound becomes
+    300 x (1 + 7/6) = 650 s. The 4-GPU job (waited 1000 s) goes ahead under both
+    scales; the 2-GPU job (waited 600 s) only under the fixed one, so the network
+    ranks it (it is in the recorded round) under the backlog one."""
+    history = History()
+    jobs = [QueuedJob(0, "a", 0.0, 4, vc="a"), QueuedJob(1, "b", 400.0, 2, vc="b"),
+            QueuedJob(2, "c", 900.0, 1, vc="c")]  # fmt: skip
+    obs = _obs(history, jobs)  # now = 1000
+    ranked = {}
+    for scale in ("fixed", "backlog"):
+        p = RLPolicy(_net(), JOB_FEATURES, max_wait_s=300.0, bound_gpus=2, bound_scale=scale)
+        p.reset(PolicyContext(CLUSTER, history))
+        for j in jobs:
+            p.add(j)
+        steps: list[Step] = []
+        p.recorder = _Steps(steps)
+        head = [j.seq for j in p.window(3, obs)]
+        ranked[scale] = (p.bound_s(obs), head, sorted(steps[0].pool))
+    assert ranked["fixed"][0] == 300.0 and ranked["backlog"][0] == pytest.approx(650.0)
+    assert ranked["fixed"][1][:2] == [0, 1] and ranked["fixed"][2] == [2]
+    assert ranked["backlog"][1][0] == 0 and ranked["backlog"][2] == [1, 2]
+    with pytest.raises(UserError, match="bound scale 'load'"):
+        RLPolicy(_net(), JOB_FEATURES, max_wait_s=300.0, bound_scale="load")

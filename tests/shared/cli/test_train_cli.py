@@ -72,11 +72,12 @@ def test_train_ablation_features_and_the_wait_bound(tmp_path: Path) -> None:
     from services.scoring.rl import load_policy
 
     argv = _train(tmp_path, "n.pt", "--iterations", "1", "--features", "no-history")
-    assert main([*argv, "--no-context", "--max-wait-h", "2", "--bound-gpus", "4"]) == 0
+    bound = ["--max-wait-h", "2", "--bound-gpus", "4", "--bound-scale", "backlog"]
+    assert main([*argv, "--no-context", *bound]) == 0
     ckpt = load_checkpoint(tmp_path / "n.pt")
     assert not set(ckpt.features) & set(HISTORY_FEATURES) and not ckpt.net.cfg.context
     policy = load_policy(str(tmp_path / "n.pt"))  # the bound it was trained with serves
-    assert (policy.max_wait_s, policy.bound_gpus) == (7200.0, 4)
+    assert (policy.max_wait_s, policy.bound_gpus, policy.bound_scale) == (7200.0, 4, "backlog")
 
 
 @pytest.mark.parametrize(
@@ -94,6 +95,7 @@ def test_train_ablation_features_and_the_wait_bound(tmp_path: Path) -> None:
         (["--residual", "fifo"], "--residual 'fifo'"),
         (["--keep-every", "-1"], "--keep-every must be 0 or more"),
         (["--residual-bound", "-1"], "--residual-bound must be 0 or more"),
+        (["--bound-scale", "load"], "--bound-scale 'load'"),
     ],
 )
 def test_train_user_errors_are_one_line(
