@@ -8,10 +8,15 @@ on the same batches with the same per-parameter AdamW. The fast tier holds
 `--fast-frac` of the parameter+state bytes, the host tier `--host-frac`, so
 tensors (params included) spill to swap files on the real disk (O_DIRECT when
 it allows). Peak fast-tier and host buffer bytes are reported per strategy.
-Steps are interleaved round-robin across the four engines (starting one
-further each step) so that load from other processes hits all of them
-alike; each step's time includes waiting for every copy it started (nothing
-is left running into the next one). Without
+After `--warmup` steps, each engine runs `--repeats` blocks of one untimed
+lead-in step and `--steps` timed steps, the blocks interleaved round-robin
+across the engines (starting one further each repeat) so that load from
+other processes hits all of them alike. A timed step runs from the end of
+the step before it to its own end, with nothing drained in between: the
+prefetches a step starts for the next one are paid where they are waited
+for, as in a training loop (the lead-in absorbs the drain between blocks).
+Step times are medians over all timed steps, with quartiles and range; each
+ratio also per repeat (`ratio_spread`). Without
 CUDA (`--device cpu`) the fast tier is host memory: torch computes on one
 thread and the other core is the I/O side (what a GPU's copy engines are).
 With CUDA (`--device cuda`, or `auto` where there is a GPU) the fast tier is
@@ -22,12 +27,15 @@ streams; kernels are made deterministic so the losses can match exactly.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +69,12 @@ class BenchArgs:
     vocab: int = 2048
     seq: int = 64
     batch: int = 4
-    steps: int = 8  # measured steps per strategy
+    steps: int = 2  # timed steps per strategy in each repeat (after one lead-in)
+    repeats: int = 4  # interleaved blocks per strategy: steps x repeats timed steps
+    # continuous: a step from the end of the one before (what a training loop
+    # sees); both: also the previous accounting (each step drained at its end,
+    # in the same repeats: `step_ms_drained`), to compare the two
+    timing: str = "continuous"
     warmup: int = 2  # first: recorded profile (tencache plans after it)
     fast_frac: float = 0.3  # fast budget as a fraction of parameter + AdamW state bytes
     host_frac: float = 0.07  # host budget as a fraction of parameter + AdamW state bytes
@@ -83,17 +96,22 @@ class BenchArgs:
 
 def _parse(argv: list[str]) -> BenchArgs:
     p = argparse.ArgumentParser(prog="rltune bench offload", description=__doc__)
-    for field, default in asdict(BenchArgs()).items():
+    for key, default in asdict(BenchArgs()).items():
         kind = type(default) if default is not None else str
-        p.add_argument("--" + field.replace("_", "-"), type=kind, default=default)
+        p.add_argument("--" + key.replace("_", "-"), type=kind, default=default)
     a = BenchArgs(**vars(p.parse_args(argv)))
-    if a.steps < 1 or a.warmup < 1 or a.dim % 8 or a.fast_frac <= 0:
-        raise UserError("need --steps >= 1, --warmup >= 1, --dim a multiple of 8, --fast-frac > 0")
+    if a.steps < 1 or a.repeats < 1 or a.warmup < 1 or a.dim % 8 or a.fast_frac <= 0:
+        raise UserError(
+            "need --steps >= 1, --repeats >= 1, --warmup >= 1, --dim a multiple of 8, "
+            "--fast-frac > 0"
+        )
     unknown = set(a.archs.split(",")) - set(ALL_ARCHS)
     if unknown:
         raise UserError(f"--archs: unknown {sorted(unknown)}; choose from {', '.join(ALL_ARCHS)}")
     if a.link_gbps not in ("none", "auto"):
         _explicit_rates(a.link_gbps)
+    if a.timing not in ("continuous", "both"):
+        raise UserError(f"--timing {a.timing!r}: choose continuous or both")
     if a.device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device {a.device!r}: choose auto, cpu or cuda")
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -267,18 +285,128 @@ def _emulation(link: dict[str, Any]) -> LinkEmulation | None:
     return LinkEmulation(link["pcie_gbps"], link["nvme_gbps"])
 
 
-def _timed_step(engine: OffloadEngine, w: Workload, step: int) -> tuple[float, float, float]:
-    """One training step; (loss, wall ms including every copy it started, process
-    CPU ms over that time: compute plus the I/O threads' own work)."""
-    t0, c0 = time.perf_counter(), time.process_time()
+@dataclass
+class Measured:
+    """One engine's measured steps. `blocks[r]`: the wall ms of each measured step
+    of repeat r, each from the end of the step before it to its own end, with
+    nothing drained in between: a prefetch a step starts for the next one
+    counts where its wait falls, as in a training loop. Counters are summed
+    over the measured steps only."""
+
+    losses: dict[int, float] = field(default_factory=dict)  # step index -> loss
+    blocks: list[list[float]] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    hits: int = 0
+    late: int = 0
+    misses: int = 0
+    wait_ms: float = 0.0
+    bytes_moved: int = 0
+    link_busy_ms: dict[str, float] = field(default_factory=dict)  # emulated link, summed
+    tail_ms: list[float] = field(default_factory=list)  # each block's drain, not counted
+    # `--timing both`: steps timed the previous way, each from a drained cache to
+    # the end of its own drain (which waits for the next step's prefetches too)
+    drained: list[float] = field(default_factory=list)
+
+    @property
+    def times(self) -> list[float]:
+        return [t for b in self.blocks for t in b]
+
+    @property
+    def steps(self) -> int:
+        return len(self.times)
+
+    @property
+    def hit_rate(self) -> float:
+        n = self.hits + self.late + self.misses
+        return self.hits / n if n else 1.0
+
+    @property
+    def late_rate(self) -> float:
+        n = self.hits + self.late + self.misses
+        return self.late / n if n else 0.0
+
+
+def _counters(engine: OffloadEngine) -> tuple[int, int, int, float, int]:
+    st = engine.stats
+    return st.hits, st.late, st.misses, st.wait_ms, st.bytes_in + st.bytes_out
+
+
+def _link_busy(engine: OffloadEngine) -> dict[str, float]:
+    """Seconds each emulated link has been reserved (none without emulation)."""
+    link = getattr(engine.device, "link", None)
+    if not isinstance(link, LinkEmulation):
+        return {}
+    return {"nvme": link.nvme.busy_s, "pcie_h2d": link.h2d.busy_s, "pcie_d2h": link.d2h.busy_s}
+
+
+def _one_step(engine: OffloadEngine, w: Workload, step: int) -> float:
     with engine.step():
         loss = w.loss(engine.model, step)
         loss.backward()
+    return float(loss.item())
+
+
+def _timed_block(
+    engine: OffloadEngine,
+    w: Workload,
+    first: int,
+    n: int,
+    m: Measured,
+    after: Callable[[OffloadEngine], None],
+) -> None:
+    """Steps `first` .. `first + n` of one engine back to back; the first is a
+    lead-in, not timed: it starts from a drained cache, so the copies the drain
+    finished would make it look faster than a step in a running loop. Each of
+    the next `n` is timed from the end of the step before it (not from a
+    drain) to its own end (the engine synchronises the device there), so the
+    prefetches one step starts for the next are not waited for at its end but
+    count in whichever step waits for them. After the block everything in flight
+    is drained, untimed, so that the next engine's steps start with the I/O
+    threads and the link idle."""
+    m.losses[first] = _one_step(engine, w, first)
+    after(engine)
+    before, busy = _counters(engine), _link_busy(engine)
+    t_prev, c_prev = time.perf_counter(), time.process_time()
+    block: list[float] = []
+    for step in range(first + 1, first + 1 + n):
+        m.losses[step] = _one_step(engine, w, step)
+        t, c = time.perf_counter(), time.process_time()
+        block.append((t - t_prev) * 1e3)
+        m.cpu.append((c - c_prev) * 1e3)
+        after(engine)  # a re-plan (tencache after its warm-up) is not timed
+        t_prev, c_prev = time.perf_counter(), time.process_time()
+    now = _counters(engine)
+    m.hits += now[0] - before[0]
+    m.late += now[1] - before[1]
+    m.misses += now[2] - before[2]
+    m.wait_ms += now[3] - before[3]
+    m.bytes_moved += now[4] - before[4]
+    for k, v in _link_busy(engine).items():  # reservations up to the last step's end
+        m.link_busy_ms[k] = m.link_busy_ms.get(k, 0.0) + (v - busy[k]) * 1e3
+    m.blocks.append(block)
     assert engine.cache is not None
+    t0 = time.perf_counter()
     engine.cache.drain()
-    ms = (time.perf_counter() - t0) * 1e3
-    cpu = (time.process_time() - c0) * 1e3
-    return float(loss.item()), ms, cpu
+    m.tail_ms.append((time.perf_counter() - t0) * 1e3)
+
+
+def _drained_block(
+    engine: OffloadEngine,
+    w: Workload,
+    first: int,
+    n: int,
+    m: Measured,
+    after: Callable[[OffloadEngine], None],
+) -> None:
+    """The accounting this bench used before: each step timed up to the end of a
+    drain of every copy in flight, the next step's prefetches included."""
+    assert engine.cache is not None
+    for step in range(first, first + n):
+        t0 = time.perf_counter()
+        m.losses[step] = _one_step(engine, w, step)
+        engine.cache.drain()
+        m.drained.append((time.perf_counter() - t0) * 1e3)
+        after(engine)
 
 
 def _rotated(engines: dict[str, OffloadEngine], step: int) -> list[tuple[str, OffloadEngine]]:
@@ -289,17 +417,57 @@ def _rotated(engines: dict[str, OffloadEngine], step: int) -> list[tuple[str, Of
     return order[k:] + order[:k]
 
 
-def _step(
-    engine: OffloadEngine, w: Workload, a: BenchArgs, step: int
-) -> tuple[float, float, float]:
-    """`_timed_step`, then tencache's plan once its warm-up profile is there."""
-    out = _timed_step(engine, w, step)
-    ready = engine.config.strategy == "tencache" and engine.profile_ready
-    if ready and not engine.apply_plan(
-        build_plan(engine.profile(), engine.budgets, window=a.window, stream_share=a.stream_share)
-    ):
-        raise RuntimeError(f"plan refused: {engine.last_error}")
+def interleaved(
+    engines: dict[str, OffloadEngine],
+    w: Workload,
+    a: BenchArgs,
+    after: Callable[[str, OffloadEngine], None],
+    advance: Callable[[], None] = lambda: None,
+) -> dict[str, Measured]:
+    """`a.warmup` steps per engine, round-robin, each drained at its end (the first
+    is tencache's recorded profile; `after(name, engine)` runs after every
+    step: the bench plans there), then `a.repeats` blocks per engine of one
+    lead-in and `a.steps` timed steps (`_timed_block`), round-robin, starting
+    one engine further each repeat, so that load from other processes hits all
+    of them alike (with `a.timing == "both"`, each block is followed by
+    `a.steps` steps timed the previous way, `_drained_block`). Every engine runs
+    the same step indices (the same batches)."""
+    out = {name: Measured() for name in engines}
+    for step in range(a.warmup):
+        for name, engine in _rotated(engines, step):
+            out[name].losses[step] = _one_step(engine, w, step)
+            assert engine.cache is not None
+            engine.cache.drain()
+            after(name, engine)
+            advance()
+    for engine in engines.values():
+        engine.stats.reset()
+    both = a.timing == "both"
+    per_repeat = a.steps + 1 + (a.steps if both else 0)
+    for r in range(a.repeats):
+        first = a.warmup + r * per_repeat
+        for name, engine in _rotated(engines, r):
+            _timed_block(engine, w, first, a.steps, out[name], partial(after, name))
+            if both:
+                then = first + a.steps + 1
+                _drained_block(engine, w, then, a.steps, out[name], partial(after, name))
+            for _ in range(per_repeat):
+                advance()
     return out
+
+
+def _plan_after(a: BenchArgs) -> Callable[[str, OffloadEngine], None]:
+    def after(name: str, engine: OffloadEngine) -> None:
+        """tencache's plan once its warm-up profile is there."""
+        if engine.config.strategy != "tencache" or not engine.profile_ready:
+            return
+        plan = build_plan(
+            engine.profile(), engine.budgets, window=a.window, stream_share=a.stream_share
+        )
+        if not engine.apply_plan(plan):
+            raise RuntimeError(f"plan refused: {engine.last_error}")
+
+    return after
 
 
 def _run(
@@ -318,46 +486,52 @@ def _run(
                     raise
                 out[s] = {"cannot_start": str(exc)}
                 console.print(f"[yellow]{exc}: {s} is left out of {w.arch}'s comparison")
-        losses: dict[str, list[float]] = {s: [] for s in STRATEGIES}
-        times: dict[str, list[float]] = {s: [] for s in STRATEGIES}
-        cpus: dict[str, list[float]] = {s: [] for s in STRATEGIES}
-        total = (a.warmup + a.steps) * len(engines)
+        per_repeat = a.steps + 1 + (a.steps if a.timing == "both" else 0)
+        total = (a.warmup + a.repeats * per_repeat) * len(engines)
         with Progress(console=console, transient=True) as progress:
-            task = progress.add_task(f"{w.arch} (round-robin over strategies)", total=total)
-            for step in range(a.warmup + a.steps):
-                for s, engine in _rotated(engines, step):
-                    if step == a.warmup:
-                        engine.stats.reset()
-                    loss, ms, cpu = _step(engine, w, a, step)
-                    losses[s].append(loss)
-                    if step >= a.warmup:
-                        times[s].append(ms)
-                        cpus[s].append(cpu)
-                    progress.advance(task)
+            task = progress.add_task(f"{w.arch} (interleaved over strategies)", total=total)
+            measured = interleaved(engines, w, a, _plan_after(a), lambda: progress.advance(task))
         for s, engine in engines.items():
-            out[s] = _summary(engine, times[s], losses[s], a.steps)
-            out[s]["cpu_ms"] = round(statistics.median(cpus[s]), 1)
+            out[s] = _summary(engine, measured[s])
             if s == "tencache":
                 out["profile"] = msgspec.to_builtins(engine.profile())
             engine.close()
     return out
 
 
-def _summary(
-    engine: OffloadEngine, times: list[float], losses: list[float], steps: int
-) -> dict[str, Any]:
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, quartiles and range of `values` (rounded)."""
+    qs = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return {
+        "median": round(statistics.median(values), 3),
+        "p25": round(qs[0], 3),
+        "p75": round(qs[2], 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+    }
+
+
+def _summary(engine: OffloadEngine, m: Measured) -> dict[str, Any]:
     st = engine.stats
-    moved = st.bytes_in + st.bytes_out
+    steps = m.steps
     assert engine.cache is not None
     homes = [e.home for e in engine.cache.residency]
     return {
-        "step_ms": round(statistics.median(times), 1),
-        "step_ms_mean": round(statistics.fmean(times), 1),
-        "fast_tier_hit_rate": round(st.hit_rate, 4),
-        "copy_wait_ms": round(st.wait_ms / steps, 1),  # per step: copies not hidden
-        "late_rate": round(st.late / st.accesses, 4) if st.accesses else 0.0,
-        "bytes_moved": moved,
-        "bytes_moved_per_step": moved // steps,
+        "step_ms": round(statistics.median(m.times), 1),
+        "step_ms_mean": round(statistics.fmean(m.times), 1),
+        "step_ms_spread": spread(m.times),
+        "step_ms_blocks": [[round(t, 1) for t in b] for b in m.blocks],
+        "fast_tier_hit_rate": round(m.hit_rate, 4),
+        "copy_wait_ms": round(m.wait_ms / steps, 1),  # per step: copies not hidden
+        "late_rate": round(m.late_rate, 4),
+        "bytes_moved": m.bytes_moved,
+        "bytes_moved_per_step": m.bytes_moved // steps,
+        "drain_ms_after_block": round(statistics.median(m.tail_ms), 1),  # not counted
+        # per timed step, each emulated link's reserved time: near the step time,
+        # that link bounds the step (NVMe on ResNet-18 at 30%)
+        "link_busy_ms_per_step": {k: round(v / steps, 1) for k, v in m.link_busy_ms.items()},
+        **({"step_ms_drained": round(statistics.median(m.drained), 1)} if m.drained else {}),
+        "cpu_ms": round(statistics.median(m.cpu), 1),
         "peak_fast_bytes": st.peak_fast_bytes,
         "peak_host_bytes": st.peak_host_bytes,
         "fast_overflow_bytes": st.overflow_bytes,
@@ -370,7 +544,7 @@ def _summary(
         "params_on_nvme": sum(
             e.home is Tier.NVME and e.spec.kind == "param" for e in engine.cache.residency
         ),
-        "losses": losses,
+        "losses": [m.losses[k] for k in sorted(m.losses)],
     }
 
 
@@ -413,7 +587,8 @@ def _table(result: dict[str, Any], link: dict[str, Any]) -> Table:
     t = Table(
         title=f"{m['arch']}: {m['parameters'] / 1e6:.1f}M parameters, fast tier "
         f"{m['fast_budget_bytes'] / 1e6:.0f} MB, host {m['host_budget_bytes'] / 1e6:.0f} MB, "
-        f"{copies} (median step; hit rate over measured steps)"
+        f"{copies} (median step; hit rate over measured steps); load average "
+        f"{result['load_average'][0]:.1f} -> {result['load_average'][1]:.1f}"
     )
     for col in (
         "strategy",
@@ -434,7 +609,8 @@ def _table(result: dict[str, Any], link: dict[str, Any]) -> Table:
             continue
         t.add_row(
             s,
-            f"{r['step_ms']:.0f}",
+            f"{r['step_ms']:.0f} ({r['step_ms_spread']['p25']:.0f}-"
+            f"{r['step_ms_spread']['p75']:.0f})",
             f"{r['copy_wait_ms']:.0f}",
             f"{r['fast_tier_hit_rate']:.3f}",
             f"{r['bytes_moved_per_step'] / 1e6:.0f}",
@@ -444,22 +620,35 @@ def _table(result: dict[str, Any], link: dict[str, Any]) -> Table:
             str(result["losses_identical_to_none"][s]),
         )
     ratios = result["ratios"]
+    spreads = result["ratio_spread"]
     t.caption = "   ".join(
         f"tencache vs {s}: "
         + ("cannot start" if ratios[f"tencache_vs_{s}"] is None else
-           f"{ratios[f'tencache_vs_{s}']:.2f}x faster per step")
+           f"{ratios[f'tencache_vs_{s}']:.2f}x faster per step (per repeat "
+           f"{spreads[f'tencache_vs_{s}']['min']:.2f}-{spreads[f'tencache_vs_{s}']['max']:.2f})")
         for s in ("lru", "fixed")
-    ) + f"   ({copies})"  # fmt: skip
+    ) + f"   ({copies}; step ms: median (quartiles))"  # fmt: skip
     return t
+
+
+def _block_ratios(other: dict[str, Any], ten: dict[str, Any]) -> list[float]:
+    return [
+        statistics.median(o) / statistics.median(t)
+        for o, t in zip(other["step_ms_blocks"], ten["step_ms_blocks"], strict=True)
+    ]
 
 
 def _arch_result(
     a: BenchArgs, arch: str, root: Path, console: Console, link: dict[str, Any]
 ) -> dict[str, Any]:
     w = _workload(a, arch)
+    load_before = os.getloadavg()[0]
     runs = _run(a, w, root / arch, console, link)
     result: dict[str, Any] = {s: runs[s] for s in STRATEGIES}
     result["model"] = _model_facts(a, w)
+    # other processes' load, 1-minute average, before and after: on a shared
+    # machine it moves every step time, and the ratios with them
+    result["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     ran = [s for s in STRATEGIES if "losses" in runs[s]]
     ref = runs["none"]["losses"]
     result["losses_identical_to_none"] = {s: runs[s]["losses"] == ref for s in ran}
@@ -467,6 +656,19 @@ def _arch_result(
     result["ratios"] = {  # None: that strategy could not start at this budget
         f"tencache_vs_{s}": round(runs[s]["step_ms"] / t, 3) if s in ran else None
         for s in ("lru", "fixed", "none")
+    }
+    if "step_ms_drained" in runs["tencache"]:  # --timing both: the previous accounting
+        td = runs["tencache"]["step_ms_drained"]
+        result["ratios_drained"] = {
+            f"tencache_vs_{s}": round(runs[s]["step_ms_drained"] / td, 3) if s in ran else None
+            for s in ("lru", "fixed", "none")
+        }
+    # the same ratio within each repeat (medians of its interleaved blocks): how
+    # much it moves from one repeat to the next in the same process
+    result["ratio_spread"] = {
+        f"tencache_vs_{s}": spread(_block_ratios(runs[s], runs["tencache"]))
+        for s in ("lru", "fixed", "none")
+        if s in ran
     }
     if "lru" in ran:
         result["calibration"] = _calibration(runs)
@@ -480,6 +682,8 @@ def main(argv: list[str]) -> int:
     if _device_name(a) == "cuda":  # so every strategy's losses can equal `none`'s
         deterministic_cuda()
     console = Console(stderr=a.json == "-")
+    if not console.is_terminal:  # a log file: the tables' full width
+        console.width = 160
     root = Path(tempfile.mkdtemp(prefix="rltune-offload-", dir=a.nvme_dir))
     result: dict[str, Any] = {}
     link = _link_rates(a)
@@ -492,7 +696,12 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(root, ignore_errors=True)
     result["settings"] = {
         "steps": a.steps,
+        "repeats": a.repeats,
+        "timing_compared": a.timing,
+        "timed_steps_per_strategy": a.steps * a.repeats,
         "warmup_steps": a.warmup,
+        "timing": "per repeat and strategy one untimed lead-in step, then --steps steps "
+        "each timed from the end of the one before; drained (untimed) after each block",
         "torch_threads": 1,
         "io_threads": a.io_threads,
         "fast_frac": a.fast_frac,

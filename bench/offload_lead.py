@@ -3,8 +3,10 @@
 10Cache plan should buy, and what its mechanisms are worth, side by side in
 one process.
 
-Tencache engines per architecture, same seed, same batches, round-robin
-(the settings of `rltune bench offload`, whose helpers this uses): the plan's
+Tencache engines per architecture, same seed, same batches, timed as
+`rltune bench offload` times them (interleaved repeats of a lead-in and
+`--steps` timed steps, each from the end of the one before; its settings
+and helpers): the plan's
 buffers sized for the planner's chosen lead (`--window` 8, shrunk to the 90%
 streaming share) or for a lead of one or none, and at run time either only
 that lead or up to 8 fetches ahead (`PREFETCH_AHEAD`, the engine's default);
@@ -17,6 +19,8 @@ and `none`. Past its tensors, the run-time lead also fills `lead_bytes`
 (the engine's default: an eighth of the fast budget) within 256 accesses,
 except in `count-lead` (the previous default: 8 tensors within 64 accesses,
 nothing in bytes), `before`, `lead-only` and `no-prefetch`.
+`share-0.7` and `share-0.5` plan with that streaming share (`build_plan`'s
+`stream_share`, default 0.9): fewer streaming buffers, more residents.
 Prints the median step, hit rate and bytes moved per variant; exits non-zero
 unless every variant's losses are equal.
 """
@@ -43,10 +47,11 @@ from bench.offload import (
     _engine,
     _explicit_rates,
     _link_rates,
-    _rotated,
-    _timed_step,
     _workload,
+    interleaved,
+    spread,
 )
+from offload_agent.engine import OffloadEngine
 from offload_agent.policies import COUNT_LOOKAHEAD, LOOKAHEAD, PREFETCH_AHEAD, PlanPolicy
 from services.profiler.planner import build_plan
 from shared.cli.common import write_json
@@ -103,7 +108,12 @@ VARIANTS = {
         False,
         None,
     ),
+    "share-0.7": ("default, streaming share 0.7", "tencache", 8, PREFETCH_AHEAD, False, None),
+    "share-0.5": ("default, streaming share 0.5", "tencache", 8, PREFETCH_AHEAD, False, None),
 }
+# the most of the fast budget the plan's streaming buffers may take (`build_plan`'s
+# `stream_share`; the rest keeps tensors resident); others: the default, 0.9
+SHARES = {"share-0.7": 0.7, "share-0.5": 0.5}
 # variants whose run-time lead counts tensors only, within COUNT_LOOKAHEAD
 # accesses (the engine's rule before the lead in bytes)
 COUNT_ONLY = {"count-lead", "before", "lead-only", "no-prefetch"}
@@ -118,53 +128,52 @@ def _arch(
     variants: list[str],
 ) -> dict[str, Any]:
     w = _workload(a, arch)
-    losses: dict[str, list[float]] = {v: [] for v in variants}
-    times: dict[str, list[float]] = {v: [] for v in variants}
     out: dict[str, Any] = {}
+
+    def after(v: str, e: OffloadEngine) -> None:
+        if not e.profile_ready:
+            return
+        _name, _strategy, window, ahead, behind, _sliced = VARIANTS[v]
+        share = SHARES.get(v, BenchArgs.stream_share)
+        plan = build_plan(e.profile(), e.budgets, window=window, stream_share=share)
+        if not e.apply_plan(plan):
+            raise RuntimeError(f"plan refused: {e.last_error}")
+        assert e.cache is not None
+        count = v in COUNT_ONLY
+        e.cache.policy = PlanPolicy(
+            plan.prefetch,
+            plan.window,
+            ahead=ahead,
+            write_behind=behind,
+            lead_bytes=None if count else e.config.prefetch_lead_bytes(),
+            lookahead=COUNT_LOOKAHEAD if count else LOOKAHEAD,
+        )
+
     with ThreadPoolExecutor(a.io_threads, thread_name_prefix="offload-io") as io:
         engines = {
             v: _engine(a, w, VARIANTS[v][1], root / arch / str(i), io, dict(link), VARIANTS[v][5])
             for i, v in enumerate(variants)
         }
         with Progress(console=console, transient=True) as progress:
-            task = progress.add_task(arch, total=(a.warmup + a.steps) * len(engines))
-            for step in range(a.warmup + a.steps):
-                for v, e in _rotated(engines, step):
-                    _name, _strategy, window, ahead, behind, _sliced = VARIANTS[v]
-                    if step == a.warmup:
-                        e.stats.reset()
-                    loss, ms, _cpu = _timed_step(e, w, step)
-                    if e.profile_ready:
-                        plan = build_plan(e.profile(), e.budgets, window=window)
-                        if not e.apply_plan(plan):
-                            raise RuntimeError(f"plan refused: {e.last_error}")
-                        assert e.cache is not None
-                        count = v in COUNT_ONLY
-                        e.cache.policy = PlanPolicy(
-                            plan.prefetch,
-                            plan.window,
-                            ahead=ahead,
-                            write_behind=behind,
-                            lead_bytes=None if count else e.config.prefetch_lead_bytes(),
-                            lookahead=COUNT_LOOKAHEAD if count else LOOKAHEAD,
-                        )
-                    losses[v].append(loss)
-                    if step >= a.warmup:
-                        times[v].append(ms)
-                    progress.advance(task)
+            total = (a.warmup + a.repeats * (a.steps + 1)) * len(engines)
+            task = progress.add_task(arch, total=total)
+            measured = interleaved(engines, w, a, after, lambda: progress.advance(task))
+        times = {v: measured[v].times for v in variants}
+        losses = {v: [measured[v].losses[k] for k in sorted(measured[v].losses)] for v in variants}
         lru = statistics.median(times["lru"]) if "lru" in times else None
         for v, e in engines.items():
             assert e.cache is not None
             policy = e.cache.policy
-            st = e.stats
+            st, m = e.stats, measured[v]
             median = statistics.median(times[v])
-            moved = (st.bytes_in + st.bytes_out) / a.steps
+            moved = m.bytes_moved / m.steps
             out[v] = {
                 "name": VARIANTS[v][0],
                 "step_ms": round(median, 1),
                 "lru_over_this": round(lru / median, 3) if lru else None,
-                "copy_wait_ms": round(st.wait_ms / a.steps, 1),
-                "fast_tier_hit_rate": round(st.hit_rate, 4),
+                "step_ms_spread": spread(times[v]),
+                "copy_wait_ms": round(m.wait_ms / m.steps, 1),
+                "fast_tier_hit_rate": round(m.hit_rate, 4),
                 "bytes_moved_per_step": int(moved),
                 "fast_overflow_bytes": st.overflow_bytes,
                 "sliced_params": len(e.sliced),
@@ -175,7 +184,7 @@ def _arch(
                 f"{arch:6s} {VARIANTS[v][0]:36s} lead {getattr(policy, 'lead', '-')} "
                 f"ahead {policy.window}: step {median:.0f} ms"
                 + (f" (lru / this {lru / median:.2f})" if lru else "")
-                + f", copy wait {st.wait_ms / a.steps:.0f} ms, hit rate {st.hit_rate:.3f}, "
+                + f", copy wait {m.wait_ms / m.steps:.0f} ms, hit rate {m.hit_rate:.3f}, "
                 f"{moved / 1e6:.0f} MB moved/step, {len(e.sliced)} sliced, "
                 f"overflow {st.overflow_bytes} B"
             )
@@ -187,7 +196,8 @@ def _arch(
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.offload_lead", description=__doc__)
     p.add_argument("--archs", default="llama")
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--steps", type=int, default=BenchArgs.steps, help="timed steps per repeat")
+    p.add_argument("--repeats", type=int, default=BenchArgs.repeats)
     p.add_argument("--link-gbps", default="none", help="none, auto or PCIE,NVME in GB/s")
     p.add_argument("--fast-frac", type=float, default=BenchArgs.fast_frac)
     p.add_argument("--host-frac", type=float, default=BenchArgs.host_frac)
@@ -200,6 +210,7 @@ def main(argv: list[str]) -> int:
     a = BenchArgs(
         archs=args.archs,
         steps=args.steps,
+        repeats=args.repeats,
         link_gbps=args.link_gbps,
         fast_frac=args.fast_frac,
         host_frac=args.host_frac,

@@ -44,7 +44,13 @@ from torch import nn
 from offload_agent.cache import TensorCache
 from offload_agent.device import Device
 from offload_agent.gradients import GradientSteps
-from offload_agent.hooks import LooseParams, ViewPins, install_hooks, saved_tensor_refs
+from offload_agent.hooks import (
+    LooseParams,
+    ViewPins,
+    graph_params,
+    install_hooks,
+    saved_tensor_refs,
+)
 from offload_agent.layout import ParamBinder, build_cache
 from offload_agent.nvme import NvmeStore, SwapPathError
 from offload_agent.optim import (
@@ -245,11 +251,31 @@ class OffloadEngine:
             t.untyped_storage().data_ptr(): n for n, t in self._binder.placeholders.items()
         }
         self._handles = install_hooks(self.model, self.names, self, self.views)
+        self._handles.append(self.model.register_forward_hook(self._check_graph))
         self._handles.append(
             self.model.register_state_dict_post_hook(
                 functools.partial(OffloadEngine._real_values, self)
             )
         )
+
+    def _check_graph(self, module: nn.Module, args: Any, output: Any) -> None:
+        """The model's forward is over: with the watch off, a parameter the graph
+        of its output will hand a gradient to, but that this step never fetched,
+        was read as its NaN placeholder (a loose read the first step did not
+        show, through an op that saved nothing). Refused now, before backward
+        steps any parameter; without this, only when its gradient arrived,
+        after the parameters later in the forward had stepped."""
+        if self._watch_loose or not self._in_step or not torch.is_grad_enabled():
+            return
+        for leaf in graph_params(output):
+            name = self.names.get(leaf)  # type: ignore[call-overload]
+            if name is not None and name not in self._fetched:
+                raise RuntimeError(
+                    f"{name} will get a gradient but was not fetched in this step: the "
+                    "forward read its placeholder, outside the forward of its module, in a "
+                    "way the first step did not show (nothing has stepped); set "
+                    "EngineConfig(watch_loose=True)"
+                )
 
     def _move_buffers(self) -> None:
         """Put every module buffer in the fast tier, where the model computes: they

@@ -39,8 +39,12 @@
   the buffer after the step.
 * a read of a parameter's NaN placeholder (a loose read the first step did
   not show, with the watch off) is an error naming the parameter: when
-  autograd saves the placeholder (`saved_tensor_refs`), or when a gradient
-  arrives for a parameter that was not fetched in the step (the engine).
+  autograd saves the placeholder (`saved_tensor_refs`); else, at the end of
+  the model's forward, when the graph of its outputs leads to a parameter
+  that was not fetched in the step (`graph_params`: an op that saves
+  nothing, `x @ p` with no gradient for `x`, read the placeholder), before
+  backward steps anything; else when a gradient arrives for such a
+  parameter (a read after the model's forward returned, in the loss).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ __all__ = [
     "LooseParams",
     "SavedRef",
     "ViewPins",
+    "graph_params",
     "install_hooks",
     "saved_tensor_refs",
 ]
@@ -383,3 +388,35 @@ def _tensors_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[torch
             for b in a:
                 if isinstance(b, torch.Tensor):
                     yield b
+
+
+def _tensors_of(out: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a model's output: a tensor, or tensors in (nested) mappings
+    (a Hugging Face `ModelOutput` is one), lists and tuples."""
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif isinstance(out, dict):
+        for v in out.values():
+            yield from _tensors_of(v)
+    elif isinstance(out, (list, tuple)):
+        for v in out:
+            yield from _tensors_of(v)
+
+
+def graph_params(out: Any) -> Iterator[torch.Tensor]:
+    """Every leaf tensor autograd would accumulate a gradient into from the
+    outputs `out`: the `variable` of each `AccumulateGrad` node reachable from
+    their `grad_fn`s (each node once). A reentrant checkpoint's region is one
+    node here (its inside is rebuilt in backward), so its leaves are not seen."""
+    seen: set[int] = set()
+    stack = [t.grad_fn for t in _tensors_of(out) if t.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        leaf = getattr(fn, "variable", None)
+        if isinstance(leaf, torch.Tensor):
+            yield leaf
+            continue
+        stack.extend(f for f, _i in fn.next_functions if f is not None)

@@ -38,6 +38,7 @@ class Link:
     name: str
     gbps: float
     busy_until: float = 0.0
+    busy_s: float = 0.0  # seconds reserved so far (what a step's bytes cost here)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -50,6 +51,7 @@ class Link:
         with self._lock:
             begin = max(start, self.busy_until)
             self.busy_until = begin + nbytes / (self.gbps * 1e9)
+            self.busy_s += nbytes / (self.gbps * 1e9)
             return self.busy_until
 
 

@@ -30,8 +30,11 @@ __all__ = ["ALL_ARCHS", "ARCHS", "ResNet18", "Workload", "workload"]
 ARCHS = ("gpt", "gpt2", "llama", "bert", "resnet")  # `rltune bench offload`'s default
 # held out: built the same way, never in the default run, for checking a change
 # on an architecture it was not tuned on (T5: encoder-decoder, one embedding read
-# by the encoder, the decoder and the tied head)
-ALL_ARCHS = (*ARCHS, "t5")
+# by the encoder, the decoder and the tied head; Qwen2: grouped-query attention
+# with biases on q/k/v only, RMSNorm, SwiGLU, embedding tied to the head as in
+# Qwen2-0.5B; ViT: a vision transformer, a 4x4-patch convolution, a class
+# token, pre-LayerNorm blocks, a classifier head over `vocab` classes)
+ALL_ARCHS = (*ARCHS, "t5", "qwen2", "vit")
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,17 @@ def workload(
             return nn.functional.cross_entropy(model(x.to(dev)), y.to(dev))
 
         return Workload(arch, net, resnet_loss, {"dim": dim, "layers": 18, "vocab": vocab})
+    if arch == "vit":
+        vit = _vit(dim=dim, layers=layers, classes=vocab)
+        vit.train()
+
+        def vit_loss(model: nn.Module, step: int) -> torch.Tensor:
+            g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+            x = torch.randn(size, 3, 32, 32, generator=g)
+            y = torch.randint(0, vocab, (size,), generator=g)
+            return model(pixel_values=x.to(dev), labels=y.to(dev)).loss
+
+        return Workload(arch, vit, vit_loss, {"dim": dim, "layers": layers, "vocab": vocab})
     logging.getLogger("transformers").setLevel(logging.ERROR)
     model = _hf(arch, dim=dim, layers=layers, vocab=vocab, seq=seq)
     model.train()
@@ -127,7 +141,29 @@ def _hf(arch: str, *, dim: int, layers: int, vocab: int, seq: int) -> nn.Module:
         )  # fmt: skip
         t5.decoder_start_token_id = 0  # the labels, shifted right, start the decoder
         return tf.T5ForConditionalGeneration(t5)
+    if arch == "qwen2":
+        return tf.Qwen2ForCausalLM(
+            tf.Qwen2Config(
+                hidden_size=dim, intermediate_size=dim * 8 // 3 // 64 * 64,
+                num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
+                vocab_size=vocab, max_position_embeddings=seq, tie_word_embeddings=True,
+                bos_token_id=0, eos_token_id=0, pad_token_id=0,
+            )
+        )  # fmt: skip
     raise ValueError(f"architecture {arch!r}: choose from {', '.join(ALL_ARCHS)}")
+
+
+def _vit(*, dim: int, layers: int, classes: int) -> nn.Module:
+    import transformers as tf
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    config = tf.ViTConfig(
+        hidden_size=dim, intermediate_size=4 * dim, num_hidden_layers=layers,
+        num_attention_heads=8, image_size=32, patch_size=4, num_channels=3,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    config.num_labels = classes  # a PretrainedConfig property (sets the label maps)
+    return tf.ViTForImageClassification(config)
 
 
 class _Block(nn.Module):

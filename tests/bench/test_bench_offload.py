@@ -45,3 +45,105 @@ def test_cuda_asked_for_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[
     assert main(["bench", "offload_link"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all("torch.cuda.is_available() is False" in e for e in err)
+
+
+class _Clock:
+    """A fake `time.perf_counter`: a step takes 1 s of it, a drain 100 s."""
+
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Cache:
+    def __init__(self, clock: _Clock, events: list[str]) -> None:
+        self.clock, self.events = clock, events
+
+    def drain(self) -> None:
+        self.events.append("drain")
+        self.clock.now += 100.0
+
+
+class _Engine:
+    """What `interleaved` calls of an engine, with a prefetch for the next step
+    left in flight at every step's end (what the drain would wait for)."""
+
+    def __init__(self, name: str, clock: _Clock, events: list[str]) -> None:
+        from offload_agent.device import CpuDevice
+        from offload_agent.link import LinkEmulation
+        from offload_agent.stats import CacheStats
+
+        self.name, self.clock, self.events = name, clock, events
+        self.link = LinkEmulation(pcie_gbps=1.0, nvme_gbps=1.0)
+        self.device = CpuDevice(link=self.link)
+        self.cache = _Cache(clock, events)
+        self.stats = CacheStats()
+        self.model = None
+
+    def step(self) -> object:
+        from contextlib import contextmanager
+
+        @contextmanager
+        def ctx():  # type: ignore[no-untyped-def]
+            self.events.append(f"{self.name} step")
+            self.stats.access("hit")
+            self.link.nvme.occupy(1_000_000, 0.0)  # 1 ms of the NVMe link
+            yield
+            self.clock.now += 1.0
+
+        return ctx()
+
+
+def test_a_timed_step_runs_from_the_end_of_the_one_before_and_no_drain_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    import bench.offload as bo
+    from bench.offload import BenchArgs, Workload, interleaved
+
+    clock, events = _Clock(), list[str]()
+    monkeypatch.setattr(bo.time, "perf_counter", clock)
+    engines = {n: _Engine(n, clock, events) for n in ("a", "b")}
+    w = Workload("x", torch.nn.Identity(), lambda m, s: torch.ones(1, requires_grad=True), {})
+    planned: list[str] = []
+    a = BenchArgs(warmup=1, repeats=3, steps=2)
+    out = interleaved(engines, w, a, lambda n, e: planned.append(n))  # type: ignore[arg-type]
+    for m in out.values():
+        # each timed step is its own 1 s: neither the drain after the step before
+        # (the old accounting added 100 s to every step) nor the lead-in is in it
+        assert m.blocks == [[1000.0, 1000.0]] * 3
+        assert sorted(m.losses) == list(range(1 + 3 * 3))  # the same step indices
+        assert m.hits == 3 * 2  # counted over the timed steps only
+        assert m.link_busy_ms == pytest.approx({"nvme": 6.0, "pcie_h2d": 0.0, "pcie_d2h": 0.0})
+    # warm-up: every step drained; then per repeat one block per engine (lead-in
+    # + 2 timed steps), drained once at its end, the first engine rotating
+    block = lambda n: [f"{n} step"] * 3 + ["drain"]  # noqa: E731
+    want = ["a step", "drain", "b step", "drain"]
+    want += block("a") + block("b") + block("b") + block("a") + block("a") + block("b")
+    assert events == want
+    assert len(planned) == 2 + 2 * 3 * 3  # after every step
+
+
+def test_runs_plot_reads_ratios_and_their_ranges(tmp_path: Path) -> None:
+    from bench.offload_runs import main as runs_main
+    from bench.offload_runs import ratios
+
+    run = {
+        "gpt2": {
+            "ratios": {"tencache_vs_lru": 1.6, "tencache_vs_fixed": None},
+            "ratio_spread": {"tencache_vs_lru": {"min": 1.2, "median": 1.5, "max": 2.0}},
+            "load_average": [3.0, 4.0],
+        },
+        "old": {"ratios": {"tencache_vs_lru": 1.4, "tencache_vs_fixed": 2.0}},  # no spread
+        "settings": {"steps": 2},
+    }
+    assert ratios(run) == {
+        "gpt2": {"lru": (1.6, 1.2, 2.0), "fixed": None},
+        "old": {"lru": (1.4, 1.4, 1.4), "fixed": (2.0, 2.0, 2.0)},
+    }
+    src, png = tmp_path / "run.json", tmp_path / "r.png"
+    src.write_text(json.dumps(run))
+    assert runs_main([str(png), str(src)]) == 0 and png.stat().st_size > 0
+    assert runs_main([str(png)]) == 2

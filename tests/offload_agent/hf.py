@@ -88,6 +88,36 @@ def t5() -> nn.Module:
     return T5ForConditionalGeneration(cfg)
 
 
+def qwen2() -> nn.Module:
+    """Qwen2: grouped-query attention with biases on q/k/v only, head tied to the
+    embedding (as Qwen2-0.5B)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=SEQ,
+        tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    return Qwen2ForCausalLM(cfg)
+
+
+class ViTLM(nn.Module):
+    """A ViT image classifier (`offload_agent.models`' `vit` at width 64) behind the
+    language models' call, the images made as `ResNetLM` makes them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from offload_agent.models import _vit
+
+        self.net = _vit(dim=64, layers=2, classes=10)
+        self.net.train()
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> SimpleNamespace:
+        img = (input_ids.float() / VOCAB - 0.5).view(-1, 3, 2, 2)
+        img = img.repeat_interleave(16, -1).repeat_interleave(16, -2)
+        return SimpleNamespace(loss=self.net(pixel_values=img, labels=labels[:, 0] % 10).loss)
+
+
 def albert() -> nn.Module:
     """ALBERT: one transformer layer applied three times in every forward."""
     from transformers import AlbertConfig, AlbertForMaskedLM
@@ -156,6 +186,8 @@ ARCHS: dict[str, Callable[[], nn.Module]] = {
     "albert": albert,
     "shared": SharedBlockLM,
     "resnet": ResNetLM,
+    "qwen2": qwen2,
+    "vit": ViTLM,
 }
 
 

@@ -191,13 +191,16 @@ def _from_third_call(m: Net, x: torch.Tensor, first: bool) -> torch.Tensor:
 @pytest.mark.parametrize(
     ("first", "error"),
     [(False, r"p\.v is read while it is not in the fast tier"),
-     (True, r"p\.v has a gradient but was not fetched in this step")],
+     (True, r"p\.v will get a gradient but was not fetched in this step")],
 )  # fmt: skip
 def test_a_loose_read_the_first_step_did_not_show_is_refused(
     first: bool, error: str, tmp_path: Path, io: ThreadPoolExecutor
 ) -> None:
-    """Refused at the step that reads the placeholder: when autograd saves it (in
-    forward, before anything steps), else when its gradient arrives."""
+    """Refused in the forward of the step that reads the placeholder, before any
+    parameter steps: when autograd saves it, else (`x @ p` with no gradient for
+    `x` saves only `x`) at the end of the model's forward, from the graph of
+    its output (before, it was refused only when `p.v`'s gradient arrived,
+    after every parameter later in the forward had stepped a third time)."""
 
     def read(m: Net, x: torch.Tensor) -> torch.Tensor:
         return _from_third_call(m, x, first)
@@ -207,6 +210,9 @@ def test_a_loose_read_the_first_step_did_not_show_is_refused(
         engine = _engine(read, strategy, tmp_path / "off", io)
         with pytest.raises(RuntimeError, match=error):
             _train(engine)
+        assert engine.steps == 3  # refused in the third step
+        counts = {n: s["step"] for n, s in engine.state_dict()["state"].items()}
+        assert max(counts.values()) == 2, counts  # nothing stepped in it
         engine.close()
         watched = _engine(read, strategy, tmp_path / "on", io, watch_loose=True)
         assert _train(watched) == want

@@ -139,7 +139,8 @@ def check(
 @pytest.mark.parametrize(
     ("arch", "strategy"),
     [(a, s) for a in ("gpt2", "llama") for s in STRATEGIES[1:]]
-    + [(a, s) for a in ("bert", "t5", "albert", "resnet") for s in ("lru", "tencache")],
+    + [(a, s) for a in ("bert", "t5", "albert", "resnet") for s in ("lru", "tencache")]
+    + [("qwen2", "tencache"), ("vit", "tencache")],
 )
 def test_trains_exactly_as_torch_adamw(
     arch: str, strategy: str, tmp_path: Path, io: ThreadPoolExecutor

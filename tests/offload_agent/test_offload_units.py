@@ -152,6 +152,12 @@ def test_emulated_link_queues_copies_and_chains_nvme_then_pcie() -> None:
     assert end == pytest.approx(30.0025)
     end = link.transfer_end(40.0, out_bytes=mb, out_nvme=True, in_bytes=0, in_nvme=False)
     assert end == pytest.approx(40.0 + 0.0005 + 0.002)
+    # the time reserved on each link, summed (what the bench reports per step):
+    # NVMe 1 + 1 + 1 + 1 MB at 0.5 GB/s, host->fast 2 + 2 + 1 + 1 MB at 2 GB/s,
+    # fast->host 1 + 1 + 1 + 1 MB (three write-backs and the bare occupy)
+    assert link.nvme.busy_s == pytest.approx(4 * 0.002)
+    assert link.h2d.busy_s == pytest.approx(0.001 + 0.001 + 0.0005 + 0.0005)
+    assert link.d2h.busy_s == pytest.approx(4 * 0.0005)
     with pytest.raises(ValueError, match="not a rate"):
         Link("x", 0.0)
 
