@@ -5,6 +5,7 @@ between README and docs/; a link left pointing at the old place fails here."""
 from __future__ import annotations
 
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,8 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def anchors(path: Path) -> set[str]:
+@cache
+def anchors(path: Path) -> frozenset[str]:
     seen: dict[str, int] = {}
     out: set[str] = set()
     in_code = False
@@ -38,7 +40,7 @@ def anchors(path: Path) -> set[str]:
         n = seen.get(base, 0)
         seen[base] = n + 1
         out.add(base if n == 0 else f"{base}-{n}")
-    return out
+    return frozenset(out)
 
 
 def links(path: Path) -> list[tuple[int, str]]:
