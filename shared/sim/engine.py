@@ -226,6 +226,7 @@ class Simulator:
             inner.offload_view = self.offload  # an offload-aware placer reads it
         # an offload-aware placer with re-placement on (services/placement/replace.py)
         self.replace: ReplaceConfig | None = getattr(inner, "replace", None)
+        self._replacer: Any = inner  # its `replacement` decides the moves
         self._next_replace = 0.0
         policy.reset(policy_context(policy, cluster, self.history, config.seed, self._true_run_s))
 
@@ -622,7 +623,7 @@ class Simulator:
         cfg = self.replace
         assert cfg is not None
         self._next_replace = now + _REPLACE_EVERY_S
-        placer: Any = self.placer.inner  # an OffloadAwarePlacer (it has `replace`)
+        placer = self._replacer  # an OffloadAwarePlacer, or the bus executor's RemotePlacer
         for _ in range(_MOVES_PER_CHECK):
             cands = self._movable(now, cfg)
             if not cands:
