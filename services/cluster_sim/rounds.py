@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services.placement.registry import OFFLOAD_SUFFIX, REPLACE_SUFFIX
-from services.placement.replace import Move, ReplaceConfig, RunningOffload
+from services.placement.replace import Move, QueuePlan, ReplaceConfig, RunningOffload
 from shared.cluster import ClusterSpec
 from shared.messages import (
     ExpectedRelease,
@@ -211,8 +211,10 @@ class Rounds:
             )
         return out
 
-    def replace(self, waiting: int) -> Move | None:
-        """Ask placement for one move (a `replace` request); None if it sends none."""
+    def replace(self, waiting: int, queue: QueuePlan | None = None) -> Move | None:
+        """Ask placement for one move (a `replace` request); None if it sends none.
+        `queue` (re-placement's queue check): its waiting jobs go out as `jobs` and
+        `estimates`, the running jobs' expected ends as `releases`."""
         sim = self.sim
         assert sim is not None
         now = sim.obs.now
@@ -233,6 +235,16 @@ class Rounds:
             nodes=[n.node_id for n in nodes],
             offloading=self.offloading(),
         )
+        if queue is not None:
+            req.jobs = [(jid, 0.0) for jid, _, _ in queue.waiting]
+            req.estimates = [est for _, _, est in queue.waiting]
+            held = {r.alloc.job_id: r.alloc for r in sim.releases.values()}
+            req.releases = [
+                ExpectedRelease(
+                    end, jid, [(n, list(g)) for n, g in held[jid].gpus], held[jid].gpu_milli
+                )
+                for jid, end, _ in queue.running
+            ]
         batch = self.channel.replace(req, nodes)
         for order in batch.moves[:1]:
             seq = sim.offload.by_id.get(order.job_id)
@@ -344,9 +356,10 @@ class RemotePlacer:
         nodes: Sequence[NodeFree],
         speed: Mapping[str, float],
         waiting: int = 0,
+        queue: QueuePlan | None = None,
     ) -> Move | None:
         """The placement service's move (a `replace` round), or None."""
-        return self.rounds.replace(waiting)
+        return self.rounds.replace(waiting, queue)
 
     @property
     def fallbacks(self) -> int:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from services.placement.replace import Move, RunningOffload
+from services.placement.replace import Move, QueuePlan, RunningOffload
 from shared.cluster import ClusterSpec
 from shared.messages import Job, JobEvent, OffloadRunning, OffloadSpec
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
@@ -186,6 +186,7 @@ class RunningOffloads:
         free: list[NodeFree],
         speed: Mapping[str, float],
         waiting: int = 0,
+        queue: QueuePlan | None = None,
     ) -> Move | None:
         """The placer's move (OffloadAwarePlacer.replacement) on `free`, or None; the job
         is then given the move's GPUs (started there when the executor says so)."""
@@ -195,7 +196,7 @@ class RunningOffloads:
         cands = self.candidates(now, speed)
         if not cands:
             return None
-        mv: Move | None = replacement(cands, free, speed, waiting)
+        mv: Move | None = replacement(cands, free, speed, waiting, queue)
         if mv is not None:  # as the simulator does: the job leaves its nodes at the decision
             old = self._stop(mv.job_id, now)
             assert old is not None

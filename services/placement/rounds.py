@@ -30,7 +30,7 @@ from collections import Counter
 
 from services.placement.moves import RunningOffloads
 from services.placement.ordered import OrderedPlacer
-from services.placement.replace import Move
+from services.placement.replace import Move, QueuePlan
 from services.placement.view import FreeView
 from shared.cluster import ClusterSpec
 from shared.messages import (
@@ -182,7 +182,8 @@ class PlacementState:
         if self.offload is not None:
             speed = self._speed()
             free = self.view.free_nodes()
-            mv = self.offload.move(self.placer.inner, req.time, free, speed, req.window)
+            queue = self._queue_plan(req)
+            mv = self.offload.move(self.placer.inner, req.time, free, speed, req.window, queue)
             if mv is not None:
                 orders.append(self._order(mv))
         return PlacementBatch(
@@ -193,6 +194,23 @@ class PlacementState:
             solver_status="REPLACE",
             moves=orders,
         )
+
+    def _queue_plan(self, req: RoundRequest) -> QueuePlan | None:
+        """Re-placement's queue check from a replace request (replace.py): its `jobs`
+        (waiting, arrival order) with `estimates`, and `releases` (expected ends)."""
+        cfg = getattr(self.placer.inner, "replace", None)
+        if cfg is None or cfg.queue_check == "off":
+            return None
+        free = sum(row.count(FULL_GPU) for row in (n.free_milli for n in self.view.free_nodes()))
+        running = [
+            (r.job_id, r.time_s, sum(len(g) for _, g in r.gpus) if r.gpu_milli >= FULL_GPU else 0)
+            for r in req.releases
+        ]
+        est = req.estimates or [0.0] * len(req.jobs)
+        waiting = [
+            (jid, self.jobs[jid].num_gpus, e) for (jid, _), e in zip(req.jobs, est, strict=True)
+        ]
+        return QueuePlan(req.time, free, running, waiting)
 
     def _order(self, mv: Move) -> MoveOrder:
         """Issue `mv`: its GPUs taken off the view at once (as for a placement)."""

@@ -1,17 +1,22 @@
 """Re-placement over the real broker: with `milp+offload+replace`, cluster-sim asks
 placement for moves (`RoundRequest(replace)`), applies each `MoveOrder` with its restart
 cost, and the run's per-job CSV (segments, `offload_s`, `restart_s`) is byte for byte
-the in-process simulator's on the same jobs; telemetry sees every move as a new
+the in-process simulator's on the same jobs, with re-placement's queue check off
+and on; telemetry sees every move as a new
 segment of the running job, with the move's restore."""
 
 from __future__ import annotations
 
 import asyncio
 import csv
+import functools
 from pathlib import Path
 
 import pytest
 
+from services.cluster_sim import rounds
+from services.placement import registry
+from services.placement.replace import ReplaceConfig
 from services.telemetry import service as telemetry
 from services.telemetry.windows import Telemetry
 from shared.bus import Producer, Record, read_back
@@ -52,7 +57,15 @@ async def _publish_marked(bus: BusSettings, cluster: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-async def test_moves_over_the_bus_are_the_simulators(bus: BusSettings, tmp_path: Path) -> None:
+@pytest.mark.parametrize("check", ["off", "pareto"])
+async def test_moves_over_the_bus_are_the_simulators(
+    bus: BusSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, check: str
+) -> None:
+    """(With the queue check: the waiting jobs and expected ends go out in the replace
+    request, and placement's check decides as the simulator's does.)"""
+    config = functools.partial(ReplaceConfig, queue_check=check)
+    monkeypatch.setattr(registry, "ReplaceConfig", config)
+    monkeypatch.setattr(rounds, "ReplaceConfig", config)
     cluster = tmp_path / "moves.yaml"
     cluster.write_text(CLUSTER)
     expected = tmp_path / "sim.csv"
@@ -70,7 +83,13 @@ async def test_moves_over_the_bus_are_the_simulators(bus: BusSettings, tmp_path:
     assert main([*argv, "--jobs-out", str(expected)]) == 0
     rows = list(csv.DictReader(expected.open()))
     moved = {r["job_id"] for r in rows if float(r["restart_s"] or 0) > 0}
-    assert len(moved) >= 3  # the slice exercises moves (and jobs moved once stay one row each)
+    assert len(moved) >= 3  # the slice exercises moves
+    if check != "off":  # ... and the check: it refuses moves the unchecked run makes
+        monkeypatch.setattr(registry, "ReplaceConfig", ReplaceConfig)
+        unchecked = tmp_path / "unchecked.csv"
+        assert main([*argv, "--jobs-out", str(unchecked)]) == 0
+        assert unchecked.read_text() != expected.read_text()
+        monkeypatch.setattr(registry, "ReplaceConfig", config)
 
     await _publish_marked(bus, cluster)
     runs = lockstep_runs(bus, cluster, "fifo", PLACER, LIMIT, tmp_path, FRACTION)
