@@ -68,3 +68,25 @@ def test_a_move_is_a_new_segment_with_its_restore_a_redelivered_start_is_not() -
         assert got == [(10.0, 50.0, "V100", "a:0", 0.0), (50.0, 90.0, "P100", "b:1", 30.0)]
         assert t.counters()["moves"] == 1 and 7 not in t.solves  # a replace round: no solve
         assert t.snapshot(95.0, "all").avg_jct_s == 90.0
+
+
+def test_prometheus_jobs_gauge_carries_every_state_of_the_counters() -> None:
+    """`rltune_jobs{state=...}` is what Grafana plots: each state, `ahead` included, reads
+    the counters' value (a scrape of the process registry, not the gauge objects)."""
+    from prometheus_client import REGISTRY
+
+    from services.telemetry.service import export
+
+    t = Telemetry(window_s=100.0)
+    t.node(NodeStatus("h", "V100", 2, [0, 1], time=50.0))
+    t.accepted(Job("a", 1, 10.0))
+    t.accepted(Job("b", 1, 20.0))
+    t.accepted(Job("c", 1, 70.0))  # ahead of the clock
+    t.accepted(Job("d", 1, 90.0))  # ahead
+    t.event(JobEvent("a", "started", 50.0, ["h"]))
+    export(t)
+    got = {
+        s: REGISTRY.get_sample_value("rltune_jobs", {"state": s})
+        for s in ("ahead", "waiting", "running", "done", "failed")
+    }
+    assert got == {"ahead": 2.0, "waiting": 1.0, "running": 1.0, "done": 0.0, "failed": 0.0}
