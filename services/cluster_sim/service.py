@@ -18,6 +18,9 @@ picks it up. At the end it writes `--json` and `--jobs-out` exactly as
 trace, or marked with `--offload-fraction` as `simulate` marks them) publish
 `OffloadStats` from the simulator's cost model (shared/sim/offload_*.py) whenever
 their rate changes, with the next round: the reward's offload terms in simulation.
+With `--placer NAME+offload+replace` the simulator's re-placement checks become
+`replace` rounds answered by placement, and the `MoveOrder`s are applied as
+`rltune simulate` applies its own moves (services/cluster_sim/rounds.py).
 
 Restart (after a crash, SIGKILL included): the simulator is deterministic given
 the answers to its rounds, and those answers are on the topics. At start the

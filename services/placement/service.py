@@ -63,7 +63,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--placer",
         default="milp",
         help="milp (default), greedy, first-fit, ...; NAME+offload and NAME+offload+replace "
-        "(moves, in free rounds) need --cluster",
+        "(moves) need --cluster",
     )
     p.add_argument("--cluster", default=None, help="cluster spec (default: nodes as they report)")
     p.add_argument(
