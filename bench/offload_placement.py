@@ -32,7 +32,7 @@ from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from services.placement.registry import OFFLOAD_SUFFIX, REPLACE_SUFFIX, make_placer
-from services.placement.replace import ReplaceConfig
+from services.placement.replace import QUEUE_CHECKS, ReplaceConfig
 from services.scoring.policies import make_policy
 from shared.cli.common import write_json
 from shared.cli.simulate import load_run_jobs
@@ -104,6 +104,19 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         help="a moved job stays at least this many hours where it was moved",
     )
     g.add_argument(
+        "--replace-queue-check",
+        choices=QUEUE_CHECKS,
+        default=_DEFAULT.queue_check,
+        help="plan the queue without and with each move; pareto: no planned start later, "
+        "total: their sum not larger (replace.py)",
+    )
+    g.add_argument(
+        "--replace-queue-window",
+        type=int,
+        default=_DEFAULT.queue_window,
+        help="waiting jobs (arrival order) the queue check plans",
+    )
+    g.add_argument(
         "--checkpoint-gbps",
         type=float,
         default=_DEFAULT.net_gbps,
@@ -114,7 +127,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def _replace_config(a: argparse.Namespace) -> ReplaceConfig:
     flags = ("replace_after", "replace_min_run_h", "replace_expect", "replace_min_gain",
-             "replace_payback", "restart_s", "checkpoint_gbps", "replace_settle_h")  # fmt: skip
+             "replace_payback", "restart_s", "checkpoint_gbps", "replace_settle_h",
+             "replace_queue_window")  # fmt: skip
     for flag in flags:
         if getattr(a, flag) < 0:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 0")
@@ -122,7 +136,8 @@ def _replace_config(a: argparse.Namespace) -> ReplaceConfig:
         after=a.replace_after, min_run_s=a.replace_min_run_h * 3600, expect=a.replace_expect,
         min_gain=a.replace_min_gain, payback=a.replace_payback, restart_s=a.restart_s,
         net_gbps=a.checkpoint_gbps or _DEFAULT.net_gbps, idle_only=a.replace_idle_only,
-        settle_s=a.replace_settle_h * 3600,
+        settle_s=a.replace_settle_h * 3600, queue_check=a.replace_queue_check,
+        queue_window=a.replace_queue_window,
     )  # fmt: skip
 
 

@@ -17,7 +17,10 @@ for a job that never started) is never started: a placement of it is answered
 The runner knows which of the node's GPUs its running jobs hold (`busy`): an
 assignment naming a GPU that is held, or that the node does not have, is
 answered with `rejected_placement` (the job goes back to the queue) and starts
-nothing, so no GPU is ever given twice, whatever view placement had.
+nothing, so no GPU is ever given twice, whatever view placement had. A re-placement
+move (`PlacementBatch.moves`) is refused by the agent of the move's first new node
+(`rejected_placement`, detail `MOVE_REFUSED`): the agent cannot checkpoint and restart
+a running process, and placement then keeps the job where it runs.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ from shared.messages import Job, JobEvent, PlacementBatch
 __all__ = ["FORBIDDEN_KEPT", "JobRunner", "Started"]
 
 FORBIDDEN_KEPT = 10_000  # jobs killed before they started here, remembered (the newest)
+# a host agent does not checkpoint and restart a running training process, so it refuses
+# every MoveOrder (PlacementBatch.moves) whose new place begins on its node: placement
+# puts the job back where it runs (services/placement/moves.py)
+MOVE_REFUSED = "move: not applied on hosts (no checkpoint and restart of a running process)"
 
 Launch = Callable[..., subprocess.Popen[bytes]]
 
@@ -95,6 +102,11 @@ class JobRunner:
                 self.waiting[a.job_id] = list(a.gpu_indices)
                 continue
             todo.append((a.job_id, list(a.gpu_indices)))
+        for mv in batch.moves:  # answered by the first node of the new place
+            if mv.assignments and mv.assignments[0].node_id == self.node_id:
+                refused.append(
+                    JobEvent(mv.job_id, "rejected_placement", now, [self.node_id], MOVE_REFUSED)
+                )
         events, procs = self._start_all(todo, now)
         return refused + events, procs
 

@@ -25,6 +25,7 @@ __all__ = [
     "MetricsSnapshot",
     "MoveOrder",
     "NodeStatus",
+    "OffloadRunning",
     "OffloadSpec",
     "OffloadStats",
     "PlacementBatch",
@@ -129,7 +130,21 @@ class PriorityBatch(Struct):
     driven: bool = False
 
 
-RoundPhase = Literal["score", "place"]
+RoundPhase = Literal["score", "place", "replace"]
+
+
+class OffloadRunning(Struct, omit_defaults=True):
+    """A running offloading job as the executor holds it: what an offload-aware placer
+    needs to rebuild the executor's offload state exactly (services/placement/moves.py)."""
+
+    job_id: str
+    param_bytes: int
+    num_gpus: int
+    gpus: list[tuple[str, list[int]]]  # (node_id, GPU indices)
+    elapsed_s: float  # run time so far, all segments
+    est_run_s: float = 0.0  # the run-time estimate it started with (history)
+    moved_s: float | None = None  # time since its last move (None: never moved)
+    restoring: bool = False  # still restoring the checkpoint of a move: not movable now
 
 
 class RoundRequest(Struct, omit_defaults=True):
@@ -140,6 +155,11 @@ class RoundRequest(Struct, omit_defaults=True):
     stamped with this `round_id` precede it); scoring answers once it has seen them.
     `place`: the window (job_id, score) the simulator hands its placer this round;
     placement answers with a `PlacementBatch` of the same `round_id`.
+    `replace` (`--placer NAME+offload+replace`): after a round, may a running offloading
+    job move? `nodes` as for `score` (the node states stamped with this `round_id`),
+    `window` the number of waiting jobs, `offloading` every running offloading job;
+    placement answers with a `PlacementBatch` of the same `round_id` whose `moves` holds
+    at most one `MoveOrder` (no assignments). Its own round id: scoring ignores it.
     """
 
     round_id: int
@@ -155,6 +175,9 @@ class RoundRequest(Struct, omit_defaults=True):
     releases: list[ExpectedRelease] = []  # place: running jobs' GPUs and when due back
     # score: jobs a preemptive policy stopped since the last round, back in the queue
     preempted: list[str] = []
+    # appended (issue 13): place (offload-aware placer) and replace: the running
+    # offloading jobs, so placement's offload view is the executor's
+    offloading: list[OffloadRunning] = []
 
 
 class ExpectedRelease(Struct, omit_defaults=True):
@@ -178,11 +201,12 @@ class Assignment(Struct):
 class MoveOrder(Struct):
     """Placement asks the executor to move a running job: checkpoint it, give back its
     GPUs and restart it on `assignments` (one per node). The executor reports the new
-    segment as `started` (node_ids and GPUs of the new place, detail "moved"); it may
-    refuse a move whose GPUs are not free (`rejected_placement`: the job keeps running
-    where it is). `restart_s`: what the move is expected to cost the job (restart
-    overhead plus the checkpoint written and read back); `saved_s`: the run time it is
-    expected to save (services/placement/replace.py)."""
+    segment as `started` while the job runs (node_ids of the new place; detail its GPUs
+    as for any start, "node:0+1;..."), after which the job's GPUs are the new ones; it
+    may refuse a move whose GPUs are not free (`rejected_placement`, detail "move: ...":
+    the job keeps running where it is). `restart_s`: what the move is expected to cost
+    the job (restart overhead plus the checkpoint written and read back); `saved_s`: the
+    run time it is expected to save (services/placement/replace.py)."""
 
     job_id: str
     assignments: list[Assignment]

@@ -13,6 +13,18 @@ of deciding themselves:
   candidates, queue limits and all, with the history estimates and, under EASY,
   the running jobs' expected releases) and returns placement's `PlacementBatch`
   (placement applies the order rule and the discipline around its placer).
+* With an offload-aware placer (`NAME+offload...`) every place request carries the
+  running offloading jobs (`RoundRequest.offloading`), so placement's offload view is
+  the simulator's. With `NAME+offload+replace` the simulator's re-placement check
+  (after a round, at every finish and at least hourly) asks placement instead of a
+  placer of its own: a `RoundRequest(replace)` with its own round id, the node states
+  changed since they were last published (stamped with that id, and published again
+  with the next score round) and the running offloading jobs; placement answers with
+  at most one `MoveOrder`, which the simulator applies as in-process
+  (`Simulator._move`: the old GPUs freed, the restore charged on the new ones) and
+  reports as a `started` event of the running job on its new nodes (a move whose GPUs
+  are not free: `rejected_placement`). Up to `_MOVES_PER_CHECK` requests per check,
+  each on the state the previous move left, as in-process.
 * With `--preempt` and a preemptive policy (`las`), the simulator stops running
   jobs as `simulate --preempt` does: which ones is a pure function of attained
   service (`rank`, `next_threshold`), computed here by the same policy class; each
@@ -32,11 +44,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from services.placement.registry import OFFLOAD_SUFFIX, REPLACE_SUFFIX
+from services.placement.replace import Move, QueuePlan, ReplaceConfig, RunningOffload
 from shared.cluster import ClusterSpec
 from shared.messages import (
     ExpectedRelease,
     JobEvent,
     NodeStatus,
+    OffloadRunning,
     OffloadStats,
     PlacementBatch,
     PriorityBatch,
@@ -62,6 +77,8 @@ class Channel(Protocol):
     ) -> PriorityBatch: ...
 
     def place(self, req: RoundRequest) -> PlacementBatch: ...
+
+    def replace(self, req: RoundRequest, nodes: list[NodeStatus]) -> PlacementBatch: ...
 
 
 @dataclass
@@ -89,6 +106,10 @@ class Rounds:
         self.pending = _Pending.empty()
         self.requeue: str | None = None  # the job being put back by a preemption
         self.sent: dict[int, tuple[int, ...]] = {}  # node index -> free row last published
+        # ... with a replace request since the last score round (published again with it)
+        self.sent_replace: dict[int, tuple[int, ...]] = {}
+        self.offload_aware = False  # the placer reads the running offloading jobs
+        self.bad_moves = 0  # moves of jobs that are not running offloading jobs here
         self.by_id: dict[str, QueuedJob] = {}  # waiting jobs, as the simulator holds them
         self.unknown = 0  # job ids in an answer that are not waiting here
         self.answer: tuple[float, list[str]] | None = None  # (time, window) of the last round
@@ -155,6 +176,7 @@ class Rounds:
             jobs=[(j.job_id, j.score) for j in jobs],
             estimates=[j.est_run_s for j in jobs] if ctx is not None else [],
             releases=releases,
+            offloading=self.offloading() if self.offload_aware else [],
         )
         batch = self.channel.place(req)
         self.fallbacks += batch.solver_status.startswith("ORDER_")
@@ -166,6 +188,74 @@ class Rounds:
                 self.sent.pop(self.sim.state.index.get(a.node_id, -1), None)
         allocs = tuple(Allocation(jid, tuple(g), milli.get(jid, 1000)) for jid, g in gpus.items())
         return PlacementResult(allocs, batch.solver_ms, batch.solver_status, extra=batch.extra)
+
+    def offloading(self) -> list[OffloadRunning]:
+        """The running offloading jobs as the simulator holds them (in start order)."""
+        sim = self.sim
+        assert sim is not None
+        now, st, out = sim.obs.now, sim.state, []
+        for seq in sim.offload.placed:
+            run = sim.runs[seq]
+            elapsed = sum(s.finish_s - s.start_s for s in run.segments) + now - run.seg_start
+            out.append(
+                OffloadRunning(
+                    job_id=run.job.job_id,
+                    param_bytes=sim.offload.param_bytes[seq],
+                    num_gpus=run.job.num_gpus,
+                    gpus=[(st.node_ids[i], list(g)) for i, g in run.claim],
+                    elapsed_s=elapsed,
+                    est_run_s=run.est,
+                    moved_s=now - run.seg_start if run.seg_restart > 0 else None,
+                    restoring=now < run.restart_until,
+                )
+            )
+        return out
+
+    def replace(self, waiting: int, queue: QueuePlan | None = None) -> Move | None:
+        """Ask placement for one move (a `replace` request); None if it sends none.
+        `queue` (re-placement's queue check): its waiting jobs go out as `jobs` and
+        `estimates`, the running jobs' expected ends as `releases`."""
+        sim = self.sim
+        assert sim is not None
+        now = sim.obs.now
+        self.round_id += 1
+        nodes = []
+        for i, row in enumerate(sim.state.free):
+            t = tuple(row)
+            if self.sent_replace.get(i, self.sent.get(i)) == t:
+                continue
+            self.sent_replace[i] = t
+            st = sim.state
+            nodes.append(node_status(st.node_ids[i], st.node_type[i], t, now, self.round_id))
+        req = RoundRequest(
+            round_id=self.round_id,
+            time=now,
+            phase="replace",
+            window=waiting,
+            nodes=[n.node_id for n in nodes],
+            offloading=self.offloading(),
+        )
+        if queue is not None:
+            req.jobs = [(jid, 0.0) for jid, _, _ in queue.waiting]
+            req.estimates = [est for _, _, est in queue.waiting]
+            held = {r.alloc.job_id: r.alloc for r in sim.releases.values()}
+            req.releases = [
+                ExpectedRelease(
+                    end, jid, [(n, list(g)) for n, g in held[jid].gpus], held[jid].gpu_milli
+                )
+                for jid, end, _ in queue.running
+            ]
+        batch = self.channel.replace(req, nodes)
+        for order in batch.moves[:1]:
+            seq = sim.offload.by_id.get(order.job_id)
+            if seq is None or seq not in sim.offload.placed or not order.assignments:
+                self.bad_moves += 1
+                return None
+            job = sim.runs[seq].job
+            gpus = [(a.node_id, tuple(a.gpu_indices)) for a in order.assignments]
+            alloc = Allocation(job.job_id, tuple(gpus), job.gpu_milli)
+            return Move(job.job_id, alloc, order.restart_s, 0.0, 0.0, order.saved_s)
+        return None
 
     def flush(self) -> tuple[list[JobEvent], list[NodeStatus], list[OffloadStats]]:
         """The events, node changes and offload figures not yet sent (at the end)."""
@@ -179,9 +269,10 @@ class Rounds:
         rid = self.round_id if round_id == -1 else round_id
         st = self.sim.state
         out = []
+        again, self.sent_replace = self.sent_replace, {}
         for i, row in enumerate(st.free):
             t = tuple(row)
-            if self.sent.get(i) == t:
+            if self.sent.get(i) == t and i not in again:
                 continue
             self.sent[i] = t
             out.append(node_status(st.node_ids[i], st.node_type[i], t, now, rid))
@@ -254,6 +345,21 @@ class RemotePlacer:
     def __init__(self, name: str, rounds: Rounds) -> None:
         self.name = name  # the placer the service runs: the simulator reads it
         self.rounds = rounds
+        rounds.offload_aware = OFFLOAD_SUFFIX in name
+        # the simulator checks for moves when this is set (its settings say which running
+        # jobs are candidates; placement decides, services/placement/replace.py)
+        self.replace = ReplaceConfig() if name.endswith(OFFLOAD_SUFFIX + REPLACE_SUFFIX) else None
+
+    def replacement(
+        self,
+        running: Sequence[RunningOffload],
+        nodes: Sequence[NodeFree],
+        speed: Mapping[str, float],
+        waiting: int = 0,
+        queue: QueuePlan | None = None,
+    ) -> Move | None:
+        """The placement service's move (a `replace` round), or None."""
+        return self.rounds.replace(waiting, queue)
 
     @property
     def fallbacks(self) -> int:
@@ -313,6 +419,20 @@ class BusSimulator(Simulator):
                 step_ms=cost.step_ms,
                 time=now,
             ))  # fmt: skip
+
+    def _move(self, run: _Run, move: Move, now: float) -> bool:
+        """Apply placement's move as in-process; the new segment goes out as `started`
+        (a refused one as `rejected_placement`: the job runs on where it was)."""
+        jid = run.job.job_id
+        if not super()._move(run, move, now):
+            nodes = sorted({n for n, _ in move.alloc.gpus})
+            self.rounds.pending.events.append(
+                JobEvent(jid, "rejected_placement", now, nodes, "move: GPUs not free")
+            )
+            return False
+        nodes = [self.state.node_ids[i] for i, _ in run.claim]
+        self.rounds.pending.events.append(JobEvent(jid, "started", now, nodes, run.nodes))
+        return True
 
     def preempt(self, run: _Run, now: float) -> None:
         nodes = sorted({self.state.node_ids[i] for i, _ in run.claim})

@@ -18,6 +18,9 @@ picks it up. At the end it writes `--json` and `--jobs-out` exactly as
 trace, or marked with `--offload-fraction` as `simulate` marks them) publish
 `OffloadStats` from the simulator's cost model (shared/sim/offload_*.py) whenever
 their rate changes, with the next round: the reward's offload terms in simulation.
+With `--placer NAME+offload+replace` the simulator's re-placement checks become
+`replace` rounds answered by placement, and the `MoveOrder`s are applied as
+`rltune simulate` applies its own moves (services/cluster_sim/rounds.py).
 
 Restart (after a crash, SIGKILL included): the simulator is deterministic given
 the answers to its rounds, and those answers are on the topics. At start the
@@ -251,6 +254,11 @@ class BusChannel:
     def place(self, req: RoundRequest) -> PlacementBatch:
         return self._call(self._ask(req, [], self.waits.place))
 
+    def replace(self, req: RoundRequest, nodes: list[NodeStatus]) -> PlacementBatch:
+        """A re-placement round: answered by placement on `sched.placements` like a place
+        round (its own round id)."""
+        return self._call(self._ask(req, self._outs([], nodes, []), self.waits.place))
+
     def publish(
         self,
         events: Sequence[JobEvent],
@@ -292,11 +300,12 @@ class BusChannel:
 
     async def _ask(self, req: RoundRequest, outs: list[Outgoing], waits: dict[int, Any]) -> Any:
         self.asked = max(self.asked, req.round_id)
-        known = self.known[req.phase].pop(req.round_id, None)
+        phase = "score" if req.phase == "score" else "place"  # replace: answered as place
+        known = self.known[phase].pop(req.round_id, None)
         if known is not None:  # answered before a restart: everything is on the topics
             self.stats.extra["rounds_recovered"] += 1
             return known
-        if req.phase == "score":
+        if phase == "score":
             await self._pace(req.time)
         t0 = time.perf_counter()
         fut = waits[req.round_id] = self.loop.create_future()
@@ -444,6 +453,8 @@ async def serve(
         if result is not None:
             stats.extra["done"] = 1
             stats.extra["jobs_finished"] = sum(1 for r in result.records if r.finished)
+            stats.extra["moves"] = result.replacements
+            stats.extra["bad_moves"] = rounds.bad_moves
             if conf.jobs_out:
                 write_jobs_csv(result.records, conf.jobs_out)
             if conf.json_out:

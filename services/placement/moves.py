@@ -23,7 +23,13 @@ issued and not yet confirmed is not a candidate again, and a moved job stays
 `settle_s` (ReplaceConfig). The new GPUs are taken off the free view at once, the
 old ones come back with the executor's next `NodeStatus`, as for any placement.
 After a restart of the service, jobs that started before it are not tracked (their
-GPUs are not known from the events alone) and are never moved.
+GPUs are not known from the events alone) and are never moved in free rounds.
+
+Driven rounds (the simulated executor, cluster_sim) do not depend on the events: each
+place and replace request carries the executor's running offloading jobs
+(`RoundRequest.offloading`), and `load` rebuilds the view from them before the solve,
+so the offload view is the executor's whatever order the topics are read in, after a
+restart too.
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from services.placement.replace import Move, RunningOffload
+import msgspec
+
+from services.placement.replace import Move, QueuePlan, RunningOffload
 from shared.cluster import ClusterSpec
-from shared.messages import Job, JobEvent
+from shared.messages import Job, JobEvent, OffloadRunning, OffloadSpec
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
 from shared.sim.offload_state import OffloadState
 
@@ -47,6 +55,8 @@ class _Running:
     start_s: float  # its current segment's start (the executor's `started` time)
     before_s: float  # run time of its earlier segments
     moved: bool  # its current segment began with a move
+    # driven rounds: the executor's figures, as it states them (exact: no clock arithmetic)
+    given: OffloadRunning | None = None
 
 
 class RunningOffloads:
@@ -67,6 +77,27 @@ class RunningOffloads:
         if pb > 0 and job.job_id not in self.jobs:
             self.jobs[job.job_id] = job
             self.state.add_job(len(self.jobs) - 1, job.job_id, pb, job.num_gpus)
+
+    def load(self, now: float, running: list[OffloadRunning], jobs: Mapping[str, Job]) -> None:
+        """Replace the view of the running offloading jobs by the executor's (driven
+        rounds); `jobs` the accepted jobs (their allowed types and weight)."""
+        for jid in list(self.running):
+            self._stop(jid, now)
+        self.given.clear()
+        self.moving.clear()
+        for r in running:
+            if r.job_id not in self.jobs:  # marked by the executor, not by its submitter
+                job = jobs.get(r.job_id) or Job(r.job_id, r.num_gpus, 0.0)
+                self.accepted(
+                    msgspec.structs.replace(job, offload=OffloadSpec(param_bytes=r.param_bytes))
+                )
+            alloc = Allocation(
+                r.job_id, tuple((n, tuple(g)) for n, g in r.gpus), self.jobs[r.job_id].gpu_milli
+            )
+            seg = r.moved_s if r.moved_s is not None else 0.0
+            self._start(r.job_id, alloc, now - seg, r.elapsed_s - seg, r.moved_s is not None)
+            if r.job_id in self.running:
+                self.running[r.job_id].given = r
 
     def given_gpus(self, alloc: Allocation) -> None:
         """This service gave `alloc` in a round's placement."""
@@ -92,7 +123,9 @@ class RunningOffloads:
             self._stop(jid, ev.time)
             self.running[jid] = old
             self.state.start(old.seq, self._parts(old.alloc))
-        elif ev.kind in ("finished", "failed", "preempted", "rejected_placement"):
+        elif ev.kind == "rejected_placement":
+            self.given.pop(jid, None)  # a placement refused (a running job's: stale, ignored)
+        elif ev.kind in ("finished", "failed", "preempted"):
             self.given.pop(jid, None)
             self.moving.pop(jid, None)
             r = self._stop(jid, ev.time)
@@ -123,7 +156,8 @@ class RunningOffloads:
         out = []
         st = self.state
         for jid, r in sorted(self.running.items()):
-            if jid in self.moving:
+            g = r.given
+            if jid in self.moving or (g is not None and g.restoring):
                 continue
             job = self.jobs[jid]
             milli = job.gpu_milli if job.num_gpus == 1 else FULL_GPU
@@ -137,6 +171,11 @@ class RunningOffloads:
                     frozenset(n for n, _ in r.alloc.gpus),
                     max(now - r.start_s, 0.0) if r.moved else None,
                 )
+                if g is None
+                else RunningOffload(
+                    req, st.param_bytes[r.seq], g.elapsed_s, g.est_run_s, step.slowdown, slowest,
+                    st.relief(r.seq), frozenset(n for n, _ in r.alloc.gpus), g.moved_s,
+                )
             )  # fmt: skip
         return out
 
@@ -147,6 +186,7 @@ class RunningOffloads:
         free: list[NodeFree],
         speed: Mapping[str, float],
         waiting: int = 0,
+        queue: QueuePlan | None = None,
     ) -> Move | None:
         """The placer's move (OffloadAwarePlacer.replacement) on `free`, or None; the job
         is then given the move's GPUs (started there when the executor says so)."""
@@ -156,7 +196,7 @@ class RunningOffloads:
         cands = self.candidates(now, speed)
         if not cands:
             return None
-        mv: Move | None = replacement(cands, free, speed, waiting)
+        mv: Move | None = replacement(cands, free, speed, waiting, queue)
         if mv is not None:  # as the simulator does: the job leaves its nodes at the decision
             old = self._stop(mv.job_id, now)
             assert old is not None

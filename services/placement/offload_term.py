@@ -74,7 +74,13 @@ from typing import Protocol
 from services.placement.classes import STREAM, slot_gpus
 from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpPlacer
-from services.placement.replace import Move, ReplaceConfig, RunningOffload, choose_move
+from services.placement.replace import (
+    Move,
+    QueuePlan,
+    ReplaceConfig,
+    RunningOffload,
+    choose_move,
+)
 from services.placement.state import apply_allocations
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, PlacementResult, Placer
 
@@ -139,10 +145,11 @@ class OffloadAwarePlacer:
         nodes: Sequence[NodeFree],
         speed: Mapping[str, float],
         waiting: int = 0,
+        queue: QueuePlan | None = None,
     ) -> Move | None:
         """A running offloading job worth moving onto the free `nodes`, and where
-        (replace.py; `waiting`: how many jobs wait); None if re-placement is off or
-        none is."""
+        (replace.py; `waiting`: how many jobs wait; `queue`: what the queue check
+        reads); None if re-placement is off or none is."""
         view = self.offload_view
         if self.replace is None or view is None or not running:
             return None
@@ -177,7 +184,9 @@ class OffloadAwarePlacer:
         def klass(n: NodeFree) -> Hashable:
             return (n.gpu_type, len(n.free_milli), view.signature(n.node_id))
 
-        return choose_move(running, nodes, speed, self.replace, estimate, place, klass, waiting)
+        return choose_move(
+            running, nodes, speed, self.replace, estimate, place, klass, waiting, queue
+        )
 
     def place(
         self, jobs: Sequence[JobRequest], nodes: Sequence[NodeFree], speed: Mapping[str, float]

@@ -39,16 +39,46 @@ delayed by all of it).
 Capacity: a move takes as many GPUs as it frees, and it is decided after the
 round has placed the waiting jobs, on the GPUs they left; the job's current nodes
 are not offered (a move within a node changes nothing the cost model reads).
+
+The queue (`queue_check`, off by default): a move gives no GPU to the queue at
+the moment it is made, and EASY's reservation cannot see it at all (the moved job
+has overrun its estimate, so the reservation counts its GPUs as coming back now,
+before and after). What it changes is when the moved job really ends, and who the
+GPUs go to then: under FIFO, often a wave of large jobs that starts sooner while
+the 1-GPU jobs that backfilled behind it wait longer
+(docs/offload-replace-queue.md). The check plans the queue twice, without and
+with the move: the first `queue_window` waiting jobs in arrival order (FIFO's
+order; under another policy an approximation of it), each started in order at
+the first time enough whole GPUs are free for its estimate (conservative
+backfilling on GPU counts), against the running jobs' expected ends (start +
+estimate; one past its estimate, now + expect × its run time so far, the same
+guess as `saved`), the moved job ending at now + expect × elapsed without the
+move and at now + cost + expect × elapsed − saved with it.
+"pareto": the move is made only if no planned start is later with it; "total":
+only if the planned starts' sum is not larger.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
 
-__all__ = ["Move", "ReplaceConfig", "RunningOffload", "choose_move", "restart_cost_s"]
+__all__ = [
+    "QUEUE_CHECKS",
+    "Move",
+    "QueuePlan",
+    "ReplaceConfig",
+    "RunningOffload",
+    "choose_move",
+    "planned_starts",
+    "queue_allows",
+    "restart_cost_s",
+]
+
+QUEUE_CHECKS = ("off", "pareto", "total")
 
 
 @dataclass(frozen=True)
@@ -63,6 +93,8 @@ class ReplaceConfig:
     state_factor: float = 3.0  # checkpoint bytes per parameter byte (fp32 params + 2 AdamW)
     idle_only: bool = False  # move only while no job waits
     settle_s: float = 0.0  # a moved job stays at least this long where it was moved
+    queue_check: str = "off"  # off, pareto or total (module doc, "The queue")
+    queue_window: int = 128  # waiting jobs the queue check plans
 
     def describe(self) -> str:
         return (
@@ -72,6 +104,11 @@ class ReplaceConfig:
             f" + 2 x {self.state_factor:g} x param bytes at {self.net_gbps:g} GB/s"
             + (f"; a moved job stays {self.settle_s / 3600:g} h" if self.settle_s else "")
             + ("; only while no job waits" if self.idle_only else "")
+            + (
+                f"; queue check {self.queue_check} over {self.queue_window} waiting jobs"
+                if self.queue_check != "off"
+                else ""
+            )
         )
 
 
@@ -108,6 +145,81 @@ class Move:
 Estimate = Callable[[int, int, str, int], tuple[float, float]]
 
 
+@dataclass(frozen=True)
+class QueuePlan:
+    """What the queue check reads (module doc, "The queue"): whole GPUs free now, the
+    running jobs' expected ends ((job id, end s, whole GPUs)), and the first
+    `queue_window` waiting jobs in arrival order ((job id, GPUs, estimate s))."""
+
+    now: float
+    free: int
+    running: Sequence[tuple[str, float, int]]
+    waiting: Sequence[tuple[str, int, float]]
+
+
+def planned_starts(
+    now: float, free: int, ends: Sequence[tuple[float, int]], waiting: Sequence[tuple[int, float]]
+) -> list[float]:
+    """Conservative backfilling on GPU counts: each waiting job in order starts at the
+    first time from which `gpus` whole GPUs stay free for its estimate, given the
+    running jobs' `ends` ((time, GPUs)) and the jobs planned before it. inf: never
+    (more GPUs than the cluster has)."""
+    # the free-GPU profile: times and the free count from each time to the next
+    times = [now]
+    count = [free]
+    for t, g in sorted(ends):
+        t = max(t, now)
+        if t == times[-1]:
+            count[-1] += g
+        else:
+            times.append(t)
+            count.append(count[-1] + g)
+    out = []
+    for gpus, est in waiting:
+        est = max(est, 1.0)
+        start = -1
+        for i in range(len(times)):
+            if count[i] < gpus:
+                continue
+            end = times[i] + est
+            j = i
+            while j + 1 < len(times) and times[j + 1] < end and count[j + 1] >= gpus:
+                j += 1
+            if j + 1 >= len(times) or times[j + 1] >= end:
+                start = i
+                break
+        if start < 0:
+            out.append(float("inf"))
+            continue
+        t0 = times[start]
+        t1 = t0 + est
+        k = bisect_left(times, t1)
+        if k == len(times) or times[k] != t1:
+            times.insert(k, t1)
+            count.insert(k, count[k - 1])
+        for m in range(start, k):
+            count[m] -= gpus
+        out.append(t0)
+    return out
+
+
+def queue_allows(
+    plan: QueuePlan, job_id: str, gpus: int, end_before: float, end_after: float, mode: str
+) -> bool:
+    """Whether the queue check lets a move of `job_id` (its expected end from
+    `end_before` to `end_after`) happen (module doc)."""
+    if mode == "off" or not plan.waiting:
+        return True
+    ends = [(t, g) for jid, t, g in plan.running if jid != job_id]
+    waiting = [(g, est) for _, g, est in plan.waiting]
+    before = planned_starts(plan.now, plan.free, [*ends, (end_before, gpus)], waiting)
+    after = planned_starts(plan.now, plan.free, [*ends, (end_after, gpus)], waiting)
+    if mode == "pareto":
+        return all(a <= b + 1e-6 for a, b in zip(after, before, strict=True))
+    finite = [(a, b) for a, b in zip(after, before, strict=True) if b != float("inf")]
+    return sum(a for a, _ in finite) <= sum(b for _, b in finite) + 1e-6
+
+
 def choose_move(
     running: Sequence[RunningOffload],
     nodes: Sequence[NodeFree],
@@ -117,6 +229,7 @@ def choose_move(
     place: Callable[[JobRequest, Sequence[NodeFree]], Allocation | None],
     klass: Callable[[NodeFree], Hashable],
     waiting: int = 0,
+    queue: QueuePlan | None = None,
 ) -> Move | None:
     """The first candidate (longest elapsed first) worth moving, and where; or None.
 
@@ -128,7 +241,8 @@ def choose_move(
     A job some free node holds whole goes to the class of the node where the move
     saves most (ties: the first node), placed there by `place` (which GPUs); a job
     no free node holds whole is placed by `place` on all of them and tested there.
-    `waiting`: how many jobs wait (with `idle_only`, no move while any does)."""
+    `waiting`: how many jobs wait (with `idle_only`, no move while any does); `queue`:
+    what the queue check reads (a candidate it refuses is passed over)."""
     if cfg.idle_only and waiting:
         return None
     for r in sorted(running, key=lambda r: (-r.elapsed_s, r.job.job_id)):
@@ -170,8 +284,16 @@ def choose_move(
         parts = [(nid, len(idx)) for nid, idx in alloc.gpus]
         slowest = min((types[nid] for nid, _ in parts), key=lambda t: speed.get(t, 1.0))
         got = _test(r, parts, speed, estimate, before, cost, cfg, slowest)
-        if got is not None:
-            return Move(r.job.job_id, alloc, cost, before, got[0], got[1])
+        if got is None:
+            continue
+        if queue is not None and cfg.queue_check != "off":
+            remaining = cfg.expect * r.elapsed_s  # at today's rate (`saved`'s guess)
+            end_before = queue.now + remaining
+            end_after = queue.now + cost + remaining - got[1]
+            g = r.job.num_gpus if r.job.gpu_milli >= FULL_GPU else 0
+            if not queue_allows(queue, r.job.job_id, g, end_before, end_after, cfg.queue_check):
+                continue
+        return Move(r.job.job_id, alloc, cost, before, got[0], got[1])
     return None
 
 

@@ -14,7 +14,12 @@ simulator does:
 * driven rounds (lockstep): the executor's `place` request names the window its
   simulator hands the placer; it is answered once every node status of that
   round (named by the round's `score` request) has been seen, so the solve sees
-  exactly the simulator's free GPUs.
+  exactly the simulator's free GPUs. An offload-aware placer's view of the running
+  offloading jobs is rebuilt from the request (`offloading`) before the solve.
+* driven re-placement (`NAME+offload+replace`): the executor's `replace` request
+  (its own round id, naming the node states stamped with it) is answered, once they
+  are seen, with a batch of no assignments and at most one move (moves.py), decided
+  on the executor's free GPUs and running offloading jobs.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections import Counter
 
 from services.placement.moves import RunningOffloads
 from services.placement.ordered import OrderedPlacer
+from services.placement.replace import Move, QueuePlan
 from services.placement.view import FreeView
 from shared.cluster import ClusterSpec
 from shared.messages import (
@@ -104,7 +110,8 @@ class PlacementState:
             self.gone.add(ev.job_id)
         elif ev.kind in ("rejected_placement", "preempted"):
             self.placed.discard(ev.job_id)
-            self.gone.discard(ev.job_id)
+            if ev.kind == "preempted":  # back in the queue (a refused move: it runs on)
+                self.gone.discard(ev.job_id)
             if ev.kind == "rejected_placement":
                 self.counts["rejected_placement"] += 1
 
@@ -125,9 +132,9 @@ class PlacementState:
 
     # ---- driven rounds ------------------------------------------------------------------
     def request(self, req: RoundRequest) -> None:
-        if req.phase == "score":
+        if req.phase in ("score", "replace"):
             self.round_nodes[req.round_id] = list(req.nodes)
-        else:
+        if req.phase != "score":
             self.pending[req.round_id] = req
 
     def answer_rounds(self) -> list[PlacementBatch]:
@@ -141,6 +148,14 @@ class PlacementState:
             if self.waiting_for(req):
                 break
             del self.pending[rid]
+            if self.offload is not None:  # the executor's running offloading jobs
+                self.offload.load(req.time, req.offloading, self.jobs)
+            if req.phase == "replace":
+                batch = self._replace(req)
+                self.answered = {rid: batch}
+                self.round_nodes = {r: n for r, n in self.round_nodes.items() if r > rid}
+                out.append(batch)
+                continue
             est = req.estimates or [0.0] * len(req.jobs)
             reqs = [
                 job_request(self.jobs[jid], s, e) for (jid, s), e in zip(req.jobs, est, strict=True)
@@ -157,7 +172,56 @@ class PlacementState:
         if nodes is None:
             return [f"score request of round {req.round_id}"]
         miss = [f"job {j}" for j, _ in req.jobs if j not in self.jobs]
+        miss += [f"job {r.job_id}" for r in req.offloading if r.job_id not in self.jobs]
         return miss + [f"node {n}" for n in nodes if self.view.round_of.get(n, -1) < req.round_id]
+
+    def _replace(self, req: RoundRequest) -> PlacementBatch:
+        """A driven re-placement round: at most one move (none without re-placement)."""
+        t0 = time.perf_counter()
+        orders = []
+        if self.offload is not None:
+            speed = self._speed()
+            free = self.view.free_nodes()
+            queue = self._queue_plan(req)
+            mv = self.offload.move(self.placer.inner, req.time, free, speed, req.window, queue)
+            if mv is not None:
+                orders.append(self._order(mv))
+        return PlacementBatch(
+            round_id=req.round_id,
+            time=req.time,
+            assignments=[],
+            solver_ms=(time.perf_counter() - t0) * 1e3,
+            solver_status="REPLACE",
+            moves=orders,
+        )
+
+    def _queue_plan(self, req: RoundRequest) -> QueuePlan | None:
+        """Re-placement's queue check from a replace request (replace.py): its `jobs`
+        (waiting, arrival order) with `estimates`, and `releases` (expected ends)."""
+        cfg = getattr(self.placer.inner, "replace", None)
+        if cfg is None or cfg.queue_check == "off":
+            return None
+        free = sum(row.count(FULL_GPU) for row in (n.free_milli for n in self.view.free_nodes()))
+        running = [
+            (r.job_id, r.time_s, sum(len(g) for _, g in r.gpus) if r.gpu_milli >= FULL_GPU else 0)
+            for r in req.releases
+        ]
+        est = req.estimates or [0.0] * len(req.jobs)
+        waiting = [
+            (jid, self.jobs[jid].num_gpus, e) for (jid, _), e in zip(req.jobs, est, strict=True)
+        ]
+        return QueuePlan(req.time, free, running, waiting)
+
+    def _order(self, mv: Move) -> MoveOrder:
+        """Issue `mv`: its GPUs taken off the view at once (as for a placement)."""
+        self.view.take([mv.alloc])
+        self.counts["moves"] += 1
+        gpus = [Assignment(mv.job_id, n, list(g)) for n, g in mv.alloc.gpus]
+        return MoveOrder(mv.job_id, gpus, mv.cost_s, mv.saved_s)
+
+    def _speed(self) -> dict[str, float]:
+        cluster = self.view.cluster
+        return {t: speed_of(t, cluster.speed) for t in cluster.gpu_types}
 
     # ---- the solve ----------------------------------------------------------------------
     def _node_type(self) -> dict[str, str]:
@@ -171,10 +235,9 @@ class PlacementState:
         ctx: RoundContext | None = None,
         moves: bool = False,
     ) -> PlacementBatch:
-        """Solve one round; with `moves` (free rounds only: the lockstep executor does
-        not apply moves yet) also ask for one re-placement move (moves.py)."""
-        cluster = self.view.cluster
-        speed = {t: speed_of(t, cluster.speed) for t in cluster.gpu_types}
+        """Solve one round; with `moves` (free rounds: driven ones ask for moves in
+        `replace` requests of their own) also ask for one re-placement move (moves.py)."""
+        speed = self._speed()
         t0 = time.perf_counter()
         result: PlacementResult = (
             self.placer.place(reqs, self.view.free_nodes(), speed, ctx)
@@ -193,16 +256,7 @@ class PlacementState:
             waiting = len(reqs) - len(result.allocations)
             mv = self.offload.move(self.placer.inner, now, self.view.free_nodes(), speed, waiting)
             if mv is not None:
-                self.view.take([mv.alloc])
-                self.counts["moves"] += 1
-                orders.append(
-                    MoveOrder(
-                        mv.job_id,
-                        [Assignment(mv.job_id, n, list(g)) for n, g in mv.alloc.gpus],
-                        mv.cost_s,
-                        mv.saved_s,
-                    )
-                )
+                orders.append(self._order(mv))
         return PlacementBatch(
             round_id=round_id,
             time=now,

@@ -2,8 +2,9 @@
 
 With `--placer NAME+offload+replace` (and `--cluster`) a batch of a free round may
 also carry `moves`: running offloading jobs to checkpoint and restart elsewhere
-(services/placement/moves.py), at most one per round (none in driven rounds: the
-lockstep executor does not apply moves yet).
+(services/placement/moves.py), at most one per round; a driven executor (cluster_sim)
+asks for them in `replace` requests of its own, each answered with at most one move
+(services/placement/rounds.py).
 
 Consumes `jobs.accepted`, `cluster.nodes`, `jobs.events`, `sched.priorities`
 (it owns that topic's dead letters) and `sched.rounds`; keeps its own view of
@@ -62,7 +63,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--placer",
         default="milp",
         help="milp (default), greedy, first-fit, ...; NAME+offload and NAME+offload+replace "
-        "(moves, in free rounds) need --cluster",
+        "(moves) need --cluster",
     )
     p.add_argument("--cluster", default=None, help="cluster spec (default: nodes as they report)")
     p.add_argument(

@@ -20,6 +20,7 @@ window into a `Reward` (see `Reward.parts`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -54,6 +55,7 @@ class _JobState:
     open_start: float | None = None
     open_types: str = ""
     open_nodes: str = ""
+    open_restart: float = 0.0  # a moved job's restore (its MoveOrder's restart_s)
     done: bool = False
     failed: bool = False
 
@@ -67,6 +69,8 @@ class Telemetry:
         self.early: dict[str, list[JobEvent]] = {}  # events of jobs not accepted yet
         self.solves: dict[int, float] = {}  # round_id -> solver ms
         self.offload: dict[str, OffloadStats] = {}  # latest per job
+        # moves issued and not yet seen started: job -> (time of the move, restart_s)
+        self.move_cost: dict[str, tuple[float, float]] = {}
         self.rejected: Counter[str] = Counter()  # by topic
         self._rejections: set[str] = set()
         self.finished_at: list[tuple[float, str]] = []
@@ -88,6 +92,12 @@ class Telemetry:
             return
         if js.done:
             return
+        if ev.kind == "started" and js.open_start is not None and ev.detail != js.open_nodes:
+            # a move (MoveOrder): its segment ends, one on the new GPUs begins
+            self._close(js, ev.time)
+            self.counts["moves"] += 1
+            at, cost = self.move_cost.pop(ev.job_id, (ev.time, 0.0))
+            js.open_restart = cost if at == ev.time else 0.0
         if ev.kind == "started" and js.open_start is None:
             js.open_start = ev.time
             js.open_nodes = ev.detail
@@ -95,8 +105,7 @@ class Telemetry:
                 sorted({self.nodes[n].gpu_type for n in ev.node_ids if n in self.nodes})
             )
         elif ev.kind in ("finished", "failed", "preempted") and js.open_start is not None:
-            js.segments.append(Segment(js.open_start, ev.time, js.open_types, js.open_nodes))
-            js.open_start = None
+            self._close(js, ev.time)
             if ev.kind != "preempted":
                 js.done = True
                 js.failed = ev.kind == "failed"
@@ -107,12 +116,32 @@ class Telemetry:
         elif ev.kind == "rejected_placement":
             self.counts["rejected_placement"] += 1
 
+    def _close(self, js: _JobState, t: float) -> None:
+        restart = min(js.open_restart, max(t - (js.open_start or 0.0), 0.0))
+        js.segments.append(
+            Segment(js.open_start or 0.0, t, js.open_types, js.open_nodes, restart_s=restart)
+        )
+        js.open_start, js.open_restart = None, 0.0
+
     def node(self, status: NodeStatus) -> None:
         self.nodes[status.node_id] = status
         self.now = max(self.now, status.time)
 
     def placement(self, batch: PlacementBatch) -> None:
-        self.solves[batch.round_id] = batch.solver_ms
+        if batch.solver_status != "REPLACE":  # a driven re-placement round solves nothing
+            self.solves[batch.round_id] = batch.solver_ms
+        for mv in batch.moves:  # read before or after the executor's `started` (or finish)
+            js = self.jobs.get(mv.job_id)
+            if js is not None and js.open_start == batch.time and js.segments:
+                js.open_restart = mv.restart_s
+                continue
+            done = [i for i, g in enumerate(js.segments) if g.start_s == batch.time] if js else []
+            if js is not None and done and done[-1] > 0:
+                g = js.segments[done[-1]]
+                restart = min(mv.restart_s, g.finish_s - g.start_s)
+                js.segments[done[-1]] = dataclasses.replace(g, restart_s=restart)
+            else:
+                self.move_cost[mv.job_id] = (batch.time, mv.restart_s)
 
     def offload_stats(self, stats: OffloadStats) -> None:
         self.offload[stats.job_id] = stats
@@ -185,6 +214,7 @@ class Telemetry:
             "failed": failed,
             "rounds": len(solves),
             "rejected_placement": self.counts["rejected_placement"],
+            "moves": self.counts["moves"],
             "cancelled": self.counts["cancelled"],
             "rejected_total": float(sum(self.rejected.values())),
             "placement_solve_p50_ms": percentile(solves, 50) if solves else 0.0,

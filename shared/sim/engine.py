@@ -36,11 +36,12 @@ from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from services.placement.checker import inversions
 from services.placement.ordered import OrderedPlacer
-from services.placement.replace import Move, ReplaceConfig, RunningOffload
+from services.placement.replace import Move, QueuePlan, ReplaceConfig, RunningOffload
 from shared.cluster import ClusterSpec
 from shared.metrics import JobRecord, Segment, summarize
 from shared.offload_metrics import offload_summary
@@ -226,6 +227,11 @@ class Simulator:
             inner.offload_view = self.offload  # an offload-aware placer reads it
         # an offload-aware placer with re-placement on (services/placement/replace.py)
         self.replace: ReplaceConfig | None = getattr(inner, "replace", None)
+        self._replacer: Any = inner  # its `replacement` decides the moves
+        # waiting jobs in arrival order, for re-placement's queue check (replace.py)
+        self._fifo: dict[int, QueuedJob] | None = (
+            {} if self.replace is not None and self.replace.queue_check != "off" else None
+        )
         self._next_replace = 0.0
         policy.reset(policy_context(policy, cluster, self.history, config.seed, self._true_run_s))
 
@@ -321,6 +327,8 @@ class Simulator:
         return self.state.fits(job.num_gpus, job.gpu_milli, job.gpu_types)
 
     def _enqueue(self, job: QueuedJob) -> None:
+        if self._fifo is not None:
+            self._fifo[job.seq] = job
         self.waiting.add(job)
         self.policy.add(job)
         if self.waiting.count > self.result.max_waiting:
@@ -523,6 +531,8 @@ class Simulator:
         self.policy.remove(job)
         self.waiting.remove(job)
         self._reqs.pop(job.seq, None)
+        if self._fifo is not None:
+            self._fifo.pop(job.seq, None)
         self._begin(run, claim, now)
 
     def _begin(self, run: _Run, claim: Claim, now: float) -> None:
@@ -622,17 +632,41 @@ class Simulator:
         cfg = self.replace
         assert cfg is not None
         self._next_replace = now + _REPLACE_EVERY_S
-        placer: Any = self.placer.inner  # an OffloadAwarePlacer (it has `replace`)
+        placer = self._replacer  # an OffloadAwarePlacer, or the bus executor's RemotePlacer
         for _ in range(_MOVES_PER_CHECK):
             cands = self._movable(now, cfg)
             if not cands:
                 return
             free = self.state.free_nodes()
-            move = placer.replacement(cands, free, self.speed, self.waiting.count)
+            queue = self._queue_plan(now, cfg) if self._fifo is not None else None
+            move = placer.replacement(cands, free, self.speed, self.waiting.count, queue)
             if move is None:
                 return
             if not self._move(self.runs[self.offload.by_id[move.job_id]], move, now):
                 return
+
+    def _queue_plan(self, now: float, cfg: ReplaceConfig) -> QueuePlan | None:
+        """What re-placement's queue check reads (replace.py): the first waiting jobs in
+        arrival order with their estimates, and every running job's expected end
+        (start + estimate; past it, now + expect x its run time so far). Under EASY
+        only (the running jobs' estimates are its releases)."""
+        assert self._fifo is not None
+        if not self.easy:
+            return None
+        running = []
+        for seq, rel in self.releases.items():
+            run = self.runs[seq]
+            end = rel.time_s
+            if end <= now:
+                elapsed = sum(s.finish_s - s.start_s for s in run.segments) + now - run.seg_start
+                end = now + cfg.expect * elapsed
+            g = run.job.num_gpus if run.job.gpu_milli >= FULL_GPU else 0
+            running.append((run.job.job_id, end, g))
+        waiting = [
+            (j.job_id, j.num_gpus, self._estimate(j))
+            for j in islice(self._fifo.values(), cfg.queue_window)
+        ]
+        return QueuePlan(now, self.state.whole_total, running, waiting)
 
     def _movable(self, now: float, cfg: ReplaceConfig) -> list[RunningOffload]:
         st, out = self.state, []

@@ -149,3 +149,41 @@ def test_swap_dir_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     assert swap_dir() == Path("/mnt/nvme/j1")
     monkeypatch.delenv("RLTUNE_SWAP_DIR")
     assert swap_dir() == Path(tempfile.gettempdir()) / "rltune-swap"
+
+
+def test_a_move_is_refused_by_its_new_nodes_agent_and_the_job_runs_on() -> None:
+    """The agent does not checkpoint and restart a running process: the agent of a
+    move's first new node answers `rejected_placement`, starts nothing and takes no
+    GPU; another node's agent says nothing; placement then keeps the job where it runs
+    (its view of the running offloading jobs, and it never places the job again)."""
+    from offload_agent.jobs import MOVE_REFUSED, JobRunner
+    from shared.messages import Assignment, JobEvent, MoveOrder, PlacementBatch
+    from tests.services.placement.test_moves import _free, _start, _state
+    from tests.services.placement.test_replace import H
+
+    calls: list[str] = []
+    runner = JobRunner("b", lambda cmd, gpus, *, env: calls.append("x"), gpus=2)  # type: ignore[arg-type,return-value]
+    move = MoveOrder("x", [Assignment("x", "b", [0])], 330.0, 1e4)
+    events, procs = runner.place(PlacementBatch(4, 9.0, [], moves=[move]), 9.0)
+    assert [(e.job_id, e.kind, e.node_ids, e.detail) for e in events] == [
+        ("x", "rejected_placement", ["b"], MOVE_REFUSED)
+    ]
+    assert procs == [] and calls == [] and runner.busy == {}
+    other = JobRunner("a", lambda cmd, gpus, *, env: None, gpus=2)  # type: ignore[arg-type,return-value]
+    assert other.place(PlacementBatch(4, 9.0, [], moves=[move]), 9.0) == ([], [])
+
+    st = _state()
+    assert st.offload is not None
+    zn = _start(st, st.free_round(1, 0.0, [("z", 1.0)]), 0.0)["z"]
+    _start(st, st.free_round(2, 1.0, [("x", 2.0), ("y", 1.0)]), 1.0)
+    st.event(JobEvent("z", "finished", 8 * H, [zn]))
+    _free(st, zn)
+    (mv,) = st.free_round(3, 8 * H, []).moves
+    refusal = JobRunner(zn, lambda cmd, gpus, *, env: None, gpus=2)  # type: ignore[arg-type,return-value]
+    (ev,), _ = refusal.place(PlacementBatch(3, 8 * H, [], moves=[mv]), 8 * H + 1)
+    st.event(ev)
+    assert st.offload.running[mv.job_id].start_s == 1.0  # its segment goes on where it was
+    assert mv.job_id in st.gone  # running: never placed again
+    assert st.free_round(4, 8 * H + 2, [(mv.job_id, 1.0)]).assignments == []
+    st.event(ev)  # a redelivered refusal changes nothing
+    assert mv.job_id in st.offload.running

@@ -4,6 +4,7 @@ messages the service reads, gives the simulator's move as a `MoveOrder`."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from services.placement.ordered import OrderedPlacer
@@ -14,6 +15,7 @@ from shared.messages import (
     Job,
     JobEvent,
     NodeStatus,
+    OffloadRunning,
     OffloadSpec,
     PlacementBatch,
     RoundRequest,
@@ -80,19 +82,42 @@ def test_the_service_moves_x_when_zs_node_frees(name: str) -> None:
     assert st.offload.running["x"].before_s == pytest.approx(8 * H + 5 - 1.0)
 
 
-def test_a_driven_round_issues_no_move() -> None:
-    """Lockstep: the executor does not apply moves, so a driven round sends none where
-    a free round at the same point does."""
+def test_a_driven_replace_round_gives_the_free_rounds_move() -> None:
+    """Lockstep: a driven place round carries no move; a `replace` request naming the
+    running offloading jobs as the executor holds them gets the move a free round gets
+    at the same point, from the request alone (this service read no job event)."""
+    free = _state()
+    zn = _start(free, free.free_round(1, 0.0, [("z", 1.0)]), 0.0)["z"]
+    xy = free.free_round(2, 1.0, [("x", 2.0), ("y", 1.0)])
+    _start(free, xy, 1.0)
+    free.event(JobEvent("z", "finished", 8 * H, [zn]))
+    _free(free, zn)
+    (want,) = free.free_round(3, 8 * H, []).moves
+
     st = _state()
-    zn = _start(st, st.free_round(1, 0.0, [("z", 1.0)]), 0.0)["z"]
-    _start(st, st.free_round(2, 1.0, [("x", 2.0), ("y", 1.0)]), 1.0)
-    st.event(JobEvent("z", "finished", 8 * H, [zn]))
-    _free(st, zn)
+    other = xy.assignments[0].node_id
+    st.node(NodeStatus(other, "V100", 2, []))
+    running = [
+        OffloadRunning(a.job_id, GPT2XL, 1, [(a.node_id, a.gpu_indices)], 8 * H - 1.0, H)
+        for a in xy.assignments
+    ]
     st.request(RoundRequest(3, 8 * H, "score"))
-    st.request(RoundRequest(3, 8 * H, "place"))
-    (driven,) = st.answer_rounds()
-    assert driven.round_id == 3 and driven.moves == []
-    assert st.free_round(4, 8 * H, []).moves  # the same point, free: the move
+    st.request(RoundRequest(3, 8 * H, "place", offloading=running))
+    (placed,) = st.answer_rounds()
+    assert placed.round_id == 3 and placed.moves == [] and placed.assignments == []
+    st.request(RoundRequest(4, 8 * H, "replace", offloading=running))
+    (got,) = st.answer_rounds()
+    assert got.round_id == 4 and got.assignments == [] and got.moves == [want]
+    # a job still restoring a move's checkpoint is not moved; a driven answer rebuilds
+    # the view from each request
+    busy = [msgspec.structs.replace(r, restoring=True) for r in running]
+    _free(st, zn)  # (the move not applied: the executor's state is as before)
+    st.request(RoundRequest(5, 8 * H, "replace", offloading=busy))
+    (none,) = st.answer_rounds()
+    assert none.moves == []
+    _free(st, zn)
+    st.request(RoundRequest(6, 8 * H, "replace", offloading=running))
+    assert st.answer_rounds()[0].moves == [msgspec.structs.replace(want)]
 
 
 def test_a_refused_move_puts_the_job_back() -> None:

@@ -41,6 +41,35 @@ def test_a_job_submitted_after_the_clusters_clock_is_ahead_not_waiting() -> None
     assert (c["waiting"], c["ahead"], c["running"]) == (2, 0, 1)
 
 
+def test_a_move_is_a_new_segment_with_its_restore_a_redelivered_start_is_not() -> None:
+    """A MoveOrder's `started` event of a running job ends its segment and begins one on
+    the new GPUs, whose first `restart_s` are the move's restore, whichever of the
+    batch and the event is read first; the same start read twice is one start; the
+    job's JCT spans both segments."""
+    from shared.messages import Assignment, MoveOrder, PlacementBatch
+
+    for batch_first in (True, False):
+        t = Telemetry(window_s=100.0)
+        t.node(NodeStatus("a", "V100", 2, [0, 1]))
+        t.node(NodeStatus("b", "P100", 2, [0, 1]))
+        t.accepted(Job("x", 1, 0.0))
+        t.event(JobEvent("x", "started", 10.0, ["a"], "a:0"))
+        t.event(JobEvent("x", "started", 10.0, ["a"], "a:0"))  # redelivered: no move
+        move = MoveOrder("x", [Assignment("x", "b", [1])], 30.0)
+        batch = PlacementBatch(7, 50.0, [], solver_status="REPLACE", moves=[move])
+        if batch_first:
+            t.placement(batch)
+        t.event(JobEvent("x", "started", 50.0, ["b"], "b:1"))
+        if not batch_first:
+            t.placement(batch)
+        t.event(JobEvent("x", "finished", 90.0, ["b"]))
+        (rec,) = t.records()
+        got = [(s.start_s, s.finish_s, s.gpu_type, s.nodes, s.restart_s) for s in rec.segments]
+        assert got == [(10.0, 50.0, "V100", "a:0", 0.0), (50.0, 90.0, "P100", "b:1", 30.0)]
+        assert t.counters()["moves"] == 1 and 7 not in t.solves  # a replace round: no solve
+        assert t.snapshot(95.0, "all").avg_jct_s == 90.0
+
+
 def test_prometheus_jobs_gauge_carries_every_state_of_the_counters() -> None:
     """`rltune_jobs{state=...}` is what Grafana plots: each state, `ahead` included, reads
     the counters' value (a scrape of the process registry, not the gauge objects)."""
