@@ -8,7 +8,12 @@ from prometheus_client import Counter, Gauge, Histogram
 
 __all__ = ["COLLECTORS", "GPU_UTIL", "JCT", "JOBS", "OFFLOAD_HIT", "OFFLOAD_MIGRATION", "ROUNDS"]
 
-JOBS = Gauge("rltune_jobs", "Jobs by state (waiting, running, done, failed)", ["state"])
+JOBS = Gauge(
+    "rltune_jobs",
+    "Jobs by state (ahead: accepted with a submit time past the cluster's clock;"
+    " waiting, running, done, failed)",
+    ["state"],
+)
 JCT = Histogram(
     "rltune_job_completion_seconds",
     "Job completion time: finish - submit (the cluster's clock)",

@@ -122,7 +122,7 @@ def _observe(job: Job, ev: JobEvent, before: tuple[float | None, bool], done: bo
 def export(s: Telemetry) -> None:
     """The run's figures as Prometheus gauges (scraped from this service)."""
     c = s.counters()
-    for state in ("waiting", "running", "done", "failed"):
+    for state in ("ahead", "waiting", "running", "done", "failed"):
         JOBS.labels(state).set(c[state])
     for t, u in s.util_by_type().items():
         GPU_UTIL.labels(t).set(u)

@@ -144,13 +144,26 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{policy.label}: {summary['jobs']} jobs finished, {rejected} rejected, "
         f"avg JCT {summary['avg_jct_s']:.0f} s, avg queue {summary['avg_queue_s']:.0f} s, "
-        f"GPU util {summary['gpu_util']:.3f} (submission span), discipline "
+        f"GPU util {_util_text(summary, jobs)}, discipline "
         f"{args.discipline}, priority inversions {summary['priority_inversions']}; "
         f"{len(jobs)} jobs in {result.wall_s:.2f} s "
         f"({rate:.0f} jobs/s); trace rows skipped: {skipped}",
         file=sys.stderr,
     )
     return check_outcome(policy.label, len(jobs), summary, jobs, cluster.gpu_types)
+
+
+def _util_text(summary: dict[str, object], jobs: list[TraceJob]) -> str:
+    """`gpu_util` is over the submission span; with every job submitted at one instant
+    that span is empty (the summary holds 0.0), so the line says so and gives the
+    utilisation over the makespan instead of printing a bare 0."""
+    submits = [j.submit_s for j in jobs]
+    if submits and max(submits) > min(submits):
+        return f"{summary['gpu_util']:.3f} (submission span)"
+    return (
+        f"n/a over the submission span (every job submitted at one instant), "
+        f"{summary['gpu_util_makespan']:.3f} over the makespan"
+    )
 
 
 def mark_offload(args: argparse.Namespace, jobs: list[TraceJob]) -> list[TraceJob]:

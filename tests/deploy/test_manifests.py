@@ -264,6 +264,7 @@ def test_dockerfile_installs_like_make_install() -> None:
     assert 'ARG TORCH_SPEC="torch==2.13.0"' in text
     assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in text
     assert "pip install -r requirements.lock" in text
+    assert "-r requirements-dev.lock" not in text  # no test or bench tools in the image
     assert "pip install --no-deps --no-build-isolation ." in text
     assert re.search(r"^USER rltune$", text, re.M)
     assert 'ENTRYPOINT ["rltune"]' in text

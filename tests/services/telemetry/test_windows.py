@@ -39,3 +39,25 @@ def test_a_job_submitted_after_the_clusters_clock_is_ahead_not_waiting() -> None
     t.event(JobEvent("early", "started", 60.0, ["h"]))  # the clock passes 51 s
     c = t.counters()
     assert (c["waiting"], c["ahead"], c["running"]) == (2, 0, 1)
+
+
+def test_prometheus_jobs_gauge_carries_every_state_of_the_counters() -> None:
+    """`rltune_jobs{state=...}` is what Grafana plots: each state, `ahead` included, reads
+    the counters' value (a scrape of the process registry, not the gauge objects)."""
+    from prometheus_client import REGISTRY
+
+    from services.telemetry.service import export
+
+    t = Telemetry(window_s=100.0)
+    t.node(NodeStatus("h", "V100", 2, [0, 1], time=50.0))
+    t.accepted(Job("a", 1, 10.0))
+    t.accepted(Job("b", 1, 20.0))
+    t.accepted(Job("c", 1, 70.0))  # ahead of the clock
+    t.accepted(Job("d", 1, 90.0))  # ahead
+    t.event(JobEvent("a", "started", 50.0, ["h"]))
+    export(t)
+    got = {
+        s: REGISTRY.get_sample_value("rltune_jobs", {"state": s})
+        for s in ("ahead", "waiting", "running", "done", "failed")
+    }
+    assert got == {"ahead": 2.0, "waiting": 1.0, "running": 1.0, "done": 0.0, "failed": 0.0}

@@ -202,3 +202,24 @@ def test_unknown_discipline_is_exit_2(files: dict[str, Path]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(sim(files, "--discipline", "fcfs"))
     assert exc.value.code == 2
+
+
+def test_one_submit_instant_prints_no_bare_zero_utilisation(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two 1-GPU jobs of 100 s and 50 s, both at t=0, on 2 GPUs: the submission span is
+    empty (the summary keeps 0.0 by definition) and the makespan is 100 s, so GPUs were
+    held 150 of 200 GPU-seconds: 0.750 over the makespan."""
+    trace = files["dir"] / "batch.jsonl"
+    trace.write_text(
+        '{"job_id": "a", "num_gpus": 1, "duration_s": 100}\n'
+        '{"job_id": "b", "num_gpus": 1, "duration_s": 50}\n'
+    )
+    argv = sim(files, "--json", "-", trace=trace)
+    argv[argv.index("philly")] = "jsonl"
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    s = json.loads(out)
+    assert (s["gpu_util"], s["gpu_util_makespan"]) == (0.0, 0.75)
+    assert "GPU util n/a over the submission span" in err and "0.750 over the makespan" in err
+    assert "GPU util 0.000" not in err
