@@ -13,6 +13,7 @@ made to wait on the copy's event).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, Future
@@ -34,6 +35,7 @@ log = logging.getLogger("rltune.offload")
 Bind = Callable[[str, "torch.Tensor | None"], None]
 
 MAX_AHEAD = 64  # most tensors fetched ahead, whatever the lead in bytes
+_IN_FAST = (Tier.FAST, Tier.FETCHING)  # tiers in which a tensor holds a fast buffer
 
 
 def _no_bind(tensor_id: str, view: torch.Tensor | None) -> None:
@@ -239,22 +241,36 @@ class TensorCache:
         c = entry.fast_class
         if self.fast.free_count(c):
             return self.fast.take(c), None
-        rank = self.policy.eviction_rank
         borrow = not demand and self.policy.protect_sooner
         pool = [c, *(b for b in self.fast.classes() if b > c)] if borrow else [c]
         if borrow:
             for b in pool[1:]:  # smallest first
                 if self.fast.free_count(b):
                     return self.fast.take(b), None
-        candidates = [e for b in pool for e in self._holders.get(b, ()) if e.evictable]
-        if not candidates:
+        victim, furthest = self._victim(pool)
+        if victim is None:
             if not demand:
                 return None
             return self._borrow(entry)
-        victim = max(candidates, key=lambda e: rank(e.spec.tensor_id, e.last_use))
-        if borrow and rank(victim.spec.tensor_id, victim.last_use) <= distance:
+        if borrow and furthest <= distance:
             return None
         return self._evict(victim)
+
+    def _victim(self, classes: Iterable[int]) -> tuple[Entry | None, float]:
+        """The evictable holder of a buffer of these classes that the policy ranks
+        first (the first found among equals), and its rank. One pass: this runs
+        at every access that finds its prefetch lead short."""
+        rank = self.policy.eviction_rank
+        best: Entry | None = None
+        top = -math.inf
+        for b in classes:
+            for e in self._holders.get(b, ()):
+                if e.pins or e.home is Tier.FAST or e.tier not in _IN_FAST:
+                    continue
+                r = rank(e.spec.tensor_id, e.last_use)
+                if r > top:
+                    best, top = e, r
+        return best, top
 
     def _borrow(self, entry: Entry) -> tuple[Slot, WriteBack | None]:
         """A buffer of a larger class for a demand its own class cannot serve; past
@@ -264,10 +280,9 @@ class TensorCache:
         for b in bigger:  # smallest first
             if self.fast.free_count(b):
                 return self.fast.take(b), None
-        rank = self.policy.eviction_rank
-        candidates = [e for b in bigger for e in self._holders.get(b, ()) if e.evictable]
-        if candidates:
-            return self._evict(max(candidates, key=lambda e: rank(e.spec.tensor_id, e.last_use)))
+        victim, _rank = self._victim(bigger)
+        if victim is not None:
+            return self._evict(victim)
         log.warning(
             "fast tier: all %d buffers of %d B (and every larger one) are in use when %s is "
             "needed; adding one past the budget (the step holds more tensors at once than "

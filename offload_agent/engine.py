@@ -123,9 +123,10 @@ class EngineConfig:
     # state slices) used up the lead in a few hundred KB.
     lead_bytes: int | None = None
     # watch every op for parameters read outside their modules' forward
-    # (`LooseParams`): None: the first step looks, later steps only if it found
-    # any (the watch costs a few percent of a small model's step); True: always
-    # (a model that reads a parameter loosely only on some later step).
+    # (`LooseParams`): None: the first step looks, later training steps only if
+    # a step found any (the watch costs a few percent of a small model's step),
+    # evaluation steps (gradients off as the step begins) always; True: always
+    # (a model that reads a parameter loosely only on some later training step).
     watch_loose: bool | None = None
 
     def prefetch_lead_bytes(self) -> int:
@@ -396,7 +397,11 @@ class OffloadEngine:
         try:
             with ExitStack() as stack:
                 pack = stack.enter_context(saved_tensor_refs(self))
-                if self._watch_loose:
+                # An evaluation step (gradients off as it begins) is watched too:
+                # with no graph, a loose read the first step did not show could
+                # not be refused at the end of the forward and would read the
+                # NaN placeholder silently; watched, it reads the parameter.
+                if self._watch_loose or not torch.is_grad_enabled():
                     stack.enter_context(LooseParams(self.names, self, self.views, pack))
                 cache.begin_step()
                 yield

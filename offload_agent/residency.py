@@ -39,13 +39,14 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: torch.dtype
     kind: str  # "param", "exp_avg", "exp_avg_sq", ...
+    # computed once: the cache reads it on every access and prefetch
+    nbytes: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def nbytes(self) -> int:
-        n = 1
+    def __post_init__(self) -> None:
+        n = self.dtype.itemsize
         for d in self.shape:
             n *= d
-        return n * self.dtype.itemsize
+        object.__setattr__(self, "nbytes", n)
 
     @property
     def size_class(self) -> int:
@@ -70,6 +71,10 @@ class Entry:
     ready: Ready | None = None
     last_use: int = 0
     prefetched: bool = False
+    # the view `fast_view` last made, and the buffer it is of: made once per fill
+    # of a buffer, not at every access (three tensor views each time)
+    _view: torch.Tensor | None = field(default=None, repr=False)
+    _view_of: Slot | None = field(default=None, repr=False)
 
     @property
     def permanent(self) -> bool:
@@ -80,8 +85,21 @@ class Entry:
         return not self.permanent and self.pins == 0 and self.tier in (Tier.FAST, Tier.FETCHING)
 
     def fast_view(self) -> torch.Tensor:
-        assert self.fast_slot is not None, f"{self.spec.tensor_id} has no fast buffer"
-        return self.spec.view(self.fast_slot.view)
+        slot = self.fast_slot
+        assert slot is not None, f"{self.spec.tensor_id} has no fast buffer"
+        if self._view_of is not slot or self._view is None:
+            self._view, self._view_of = self.spec.view(slot.view), slot
+        return self._view
+
+
+# the moves `Residency.move` allows, from each tier
+_ALLOWED = {
+    Tier.FAST: frozenset((Tier.HOST, Tier.NVME)),
+    Tier.FETCHING: frozenset((Tier.FAST,)),
+    Tier.HOST: frozenset((Tier.FETCHING, Tier.FAST)),
+    Tier.NVME: frozenset((Tier.FETCHING, Tier.FAST)),
+}
+_HOMES = (Tier.HOST, Tier.NVME)
 
 
 @dataclass
@@ -104,13 +122,7 @@ class Residency:
 
     def move(self, entry: Entry, to: Tier) -> None:
         """Change a tier, refusing transitions that would lose or alias bytes."""
-        allowed = {
-            Tier.FAST: {Tier.HOST, Tier.NVME},
-            Tier.FETCHING: {Tier.FAST},
-            Tier.HOST: {Tier.FETCHING, Tier.FAST},
-            Tier.NVME: {Tier.FETCHING, Tier.FAST},
-        }
-        if to not in allowed[entry.tier] or (to in (Tier.HOST, Tier.NVME) and to != entry.home):
+        if to not in _ALLOWED[entry.tier] or (to in _HOMES and to is not entry.home):
             raise AssertionError(f"{entry.spec.tensor_id}: illegal move {entry.tier} -> {to}")
         if to is Tier.FAST and entry.fast_slot is None:
             raise AssertionError(f"{entry.spec.tensor_id}: FAST without a buffer")

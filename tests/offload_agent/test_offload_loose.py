@@ -250,3 +250,50 @@ def test_a_view_used_after_its_parameter_stepped_is_refused(
             lin(x)
         vt.sum()
     engine.close()
+
+
+def test_a_loose_read_in_an_evaluation_step_reads_the_parameter(
+    tmp_path: Path, io: ThreadPoolExecutor
+) -> None:
+    """An evaluation step (gradients off: no graph to walk at the end of the
+    forward) that reads a parameter loosely in a way the training steps before
+    it did not show, through an op that saves nothing: it computed with the NaN
+    placeholder, silently. A step that begins with gradients off is watched,
+    so it reads the real value, and so is every step after one that found a
+    loose read (the next training step reads it too)."""
+
+    def read(m: Net, x: torch.Tensor) -> torch.Tensor:
+        return _from_third_call(m, x, True)
+
+    xs = _inputs()
+    model = Net(read).to(DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    want: list[float] = []
+    for k in (0, 1, None, 2):  # two training steps, an evaluation, a training step
+        if k is None:
+            with torch.no_grad():
+                want.append(float(model(xs[2])))
+            continue
+        opt.zero_grad()
+        loss = model(xs[k])
+        loss.backward()
+        opt.step()
+        want.append(float(loss.detach()))
+    for strategy in ("lru", "tencache"):
+        engine = _engine(read, strategy, tmp_path / strategy, io)
+        got: list[float] = []
+        for k in (0, 1, None, 2):
+            if k is None:
+                with torch.no_grad(), engine.step():
+                    got.append(float(engine.model(xs[2])))
+                assert engine.loose == {"p.v"}, strategy
+                continue
+            with engine.step():
+                loss = engine.model(xs[k])
+                loss.backward()
+            got.append(float(loss.detach()))
+            if engine.profile_ready:
+                assert engine.apply_plan(build_plan(engine.profile(), engine.budgets))
+        assert got == want, strategy
+        _assert_as_torch(engine, model, opt)
+        engine.close()

@@ -56,6 +56,29 @@ def test_residency_refuses_moves_that_lose_bytes() -> None:
         r.move(e, Tier.FAST)
 
 
+def test_a_tensors_size_and_its_view_in_a_buffer_follow_the_buffer_it_is_in() -> None:
+    """`nbytes` (computed once) is what torch allocates for that shape and dtype;
+    the view `fast_view` gives (made once per buffer, then reused) always points
+    into the buffer the entry holds now, with the tensor's shape and dtype."""
+    for shape, dtype in [((3, 5), torch.float32), ((7,), torch.bfloat16), ((), torch.int64),
+                         ((2, 0, 4), torch.float16), ((4, 3, 2), torch.float64)]:  # fmt: skip
+        assert (
+            TensorSpec("t", shape, dtype, "param").nbytes == torch.empty(shape, dtype=dtype).nbytes
+        )
+    pool = SlabPool("gpu", CpuDevice().alloc_fast, budget=2 * ALIGN)
+    pool.build({ALIGN: 2})
+    a, b = pool.take(ALIGN), pool.take(ALIGN)
+    e = Entry(TensorSpec("t", (8, 4), torch.float32, "param"), home=Tier.HOST, tier=Tier.FAST)
+    for slot in (a, b, a, a, b):
+        e.fast_slot = slot
+        v = e.fast_view()
+        assert v.data_ptr() == slot.view.data_ptr(), slot.index
+        assert (v.shape, v.dtype) == (torch.Size([8, 4]), torch.float32)
+        v.fill_(float(slot.index))
+        assert slot.view[:128].view(torch.float32).eq(float(slot.index)).all()
+    assert e.fast_view() is e.fast_view()  # the same buffer: the same view, not a new one
+
+
 def test_slabs_one_allocation_per_class_and_budget() -> None:
     dev = CpuDevice()
     pool = SlabPool("gpu", dev.alloc_fast, budget=10 * ALIGN)
