@@ -37,7 +37,8 @@ class FifoShadow:
     """EASY FIFO over estimated run times, advanced lazily to each round's clock."""
 
     __slots__ = (
-        "_arrivals", "_gone", "_queue", "_running", "_turn", "free", "t", "total", "window",
+        "_arrivals", "_gone", "_head", "_queue", "_running", "_turn", "free", "t", "total",
+        "window",
     )  # fmt: skip
 
     def __init__(self, window: int = 128) -> None:
@@ -50,6 +51,7 @@ class FifoShadow:
         self._running: list[tuple[float, int, float]] = []  # heap of (end, seq, gpus)
         self._turn: dict[int, float] = {}  # seq -> turn, for jobs still waiting for real
         self._gone: set[int] = set()  # left the real queue before their turn came
+        self._head = -1  # the seq of the head whose turn has been marked
 
     def add(self, job: QueuedJob) -> None:
         self._arrivals.append(job)
@@ -90,15 +92,16 @@ class FifoShadow:
         del self._queue[job.seq]
         self.free -= job.gpus
         heapq.heappush(self._running, (self.t + est, job.seq, job.gpus))
-        self._mark(job.seq)
+        if job.seq != self._head:
+            self._mark(job)
 
-    def _mark(self, seq: int) -> None:
-        if seq in self._turn:
-            return
-        if seq in self._gone:
-            self._gone.discard(seq)
+    def _mark(self, job: QueuedJob) -> None:
+        """`job`'s turn is now (called once per job: when it is first the head, or
+        when it starts without having been the head)."""
+        if job.seq in self._gone:
+            self._gone.discard(job.seq)
         else:
-            self._turn[seq] = self.t
+            self._turn[job.seq] = self.t
 
     def _schedule(self, estimate: Callable[[QueuedJob], float]) -> None:
         assert self.total is not None
@@ -106,7 +109,8 @@ class FifoShadow:
             head = next(iter(self._queue.values()))
             if head.gpus > self.total + _EPS:  # never fits: not a head anyone waits behind
                 del self._queue[head.seq]
-                self._mark(head.seq)
+                if head.seq != self._head:
+                    self._mark(head)
                 continue
             if head.gpus <= self.free + _EPS:
                 self._start(head, estimate(head))
@@ -115,7 +119,9 @@ class FifoShadow:
         if not self._queue:
             return
         head = next(iter(self._queue.values()))
-        self._mark(head.seq)
+        if head.seq != self._head:
+            self._head = head.seq
+            self._mark(head)
         reserved: tuple[float, float] | None = None  # (time, GPUs spare then), when needed
         for job in list(itertools.islice(self._queue.values(), 1, self.window)):
             if job.gpus > self.free + _EPS:

@@ -41,6 +41,14 @@ def test_turns_of_a_hand_solved_easy_queue() -> None:
     assert s.free == 6.0  # D runs
     s.forget(3)  # left the real queue: its turn is dropped
     assert s.turn(3) is None and s.turn(0) == 0.0
+    # a job that leaves the real queue before its turn never gets one (D again)
+    s = FifoShadow()
+    for j in jobs:
+        s.add(j)
+    s.advance(99.0, 8, lambda j: est[j.seq])
+    s.forget(3)
+    s.advance(200.0, 8, lambda j: est[j.seq])
+    assert s.turn(3) is None and s.free == 6.0  # D: the head at 100, runs 150-350
 
 
 def _run_of(runs: np.ndarray, job: QueuedJob) -> float:
