@@ -29,7 +29,7 @@ __all__ = [
 OBJECTIVES = ("bsld", "queue", "jct", "util")
 RESIDUALS = ("drf",)  # network.BASES (that module imports torch)
 REWARDS = ("episode", "round")
-BOUND_SCALES = ("fixed", "backlog", "fifo")  # as given, x (1 + waiting / GPUs), or fifo's turn
+BOUND_SCALES = ("fixed", "backlog", "fifo", "fifo-head")  # see Args.bound_scale
 
 _BASE = tuple(f for f in JOB_FEATURES if f not in OFFLOAD_FEATURES)
 FEATURE_SETS = {
@@ -102,7 +102,8 @@ class Args:
     """fixed: the bound is --max-wait-h; backlog: --max-wait-h x (1 + GPUs asked by
     waiting jobs / the cluster's GPUs) at each round, later the fuller the queue; fifo: when
     the job's turn comes in EASY fifo over run times estimated from history (it would be
-    the head or have started), or after --max-wait-h if given, whichever is first"""
+    the head or have started), or after --max-wait-h if given, whichever is first;
+    fifo-head: when it is the oldest waiting job (or after --max-wait-h if given)"""
     features: str = "all"
     """feature set: all, no-history (the ablation), or offload (all + offload_pressure)"""
     hidden: int = 32

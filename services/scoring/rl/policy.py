@@ -44,6 +44,9 @@ the same jobs through EASY FIFO with run times estimated from history (it would 
 the head EASY reserves for, or would have started), or once it has waited
 `max_wait_s` (a cap; None: no cap), whichever is first; so it gets the reservation
 no later than under EASY `fifo`, as far as the estimates tell.
+`bound_scale="fifo-head"` reads `fifo`'s order from the real queue instead: a large
+job goes ahead when it is the oldest waiting job, the one EASY `fifo` would reserve
+for (or once it has waited `max_wait_s`); no estimate is involved.
 
 How it scores: the encoder (`shared.policy_features.encode`, vectorised over the
 window) and the network's forward pass in numpy with the module's weights
@@ -238,12 +241,18 @@ class RLPolicy:
 
     def forced(self, obs: Observation) -> list[QueuedJob]:
         """The waiting jobs the wait bound puts ahead of the network this round, oldest
-        first: of `bound_gpus` or more, waited `bound_s` or longer or (under "fifo")
-        their turn in the EASY fifo shadow has come."""
+        first: of `bound_gpus` or more, waited `bound_s` or longer, or (under "fifo")
+        their turn in the EASY fifo shadow has come, or (under "fifo-head") the oldest
+        waiting job."""
         shadow = self._shadow
-        if (self.max_wait_s is None and shadow is None) or not self._big:
+        if (self.max_wait_s is None and self.bound_scale not in _NO_CAP_NEEDED) or not self._big:
             return []
         bound = -math.inf if self.max_wait_s is None else obs.now - self.bound_s(obs)
+        if self.bound_scale == "fifo-head":
+            head = min(self._fifo.values(), key=_age)  # the job EASY fifo reserves for
+            return sorted(
+                (j for j in self._big.values() if j.submit_s <= bound or j is head), key=_age
+            )
         if shadow is None:
             return sorted((j for j in self._big.values() if j.submit_s <= bound), key=_age)
         shadow.advance(obs.now, obs.total_gpus(), obs.history.estimate)
@@ -302,6 +311,7 @@ def _equal_rows_tie(x: np.ndarray, s: np.ndarray) -> np.ndarray:
     return out
 
 
+_NO_CAP_NEEDED = ("fifo", "fifo-head")  # scales that bound without max_wait_s
 _age = operator.attrgetter("submit_s", "seq")  # (submit, seq): a job's age, older first
 
 

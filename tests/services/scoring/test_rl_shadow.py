@@ -114,3 +114,22 @@ def test_a_large_job_goes_ahead_when_its_fifo_turn_comes() -> None:
         fixed.add(j)
     obs.now = 1000.0
     assert [j.seq for j in fixed.window(4, obs)][:3] == [0, 1, 3]
+
+
+def test_fifo_head_puts_a_large_job_ahead_only_when_it_is_the_oldest() -> None:
+    """J0 (1 GPU, oldest), J1 and J2 (4 GPUs each). While J0 waits nothing goes ahead
+    (the head EASY fifo reserves for is small); once it has started, J1 is the head
+    and goes ahead, J2 does not (it is behind J1 in fifo's order) however long it
+    has waited. A cap puts a job ahead past it whatever its place (850 s: J1; 750 s: both)."""
+    history = History()
+    jobs = [_job(0, 0.0, 1), _job(1, 100.0, 4), _job(2, 200.0, 4)]
+    for cap, want in ((None, [[], [1]]), (850.0, [[1], [1]]), (750.0, [[1, 2], [1, 2]])):
+        p = RLPolicy(_net(), JOB_FEATURES, max_wait_s=cap, bound_gpus=4, bound_scale="fifo-head")
+        p.reset(PolicyContext(CLUSTER, history))
+        for j in jobs:
+            p.add(j)
+        obs = _obs(history, jobs)  # now = 1000: J1 waited 900 s, J2 800 s
+        got = [[j.seq for j in p.forced(obs)]]
+        p.remove(jobs[0])
+        got.append([j.seq for j in p.forced(obs)])
+        assert got == want
