@@ -16,7 +16,10 @@ they return the best solution found), fallbacks (calls with no solution: greedy
 returned), milp_over_greedy (mean objective ratio), exact_optimal (exact solves
 proven optimal), windows.
 
-    rltune bench placement [--windows 64,128,256] [--json -]
+Plot (`--plot`, default placement.png): solve time by window size against the
+budget, and the objective gap to the exact solve and the ratio to greedy.
+
+    rltune bench placement [--windows 64,128,256] [--json -] [--plot placement.png]
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--time-limit", type=float, default=MilpConfig().time_limit_s)
     ap.add_argument("--exact-limit", type=float, default=10.0)
     ap.add_argument("--json", help="write the rows as JSON to this file ('-' = stdout)")
+    ap.add_argument("--plot", default="placement.png", help="PNG of the table ('' = none)")
     args = ap.parse_args(argv)
     try:
         sizes = [int(w) for w in args.windows.split(",")]
@@ -154,3 +158,42 @@ def _report(rows: list[dict[str, float]], args: argparse.Namespace, err: Console
     (err if args.json == "-" else Console()).print(table)
     if args.json:
         write_json(rows, args.json)
+    if args.plot:
+        plot(rows, Path(args.plot), args.time_limit)
+        err.print(f"plot: {args.plot}")
+
+
+def plot(rows: list[dict[str, float]], path: Path, budget_s: float) -> None:
+    """Left: solve time (wall p50/p99, CPU p99) by window size, the budget dotted.
+    Right: mean and max gap to the exact solve (%), and MILP / greedy objective."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ws = [int(r["window"]) for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for key, label, style in (
+        ("solve_p50_ms", "wall p50", "o-"),
+        ("solve_p99_ms", "wall p99", "s-"),
+        ("solve_cpu_p99_ms", "CPU p99", "^--"),
+    ):
+        left.plot(ws, [r[key] for r in rows], style, label=label)
+    left.axhline(budget_s * 1e3, color="grey", linestyle=":", label="time budget")
+    left.set(xlabel="window (jobs)", ylabel="place() time (ms)", xticks=ws)
+    left.set_title("MILP solve time")
+    left.legend()
+    left.grid(alpha=0.3)
+    right.plot(ws, [r["gap_vs_exact"] for r in rows], "o-", label="gap to exact, mean")
+    right.plot(ws, [r["gap_vs_exact_max"] for r in rows], "s--", label="gap to exact, max")
+    right.set(xlabel="window (jobs)", ylabel="objective gap (%)", xticks=ws)
+    twin = right.twinx()
+    twin.plot(ws, [r["milp_over_greedy"] for r in rows], "^-", color="C2", label="MILP / greedy")
+    twin.set_ylabel("MILP objective / greedy's")
+    lines = right.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    right.legend(lines, [str(ln.get_label()) for ln in lines], loc="best")
+    right.set_title("MILP objective against exact and greedy")
+    right.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -370,10 +370,13 @@ def view(latest: dict[str, MetricsSnapshot], rounds_per_s: float, head: str = ""
         if name.startswith("telemetry."):
             continue
         n = snap.counters
+        # a simulated cluster's offloading jobs run on the cost model in cluster-sim
+        idle = name == "profiler" and not n.get("consumed", 0)
+        note = "  (no profiles yet: host agents send them from training processes)"
         services.add_row(
             name,
             f"in {n.get('consumed', 0):.0f}  out {n.get('published', 0):.0f}  "
-            f"rejected {n.get('rejected_total', 0):.0f}",
+            f"rejected {n.get('rejected_total', 0):.0f}" + (note if idle else ""),
         )
     return Group(t, services)
 

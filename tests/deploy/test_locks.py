@@ -19,7 +19,7 @@ import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
-# installed by pip/venv themselves, never pinned (torch asks for setuptools on 3.12+)
+# installed by pip/venv themselves (make install asks setuptools>=77), never pinned
 UNPINNED = {"pip", "setuptools", "wheel"}
 
 
