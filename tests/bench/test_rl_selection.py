@@ -23,7 +23,8 @@ def test_summary_against_hand_computed_ratios_and_fifo_waits() -> None:
     s = summarise(rows)["validation"]
     assert s["x"]["ratio"] == pytest.approx((0.5 + 1.25) / 2 - 1)  # -12.5%
     assert s["x"]["jct_h"] == pytest.approx(3.0) and s["x"]["runs"] == 2
-    assert s["x"]["big_worse"] == 1
+    assert s["x"]["big_worse"] == 1 and s["x"]["big_excess_h"] == pytest.approx(1.0)
+    assert s["drf"]["big_excess_h"] == pytest.approx(-1.0)  # 5 - 6 and 1 - 2
     assert s["drf"]["ratio"] == pytest.approx(0.0) and s["drf"]["big_worse"] == 0
     assert s["fifo"]["ratio"] == pytest.approx(1.0)
 

@@ -29,7 +29,7 @@ __all__ = [
 OBJECTIVES = ("bsld", "queue", "jct", "util")
 RESIDUALS = ("drf",)  # network.BASES (that module imports torch)
 REWARDS = ("episode", "round")
-BOUND_SCALES = ("fixed", "backlog")  # the wait bound: as given, or x (1 + waiting / GPUs)
+BOUND_SCALES = ("fixed", "backlog", "fifo", "fifo-head")  # see Args.bound_scale
 
 _BASE = tuple(f for f in JOB_FEATURES if f not in OFFLOAD_FEATURES)
 FEATURE_SETS = {
@@ -95,12 +95,15 @@ class Args:
     max_wait_h: float = 0.0
     """wait bound: a job of --bound-gpus or more waiting this many hours goes ahead of
     the network's ranking, oldest first (aging); stored in the checkpoint and applied
-    when it serves, not in training episodes (0: none)"""
+    when it serves, not in training episodes (0: none; under --bound-scale fifo: no cap)"""
     bound_gpus: int = 16
     """the smallest job (GPUs) the wait bound applies to"""
     bound_scale: str = "fixed"
     """fixed: the bound is --max-wait-h; backlog: --max-wait-h x (1 + GPUs asked by
-    waiting jobs / the cluster's GPUs) at each round, later the fuller the queue"""
+    waiting jobs / the cluster's GPUs) at each round, later the fuller the queue; fifo: when
+    the job's turn comes in EASY fifo over run times estimated from history (it would be
+    the head or have started), or after --max-wait-h if given, whichever is first;
+    fifo-head: when it is the oldest waiting job (or after --max-wait-h if given)"""
     features: str = "all"
     """feature set: all, no-history (the ablation), or offload (all + offload_pressure)"""
     hidden: int = 32

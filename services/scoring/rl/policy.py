@@ -25,7 +25,8 @@ exactly `drf`'s window.
 The wait bound (`max_wait_s`, aging of large jobs): a job of at least
 `bound_gpus` GPUs that has waited `max_wait_s` or longer is put ahead of every
 job the network ranks, the oldest first, so that under EASY it is the one that
-gets the reservation; the network ranks the rest. None (the default): no bound.
+gets the reservation; the network ranks the rest (the bound looks at every waiting
+job, not only the window the network ranks). None (the default): no bound.
 It bounds what the reward (a mean over jobs) does not see, the longest waits,
 which fall on the largest jobs. Applied to every job it is FIFO for every job
 past the bound, which on a loaded cluster is most of the queue (measured on the
@@ -37,6 +38,15 @@ GPUs)` at each round, so that on a cluster whose queue holds more work than it h
 GPUs a large job is put ahead later (each one put ahead under EASY holds a
 reservation that idles GPUs; a fixed bound fired on most large jobs at a load of
 1.18 and cost 37% of bounded slowdown there, docs/rl-selection.md).
+`bound_scale="fifo"` reads the bound from EASY `fifo`'s order instead
+(`shadow.FifoShadow`): a large job goes ahead once its turn has come in a replay of
+the same jobs through EASY FIFO with run times estimated from history (it would be
+the head EASY reserves for, or would have started), or once it has waited
+`max_wait_s` (a cap; None: no cap), whichever is first; so it gets the reservation
+no later than under EASY `fifo`, as far as the estimates tell.
+`bound_scale="fifo-head"` reads `fifo`'s order from the real queue instead: a large
+job goes ahead when it is the oldest waiting job, the one EASY `fifo` would reserve
+for (or once it has waited `max_wait_s`); no estimate is involved.
 
 How it scores: the encoder (`shared.policy_features.encode`, vectorised over the
 window) and the network's forward pass in numpy with the module's weights
@@ -58,6 +68,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import operator
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Protocol
@@ -67,6 +78,7 @@ import numpy as np
 from services.scoring.rl.args import BOUND_SCALES
 from services.scoring.rl.network import ScoreNet, WindowScorer
 from services.scoring.rl.ppo import sample_ranking
+from services.scoring.rl.shadow import FifoShadow
 from shared.errors import UserError
 from shared.policy_api import Observation, PolicyContext, QueuedJob
 from shared.policy_features import JOB_FEATURES, encode, encode_global
@@ -144,6 +156,8 @@ class RLPolicy:
         self._fifo: dict[int, QueuedJob] = {}
         self._groups: dict[Hashable, dict[int, QueuedJob]] = {}
         self._vcs: dict[str, dict[int, QueuedJob]] = {}  # FIFO per VC (the drf base)
+        self._big: dict[int, QueuedJob] = {}  # jobs the wait bound applies to, FIFO
+        self._shadow = FifoShadow(self.max_jobs) if self.bound_scale == "fifo" else None
         self._rng = np.random.default_rng(seed)
 
     @staticmethod
@@ -154,6 +168,10 @@ class RLPolicy:
         self._fifo[job.seq] = job
         self._groups.setdefault(self._group(job), {})[job.seq] = job
         self._vcs.setdefault(job.vc, {})[job.seq] = job
+        if job.num_gpus >= self.bound_gpus:
+            self._big[job.seq] = job
+        if self._shadow is not None:
+            self._shadow.add(job)
 
     def remove(self, job: QueuedJob) -> None:
         del self._fifo[job.seq]
@@ -166,6 +184,9 @@ class RLPolicy:
         del vc[job.seq]
         if not vc:
             del self._vcs[job.vc]
+        self._big.pop(job.seq, None)
+        if self._shadow is not None:
+            self._shadow.forget(job.seq)
         if self.recorder is not None:
             self.recorder.removed(job.seq)
 
@@ -211,11 +232,36 @@ class RLPolicy:
         return pool
 
     def bound_s(self, obs: Observation) -> float:
-        """The wait past which a job of `bound_gpus` or more goes ahead, this round."""
+        """The wait past which a job of `bound_gpus` or more goes ahead, this round
+        (under "fifo", the cap; a job's turn in the shadow may come sooner)."""
         assert self.max_wait_s is not None
         if self.bound_scale == "backlog":
             return self.max_wait_s * (1.0 + obs.waiting_gpus() / max(obs.total_gpus(), 1))
         return self.max_wait_s
+
+    def forced(self, obs: Observation) -> list[QueuedJob]:
+        """The waiting jobs the wait bound puts ahead of the network this round, oldest
+        first: of `bound_gpus` or more, waited `bound_s` or longer, or (under "fifo")
+        their turn in the EASY fifo shadow has come, or (under "fifo-head") the oldest
+        waiting job."""
+        shadow = self._shadow
+        if (self.max_wait_s is None and self.bound_scale not in _NO_CAP_NEEDED) or not self._big:
+            return []
+        bound = -math.inf if self.max_wait_s is None else obs.now - self.bound_s(obs)
+        if self.bound_scale == "fifo-head":
+            head = min(self._fifo.values(), key=_age)  # the job EASY fifo reserves for
+            return sorted(
+                (j for j in self._big.values() if j.submit_s <= bound or j is head), key=_age
+            )
+        if shadow is None:
+            return sorted((j for j in self._big.values() if j.submit_s <= bound), key=_age)
+        shadow.advance(obs.now, obs.total_gpus(), obs.history.estimate)
+        out = []
+        for j in self._big.values():
+            turn = shadow.turn(j.seq)
+            if j.submit_s <= bound or (turn is not None and turn <= obs.now):
+                out.append(j)
+        return sorted(out, key=_age)
 
     # ---- scoring ------------------------------------------------------------------------
     def encode(self, pool: list[QueuedJob], obs: Observation) -> np.ndarray:
@@ -228,14 +274,11 @@ class RLPolicy:
         return self._scorer(x[:, self.columns], g)
 
     def window(self, k: int, obs: Observation) -> Iterator[QueuedJob]:
+        forced = self.forced(obs)
         pool = self.candidates(obs)
-        forced: list[QueuedJob] = []
-        if self.max_wait_s is not None and pool:
-            bound = obs.now - self.bound_s(obs)
-            big = self.bound_gpus
-            forced = [j for j in pool if j.submit_s <= bound and j.num_gpus >= big]  # oldest first
-            if forced:
-                pool = [j for j in pool if j.submit_s > bound or j.num_gpus < big]
+        if forced:
+            ahead = {j.seq for j in forced}
+            pool = [j for j in pool if j.seq not in ahead]
         if not pool:
             return iter(forced[:k])
         x = self.encode(pool, obs)
@@ -268,6 +311,7 @@ def _equal_rows_tie(x: np.ndarray, s: np.ndarray) -> np.ndarray:
     return out
 
 
+_NO_CAP_NEEDED = ("fifo", "fifo-head")  # scales that bound without max_wait_s
 _age = operator.attrgetter("submit_s", "seq")  # (submit, seq): a job's age, older first
 
 

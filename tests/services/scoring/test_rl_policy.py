@@ -281,6 +281,7 @@ def test_the_wait_bound_travels_in_the_checkpoint(tmp_path: Path) -> None:
             {"max_wait_s": 7200.0, "bound_gpus": 16, "bound_scale": "backlog"},
             (7200.0, 16, "backlog"),
         ),
+        ({"max_wait_s": None, "bound_gpus": 16, "bound_scale": "fifo"}, (None, 16, "fifo")),
     ):
         path = tmp_path / "m.pt"
         save_checkpoint(path, Checkpoint(_net(), JOB_FEATURES, meta))
