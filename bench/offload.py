@@ -628,7 +628,39 @@ def _table(result: dict[str, Any], link: dict[str, Any]) -> Table:
            f"{spreads[f'tencache_vs_{s}']['min']:.2f}-{spreads[f'tencache_vs_{s}']['max']:.2f})")
         for s in ("lru", "fixed")
     ) + f"   ({copies}; step ms: median (quartiles))"  # fmt: skip
+    floor = result.get("link_floor")
+    if floor is not None:
+        t.caption += (
+            f"\ntencache's busiest link ({floor['link']}) is busy {floor['busy_ms']:.0f} ms a "
+            f"step, compute alone (none) takes {floor['compute_ms']:.0f} ms: "
+            + (
+                f"link-bound, copies can hide behind at most {floor['hideable_share']:.0%} of "
+                "the link's time, so some accesses must wait whatever the order"
+                if floor["link_bound"]
+                else "compute-bound, every copy could be hidden"
+            )
+        )
     return t
+
+
+def link_floor(ten: dict[str, Any], compute_ms: float) -> dict[str, Any] | None:
+    """What the emulated link alone allows tencache (None without emulation): its
+    busiest link's reserved time per step is a floor under the step whatever the
+    prefetch order, and `none`'s step (compute alone) is all the copies can hide
+    behind. Where the link's time exceeds the compute's (`link_bound`), some
+    accesses must wait, and the hit rate says more about how many tensors the
+    step touches than about the cache."""
+    busy = ten.get("link_busy_ms_per_step") or {}
+    if not busy or max(busy.values()) <= 0:
+        return None
+    name = max(busy, key=lambda k: busy[k])
+    return {
+        "link": name,
+        "busy_ms": round(busy[name], 1),
+        "compute_ms": round(compute_ms, 1),
+        "link_bound": busy[name] > compute_ms,
+        "hideable_share": round(min(1.0, compute_ms / busy[name]), 3),
+    }
 
 
 def _block_ratios(other: dict[str, Any], ten: dict[str, Any]) -> list[float]:
@@ -670,6 +702,9 @@ def _arch_result(
         for s in ("lru", "fixed", "none")
         if s in ran
     }
+    floor = link_floor(runs["tencache"], runs["none"]["step_ms"])
+    if floor is not None:
+        result["link_floor"] = floor
     if "lru" in ran:
         result["calibration"] = _calibration(runs)
     result["profile"] = runs["profile"]

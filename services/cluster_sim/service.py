@@ -43,6 +43,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -106,6 +107,10 @@ class SimSettings:
     replay: bool = False  # submit the trace's jobs to jobs.submit as they arrive
     offload_fraction: float = 0.0  # as simulate's --offload-fraction (seeded marking)
     preempt: bool = False  # as simulate's --preempt (a preemptive policy: las)
+    round_interval_s: float = 0.0  # as simulate's --round-interval (0: a round per event)
+    # real time: the wall clock (Unix s) at which the trace's first submission is due;
+    # None: when the first round is asked (`rltune up` passes its replay's start)
+    epoch: float | None = None
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -128,6 +133,22 @@ def add_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--preempt", action="store_true", help="let a preemptive policy (las) preempt")
     p.add_argument(
+        "--round-interval",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="rounds at most every S s of virtual time (as simulate's; default 0: every event)",
+    )
+    p.add_argument(
+        "--epoch",
+        type=float,
+        default=None,
+        metavar="UNIX_S",
+        help="real time: the wall-clock time (Unix seconds) at which the trace's first "
+        "submission is due, shared with the replay so both clocks agree (default: when the "
+        "first round is asked)",
+    )
+    p.add_argument(
         "--resend", type=float, default=5.0, help="ask a round again after this many s unanswered"
     )
     p.add_argument("--json", dest="json_out", default=None, help="summary JSON at the end")
@@ -149,6 +170,10 @@ def from_args(args: argparse.Namespace) -> SimSettings:
         raise UserError(f"--offload-fraction must be within [0, 1], got {args.offload_fraction}")
     if args.resend <= 0:
         raise UserError(f"--resend must be positive, got {args.resend}")
+    if args.epoch is not None and not math.isfinite(args.epoch):
+        raise UserError(f"--epoch must be a time in Unix seconds, got {args.epoch:g}")
+    if not (args.round_interval >= 0 and math.isfinite(args.round_interval)):
+        raise UserError(f"--round-interval must be 0 or more seconds, got {args.round_interval:g}")
     return SimSettings(
         trace=args.trace, format=args.format, cluster=args.cluster, policy=args.policy,
         placer=args.placer, limit=args.limit, window=args.window, seed=args.seed,
@@ -156,6 +181,7 @@ def from_args(args: argparse.Namespace) -> SimSettings:
         lockstep=args.lockstep, speedup=args.speedup, json_out=args.json_out,
         jobs_out=args.jobs_out, exit_when_done=args.exit_when_done, replay=args.replay,
         resend_s=args.resend, offload_fraction=args.offload_fraction, preempt=args.preempt,
+        round_interval_s=args.round_interval, epoch=args.epoch,
     )  # fmt: skip
 
 
@@ -418,6 +444,11 @@ async def serve(
             "restart: %d answered rounds read back, the trace is run again up to them",
             len(channel.known["score"]),
         )
+    if conf.epoch is not None and not conf.lockstep and jobs:
+        # the replay's clock: the first submission due at the epoch, wherever this
+        # service (re)started; a start after it catches up round by round
+        first = min(j.submit_s for j in jobs)
+        channel.t0 = (first, time.monotonic() - (time.time() - conf.epoch))
     async with producer:
         if conf.replay:
             channel.replay = {j.job_id: j for j in jobs}
@@ -431,6 +462,7 @@ async def serve(
                 seed=conf.seed,
                 discipline=conf.discipline,
                 preempt=conf.preempt,
+                round_interval_s=conf.round_interval_s,
             ),
         )
         if ready is not None:

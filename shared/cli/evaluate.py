@@ -106,5 +106,6 @@ def _preamble(args: argparse.Namespace, n: int, stats: SkipStats, gpus: int) -> 
         f"Trace `{args.trace}` ({args.format}, {n} jobs; rows skipped: {skipped}) on cluster "
         f"`{args.cluster}` ({gpus} GPUs), placer `{args.placer}`, discipline "
         f"`{args.discipline}`, window {args.window}, "
-        f"seed {args.seed}{', preemption on' if args.preempt else ''}.\n\n`{cmd}`\n\n"
+        + (f"rounds every {args.round_interval:g} s, " if args.round_interval > 0 else "")
+        + f"seed {args.seed}{', preemption on' if args.preempt else ''}.\n\n`{cmd}`\n\n"
     )

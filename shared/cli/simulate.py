@@ -90,6 +90,15 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "with a reservation from history estimates; the default)",
     )
     p.add_argument(
+        "--round-interval",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="a periodic scheduler: rounds at most every S seconds of trace time (events "
+        "between ticks wait for the next one, as under Slurm's sched_interval); default 0: "
+        "a round at every arrival and finish",
+    )
+    p.add_argument(
         "--offload-fraction",
         type=float,
         default=0.0,
@@ -145,12 +154,18 @@ def run(args: argparse.Namespace) -> int:
         f"{policy.label}: {summary['jobs']} jobs finished, {rejected} rejected, "
         f"avg JCT {summary['avg_jct_s']:.0f} s, avg queue {summary['avg_queue_s']:.0f} s, "
         f"GPU util {_util_text(summary, jobs)}, discipline "
-        f"{args.discipline}, priority inversions {summary['priority_inversions']}; "
+        f"{args.discipline}{_interval_text(args)}, priority inversions "
+        f"{summary['priority_inversions']}; "
         f"{len(jobs)} jobs in {result.wall_s:.2f} s "
         f"({rate:.0f} jobs/s); trace rows skipped: {skipped}",
         file=sys.stderr,
     )
     return check_outcome(policy.label, len(jobs), summary, jobs, cluster.gpu_types)
+
+
+def _interval_text(args: argparse.Namespace) -> str:
+    interval = getattr(args, "round_interval", 0.0)
+    return f", rounds every {interval:g} s" if interval > 0 else ""
 
 
 def _util_text(summary: dict[str, object], jobs: list[TraceJob]) -> str:
@@ -184,8 +199,15 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
 
     if args.window <= 0:
         raise UserError(f"--window must be positive, got {args.window}")
+    interval = getattr(args, "round_interval", 0.0)
+    if not (interval >= 0 and math.isfinite(interval)):
+        raise UserError(f"--round-interval must be 0 or more seconds, got {interval:g}")
     return SimConfig(
-        window=args.window, seed=args.seed, preempt=args.preempt, discipline=args.discipline
+        window=args.window,
+        seed=args.seed,
+        preempt=args.preempt,
+        discipline=args.discipline,
+        round_interval_s=interval,
     )
 
 

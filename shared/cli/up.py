@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import signal
 import subprocess
 import sys
@@ -37,17 +38,23 @@ from rich.table import Table
 from shared.broker import EmbeddedBroker, _die_with_parent, ensure_topics, free_port
 from shared.bus import Producer, partitions_of
 from shared.cli.common import port_number, positive_int, run_async, write_json
-from shared.cluster import load_cluster
+from shared.cluster import ClusterSpec, load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import MetricsSnapshot, encode
 from shared.placement_api import DISCIPLINES
 from shared.replay import Paced, job_spec_of, paced
 from shared.sim import load_jobs
-from shared.traces import SkipStats
+from shared.traces import SkipStats, TraceJob
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "examples" / "philly-2000.jsonl"
+# Real time's default round interval (trace seconds): Slurm's default sched_interval.
+# A round over the bus costs tens of ms of wall time (score, then place), i.e. tens of
+# trace seconds at --speedup 1000; a round at every event then falls behind the
+# replay by hours within minutes (make up, before: 13.7 h behind after 100 s).
+REAL_TIME_INTERVAL_S = 60.0
+SNAPSHOT_S = 1.0  # telemetry's default interval between snapshots (wall seconds)
 CLUSTER = ROOT / "clusters" / "philly.yaml"
 STOP_GRACE_S = 10.0
 FIGURES = "telemetry.all"  # the source of telemetry's figures over every finished job
@@ -69,6 +76,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--speedup", type=float, default=1000.0, help="trace time / wall time")
     p.add_argument("--lockstep", action="store_true", help="virtual time, round by round")
     p.add_argument(
+        "--round-interval",
+        type=float,
+        default=None,
+        metavar="S",
+        help="rounds at most every S s of trace time, as simulate's --round-interval (default: "
+        f"{REAL_TIME_INTERVAL_S:g} in real time, so that rounds keep pace with the replay at "
+        "--speedup 1000; 0 under --lockstep: a round at every event, as simulate)",
+    )
+    p.add_argument(
         "--offload-fraction",
         type=float,
         default=0.0,
@@ -89,6 +105,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.speedup <= 0:
         raise UserError("--speedup must be positive")
+    if args.round_interval is None:
+        args.round_interval = 0.0 if args.lockstep else REAL_TIME_INTERVAL_S
+    if not (args.round_interval >= 0 and math.isfinite(args.round_interval)):
+        raise UserError(f"--round-interval must be 0 or more seconds, got {args.round_interval:g}")
     if not 0.0 <= args.offload_fraction <= 1.0:
         raise UserError(f"--offload-fraction must be within [0, 1], got {args.offload_fraction}")
     from services.placement.registry import make_placer
@@ -98,8 +118,7 @@ def run(args: argparse.Namespace) -> int:
     make_placer(args.placer)
     cluster = load_cluster(args.cluster)
     stats = SkipStats()
-    jobs = load_jobs(args.trace, args.format, cluster, stats, args.limit)
-    schedule = list(paced(jobs, args.speedup))
+    schedule = list(paced(replay_jobs(args, cluster, stats), args.speedup))
     port = args.port if args.port is not None else _default_port()
     logs = args.logs or Path(tempfile.mkdtemp(prefix="rltune-up-"))
     logs.mkdir(parents=True, exist_ok=True)
@@ -112,9 +131,17 @@ def run(args: argparse.Namespace) -> int:
             f"({stats.total} rows skipped) on {cluster.name} ({cluster.total_gpus} GPUs), "
             f"policy {args.policy}, placer {args.placer}, "
             + ("lockstep" if args.lockstep else f"{args.speedup:g}x real time")
+            + (
+                f", rounds every {args.round_interval:g} s of trace time"
+                if args.round_interval > 0
+                else ", a round at every arrival and finish"
+            )
             + f"; logs in {logs}; Ctrl-C stops",
             highlight=False,
         )
+        # the trace's first submission is due now, on the replay's clock and on
+        # cluster-sim's alike (however long the services take to start)
+        args.epoch = time.time()
         procs = Services(settings, args, logs)
         try:
             procs.start()
@@ -126,6 +153,19 @@ def run(args: argparse.Namespace) -> int:
     if final.get("failed"):
         raise UserError(f"{final['failed']}; see {logs}")
     return 0
+
+
+def replay_jobs(args: argparse.Namespace, cluster: ClusterSpec, stats: SkipStats) -> list[TraceJob]:
+    """The jobs the replay submits. Under `--offload-fraction` the ones cluster-sim
+    marks (the same fraction, seed and function over the same jobs) declare their
+    model size in their JobSpec, as a user submitting a 10Cache job does, so that
+    placement's offload term sees a waiting job's own slowdown, not only once it runs."""
+    jobs = load_jobs(args.trace, args.format, cluster, stats, args.limit)
+    if not args.offload_fraction:
+        return jobs
+    from shared.sim.offload_jobs import mark_offloading
+
+    return mark_offloading(jobs, args.offload_fraction, args.seed)
 
 
 def _default_port() -> int:
@@ -149,6 +189,8 @@ class Services:
         sim += ["--limit", str(args.limit)] if args.limit else []
         sim += ["--offload-fraction", str(args.offload_fraction)] if args.offload_fraction else []
         sim += ["--preempt"] if args.preempt else []
+        sim += ["--round-interval", str(args.round_interval)] if args.round_interval else []
+        sim += [] if args.lockstep else ["--epoch", repr(args.epoch)]
         if args.until_done:
             sim += ["--exit-when-done"]
             sim += ["--json", args.json] if args.json else []
@@ -214,6 +256,7 @@ class _Progress:
     rounds: list[tuple[float, float]] = field(default_factory=list)  # (wall, rounds)
     done_replay: bool = False
     replay_clock: float | None = None  # trace submit time of the last job published
+    speedup: float = 0.0  # trace time per wall time (0: lockstep)
 
     def seen(self, snap: MetricsSnapshot) -> None:
         key = snap.source or snap.window
@@ -225,13 +268,17 @@ class _Progress:
     def lag(self) -> str:
         """How far the simulated cluster's clock (telemetry's latest event time) is
         behind the replay's, in trace time: the replay publishes each job at its
-        submit time / speedup of wall time, while the cluster's clock also loses each
-        round's latency, so a slow round lets jobs pile up `ahead` of it."""
+        submit time / speedup of wall time, while the cluster's clock loses what its
+        rounds cannot keep up with, so slow rounds let jobs pile up `ahead` of it.
+        Said only past what the snapshots' own age explains (telemetry publishes
+        every second of wall time: `speedup` seconds of trace time, twice over)."""
         tel = self.latest.get(FIGURES)
         if tel is None or self.replay_clock is None or "clock_s" not in tel.counters:
             return ""
         behind = self.replay_clock - tel.counters["clock_s"]
-        return f", cluster clock {behind / 3600:.1f} h behind the replay" if behind > 60 else ""
+        if behind <= max(60.0, 2 * SNAPSHOT_S * self.speedup):
+            return ""
+        return f", cluster clock {behind / 3600:.1f} h behind the replay"
 
     def rounds_per_s(self) -> float:
         if len(self.rounds) < 2 or self.rounds[-1][0] <= self.rounds[0][0]:
@@ -248,13 +295,13 @@ async def _up(
     procs: Services,
 ) -> dict[str, Any]:
     stop = asyncio.Event()
-    progress = _Progress(total=len(schedule))
+    progress = _Progress(total=len(schedule), speedup=0.0 if args.lockstep else args.speedup)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     pace = 0.0 if args.lockstep else 1.0
     watchers = [
-        asyncio.create_task(_replay(settings, schedule, progress, stop, pace)),
+        asyncio.create_task(_replay(settings, schedule, progress, stop, pace, args.epoch)),
         asyncio.create_task(_follow_metrics(settings, progress, stop)),
     ]
     why = await _display(progress, stop, args.until_done, console, procs)
@@ -272,12 +319,14 @@ async def _replay(
     progress: _Progress,
     stop: asyncio.Event,
     pace: float,
+    epoch: float | None = None,
 ) -> None:
     """Each job on `jobs.submit` at its time (all at once when `pace` is 0), carrying
-    its trace submit time (the simulated cluster's clock)."""
+    its trace submit time (the simulated cluster's clock). `epoch`: the wall-clock
+    time (Unix s) the first job is due at (cluster-sim's too); default: now."""
     topic = settings.topics.jobs_submit
     async with Producer(settings, client_id="rltune-replay") as producer:
-        t0 = time.monotonic()
+        t0 = time.monotonic() - (time.time() - epoch if epoch is not None else 0.0)
         for item in schedule:
             delay = t0 + item.at_s * pace - time.monotonic()
             if delay > 0:

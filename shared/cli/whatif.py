@@ -22,9 +22,9 @@ from shared.cli.simulate import (
     load_run_cluster,
     load_run_jobs,
     mark_offload,
+    sim_config,
 )
 from shared.cluster import ClusterSpec
-from shared.errors import UserError
 from shared.traces import SkipStats, TraceJob
 from shared.whatif import KEYS, Scenario, apply, parse_variant, scenario_jobs
 
@@ -79,8 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from shared.sim import SimConfig, simulate
     from shared.sim.load import offered_load
 
-    if args.window <= 0:
-        raise UserError(f"--window must be positive, got {args.window}")
+    sim_config(args)  # the shared flags checked (window, round interval)
     base = Scenario(
         load_run_cluster(args), args.policy, args.placer, args.discipline, args.window, args.load
     )
@@ -108,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
                 bar.update(task, completed=done)
 
             config = SimConfig(
-                window=s.window, seed=args.seed, preempt=args.preempt, discipline=s.discipline
+                window=s.window,
+                seed=args.seed,
+                preempt=args.preempt,
+                discipline=s.discipline,
+                round_interval_s=args.round_interval,
             )
             placer = make_placer(s.placer, reproducible=True)
             result = simulate(jobs, s.cluster, make_policy(s.policy), placer, config, tick)
@@ -234,6 +237,7 @@ def _preamble(args: argparse.Namespace, stats: SkipStats) -> str:
         f"Trace `{args.trace}` ({args.format}; rows skipped: {skipped}) on `{args.cluster}`; "
         f"base: policy `{args.policy}`, placer `{args.placer}`, discipline "
         f"`{args.discipline}`, window {args.window}, seed {args.seed}"
+        f"{f', rounds every {args.round_interval:g} s' if args.round_interval > 0 else ''}"
         f"{f', load {args.load}' if args.load is not None else ''}. Offered load: the "
         "scenario's GPU-time asked per second of its submission span over its capacity.\n\n"
     )

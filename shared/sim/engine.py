@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import math
 import time
 from bisect import bisect_left, insort
 from collections import Counter
@@ -84,6 +85,11 @@ class SimConfig:
     exhaustive: bool = False  # a full round at every event, whole window to the placer (tests)
     discipline: str = "easy"  # strict, best-effort or easy (DESIGN.md, "Scheduling round")
     check_order: bool = True  # count priority_inversions with checker.py every round
+    # 0: a round at every event that may start a job (arrival, finish, ...). S > 0: a
+    # periodic scheduler (Slurm's sched_interval): events between ticks only update
+    # the cluster and the queue; rounds (and re-placement checks) run at the next
+    # multiple of S seconds of virtual time, once per tick, as long as one is wanted.
+    round_interval_s: float = 0.0
 
 
 @dataclass
@@ -99,6 +105,7 @@ class SimResult:
     max_waiting: int = 0  # longest the waiting queue got
     wall_s: float = 0.0
     discipline: str = "easy"
+    round_interval_s: float = 0.0  # SimConfig's: 0 = a round at every event
     priority_inversions: int = 0  # checker.inversions over every round
     order_fallbacks: int = 0  # rounds where the placer's answer broke the order (replaced)
     replacements: int = 0  # running offloading jobs moved (services/placement/replace.py)
@@ -115,6 +122,8 @@ class SimResult:
         )  # fmt: skip
         if self.offload:  # only runs with offloading jobs carry the offload keys
             out.update(offload_summary(self.records))
+        if self.round_interval_s > 0:  # only periodic rounds carry their interval
+            out["round_interval_s"] = self.round_interval_s
         return out
 
 
@@ -188,6 +197,8 @@ class Simulator:
     ) -> None:
         if config.discipline not in DISCIPLINES:
             raise ValueError(f"unknown discipline {config.discipline!r}; choose {DISCIPLINES}")
+        if not (config.round_interval_s >= 0 and math.isfinite(config.round_interval_s)):
+            raise ValueError(f"round interval {config.round_interval_s} s: give 0 or more")
         inner = placer.inner if isinstance(placer, OrderedPlacer) else placer
         self.placer = OrderedPlacer(inner, config.discipline)
         self.cluster, self.policy, self.config = cluster, policy, config
@@ -219,7 +230,10 @@ class Simulator:
             Preemptor(self) if config.preempt and getattr(policy, "preemptive", False) else None
         )
         self.result = SimResult(
-            records=[], total_gpus=cluster.total_gpus, discipline=config.discipline
+            records=[],
+            total_gpus=cluster.total_gpus,
+            discipline=config.discipline,
+            round_interval_s=config.round_interval_s,
         )
         self.offload = OffloadState(cluster)
         self.obs.offload = self.offload  # the policy's offload_pressure feature reads it
@@ -256,13 +270,20 @@ class Simulator:
         events = self.events
         i, n = 0, len(ordered)
         report = _REPORT_EVERY if self.progress is not None else n + 1
-        while i < n or events:
+        interval = float(self.config.round_interval_s)
+        tick: float | None = None  # the next periodic round, while one is wanted
+        wanted = replace_wanted = False  # since the last tick (round_interval_s > 0)
+        while i < n or events or tick is not None:
             if i >= report and self.progress is not None:
                 self.progress(i, n)
                 report = i + _REPORT_EVERY
-            now = ordered[i].submit_s if i < n else events[0][0]
+            now = ordered[i].submit_s if i < n else events[0][0] if events else math.inf
             if events and events[0][0] <= now:
                 now = events[0][0]
+            if tick is not None and tick <= now:
+                now = tick
+            # a tick with no event of its own is not counted as an event
+            happens = bool(events and events[0][0] <= now) or (i < n and ordered[i].submit_s <= now)
             self.obs.now = now
             freed = ticked = False
             while events and events[0][0] <= now:
@@ -283,9 +304,34 @@ class Simulator:
             while i < n and ordered[i].submit_s <= now:
                 arrivals_fit |= self._arrive(ordered[i], now)
                 i += 1
-            self.result.events += 1
+            self.result.events += happens
             if self.preemptor is not None and (ticked or i > first_new):
                 freed |= self.preemptor.check(now)
+            if interval > 0:
+                # what would have started a round now waits for the tick; whether the
+                # arrivals changed EASY's head is not asked between ticks (a bus round)
+                wanted |= (
+                    freed
+                    or not self.settled
+                    or i > first_new
+                    or not self.policy.time_invariant
+                    or self.config.exhaustive
+                )
+                if self.replace is not None:
+                    replace_wanted |= freed or now >= self._next_replace
+                    wanted |= replace_wanted
+                if wanted and tick is None:
+                    tick = math.ceil(now / interval) * interval
+                if tick is None or now < tick:
+                    continue
+                tick, wanted = None, False
+                self._round(now)
+                if not self.settled:  # jobs past the window read: another round next tick
+                    wanted, tick = True, now + interval
+                if self.replace is not None and (replace_wanted or now >= self._next_replace):
+                    replace_wanted = False
+                    self._replace(now)
+                continue
             if (
                 freed
                 or not self.settled

@@ -147,3 +147,22 @@ def test_runs_plot_reads_ratios_and_their_ranges(tmp_path: Path) -> None:
     src.write_text(json.dumps(run))
     assert runs_main([str(png), str(src)]) == 0 and png.stat().st_size > 0
     assert runs_main([str(png)]) == 2
+
+
+def test_link_floor_from_busy_time_and_compute() -> None:
+    """Worked by hand: an NVMe link busy 400 ms a step against 120 ms of compute is
+    link-bound and can hide at most 30% of its time; 90 ms against 120 ms is not."""
+    from bench.offload import link_floor
+
+    busy = {"nvme": 400.0, "pcie_h2d": 57.0, "pcie_d2h": 46.0}
+    assert link_floor({"link_busy_ms_per_step": busy}, 120.0) == {
+        "link": "nvme",
+        "busy_ms": 400.0,
+        "compute_ms": 120.0,
+        "link_bound": True,
+        "hideable_share": 0.3,
+    }
+    fast = link_floor({"link_busy_ms_per_step": {"nvme": 90.0, "pcie_h2d": 30.0}}, 120.0)
+    assert fast is not None and not fast["link_bound"] and fast["hideable_share"] == 1.0
+    assert link_floor({"link_busy_ms_per_step": {"nvme": 0.0}}, 120.0) is None  # no emulation
+    assert link_floor({}, 120.0) is None

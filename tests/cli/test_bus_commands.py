@@ -88,6 +88,7 @@ async def test_submit_wait_and_metrics(
     ("args", "needle"),
     [
         (["up", "--speedup", "0"], "--speedup must be positive"),
+        (["up", "--round-interval", "-5"], "--round-interval must be 0 or more seconds"),
         (["up", "--policy", "nope"], "unknown policy"),
         (["up", "--trace", "/nonexistent.csv", "--format", "philly"], "not found"),
         (["up", "--format", "nope"], "unknown trace format"),

@@ -74,12 +74,13 @@ def lockstep_runs(
     tmp: Path,
     offload_fraction: float = 0.0,
     preempt: bool = False,
+    round_interval_s: float = 0.0,
 ) -> dict[str, Callable[[asyncio.Event], Coroutine[Any, Any, Any]]]:
     sim_conf = cluster_sim.SimSettings(
         trace=str(PHILLY), format="philly", cluster=str(cluster), policy=policy, placer=placer,
         limit=limit, lockstep=True, json_out=str(tmp / "up.json"),
         jobs_out=str(tmp / "up.csv"), exit_when_done=True, offload_fraction=offload_fraction,
-        preempt=preempt,
+        preempt=preempt, round_interval_s=round_interval_s,
     )  # fmt: skip
     return {
         "arrival": lambda stop: arrival.serve(settings, stop),

@@ -58,12 +58,19 @@ LIMIT = 60
 
 
 def _simulate(
-    tmp: Path, cluster: Path, policy: str, placer: str, offload: float, preempt: bool
+    tmp: Path,
+    cluster: Path,
+    policy: str,
+    placer: str,
+    offload: float,
+    preempt: bool,
+    interval: float = 0.0,
 ) -> Path:
     out = tmp / "sim.csv"
     argv = ["simulate", "--trace", str(PHILLY), "--format", "philly", "--cluster", str(cluster)]
     argv += ["--policy", policy, "--placer", placer, "--limit", str(LIMIT), "--jobs-out", str(out)]
     argv += ["--preempt"] if preempt else []
+    argv += ["--round-interval", str(interval)] if interval else []
     assert main([*argv, "--offload-fraction", str(offload)]) == 0
     return out
 
@@ -150,3 +157,21 @@ async def test_lockstep_same_start_times_as_simulate(
         assert len(ids) == LIMIT
     assert sum(1 for s in starts[1:] if s[3] and float(s[3]) > float(s[2])) > 5  # jobs queued
     assert got == expected
+
+
+async def test_lockstep_periodic_rounds_same_as_simulate(bus: BusSettings, tmp_path: Path) -> None:
+    """With rounds every 10 minutes (what `rltune up` does in real time, at its own
+    interval), the bus still gives `simulate --round-interval`'s per-job CSV, and the
+    run is not the event-driven one: some starts moved to the next tick."""
+    cluster = small_cluster(tmp_path)
+    await publish_trace(bus, cluster, LIMIT)
+    runs = lockstep_runs(bus, cluster, "sjf-est", "milp", LIMIT, tmp_path, round_interval_s=600)
+    async with services(bus, runs) as tasks:
+        await asyncio.wait_for(tasks["cluster-sim"], 240)
+    expected = _simulate(tmp_path, cluster, "sjf-est", "milp", 0.0, False, 600.0).read_text()
+    assert (tmp_path / "up.csv").read_text() == expected
+    starts = [line.split(",")[3] for line in expected.splitlines()[1:]]
+    assert sum(1 for t in starts if t) > 40
+    assert all(float(t) % 600 == 0 for t in starts if t)
+    event_driven = _simulate(tmp_path, cluster, "sjf-est", "milp", 0.0, False).read_text()
+    assert event_driven != expected
