@@ -14,6 +14,7 @@ A node group `{name: v100, count: 28}` becomes nodes `v100-0` .. `v100-27`.
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 import yaml
 
 from shared.errors import UserError
-from shared.speeds import DEFAULT_SPEEDS
+from shared.speeds import DEFAULT_SPEEDS, default_speed
 
 __all__ = ["ClusterSpec", "NodeSpec", "QueueSpec", "load_cluster", "parse_cluster"]
 
@@ -98,10 +99,24 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     return parse_cluster(data, source=str(p))
 
 
+_TOP_KEYS = ("name", "nodes", "speed", "reference", "queues")
+_NODE_KEYS = ("name", "gpu_type", "count", "gpus", "pcie_gbps", "nvme_gbps", "host_mem_gib")
+_QUEUE_KEYS = ("guaranteed_gpus", "limit_gpus", "weight")
+
+
+def _known_keys(raw: dict[Any, Any], allowed: tuple[str, ...], where: str) -> None:
+    """A key the spec does not define (a typo: `speeds`, `gpu`, `limit`) would be
+    ignored silently and change the run; it is refused by name."""
+    for k in raw:
+        if k not in allowed:
+            raise UserError(f"{where}: unknown key {k!r}; the keys are {', '.join(allowed)}")
+
+
 def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterSpec:
     """Build a ClusterSpec from the parsed YAML mapping; errors name the field."""
     if not isinstance(data, dict):
         raise UserError(f"{source}: a cluster spec is a mapping with a `nodes` list")
+    _known_keys(data, _TOP_KEYS, source)
     groups = data.get("nodes")
     if not isinstance(groups, list) or not groups:
         raise UserError(f"{source}: `nodes` must be a non-empty list")
@@ -115,10 +130,21 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterSpec:
         seen.add(n.node_id)
     if sum(n.gpus for n in nodes) == 0:
         raise UserError(f"{source}: the cluster has no GPUs")
-    speed = _speeds(data.get("speed") or {}, {n.gpu_type for n in nodes}, source)
+    types = {n.gpu_type for n in nodes}
+    speed = _speeds(data.get("speed") or {}, types, source)
     reference = data.get("reference")
     if reference is not None and not isinstance(reference, str):
         raise UserError(f"{source}: `reference` must be a GPU type name")
+    # run times are scaled by speed ratios: a type of unknown speed would silently
+    # run as fast as a P100 (speed 1.0). One type alone, with no reference, needs none.
+    named = types | ({reference} if reference is not None else set())
+    unknown = sorted(t for t in named if t not in speed and default_speed(t) is None)
+    if unknown and (len(types) > 1 or reference is not None):
+        known = ", ".join(sorted(DEFAULT_SPEEDS))
+        raise UserError(
+            f"{source}: no speed known for GPU type {', '.join(unknown)}: give it under "
+            f"`speed:` (relative throughput, P100 = 1.0; built in: {known})"
+        )
     queues = _queues(data.get("queues") or {}, source)
     return ClusterSpec(
         name=str(data.get("name") or Path(source).stem),
@@ -132,6 +158,7 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterSpec:
 def _node_group(g: Any, where: str) -> list[NodeSpec]:
     if not isinstance(g, dict):
         raise UserError(f"{where}: expected a mapping like {{name: v100, count: 8, ...}}")
+    _known_keys(g, _NODE_KEYS, where)
     name = g.get("name")
     if not isinstance(name, str) or not name:
         raise UserError(f"{where}: `name` must be a non-empty string")
@@ -170,17 +197,22 @@ def _int_field(g: dict[str, Any], key: str, where: str, default: int | None, lo:
 
 def _float_field(g: dict[str, Any], key: str, where: str) -> float:
     v = g[key]
-    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+    if not _positive(v):
         raise UserError(f"{where}: `{key}` must be a positive number, got {v!r}")
     return float(v)
+
+
+def _positive(v: Any) -> bool:
+    """A finite number > 0 (not a bool; NaN and infinity are not)."""
+    return not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) and v > 0
 
 
 def _speeds(raw: Any, types: set[str], source: str) -> dict[str, float]:
     if not isinstance(raw, dict):
         raise UserError(f"{source}: `speed` must map GPU type to a positive number")
-    out = {t: DEFAULT_SPEEDS[t] for t in types if t in DEFAULT_SPEEDS}
+    out = {t: v for t in types if (v := default_speed(t)) is not None}
     for t, v in raw.items():
-        if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+        if not _positive(v):
             raise UserError(f"{source}: speed.{t} must be a positive number, got {v!r}")
         out[str(t)] = float(v)
     return out
@@ -194,14 +226,18 @@ def _queues(raw: Any, source: str) -> dict[str, QueueSpec]:
         where = f"{source}: queues.{name}"
         if not isinstance(q, dict):
             raise UserError(f"{where}: expected a mapping")
+        _known_keys(q, _QUEUE_KEYS, where)
         vals: dict[str, float | None] = {}
-        for k in ("guaranteed_gpus", "limit_gpus", "weight"):
+        for k in _QUEUE_KEYS:
             v = q.get(k)
             if v is None:
                 continue
-            if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+            if not ((v == 0 and not isinstance(v, bool)) or _positive(v)):
                 raise UserError(f"{where}.{k} must be a number >= 0, got {v!r}")
             vals[k] = float(v)
+        low, high = vals.get("guaranteed_gpus"), vals.get("limit_gpus")
+        if low is not None and high is not None and low > high:
+            raise UserError(f"{where}: guaranteed_gpus {low:g} is more than limit_gpus {high:g}")
         out[str(name)] = QueueSpec(**vals)  # type: ignore[arg-type]
     return out
 
@@ -234,7 +270,7 @@ def _parse_openb_csv(text: str, name: str, source: str) -> ClusterSpec:
     if not nodes:
         raise UserError(f"{source}: the cluster has no GPUs")
     types = {n.gpu_type for n in nodes}
-    speed = {t: DEFAULT_SPEEDS[t] for t in types if t in DEFAULT_SPEEDS}
+    speed = {t: v for t in types if (v := default_speed(t)) is not None}
     return ClusterSpec(name=name, nodes=tuple(nodes), speed=MappingProxyType(speed))
 
 

@@ -28,7 +28,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-__all__ = ["DEFAULT_SPEEDS", "gavel_speeds", "speed_of"]
+from shared.traces.gpu_names import canonical
+
+__all__ = ["DEFAULT_SPEEDS", "default_speed", "gavel_speeds", "speed_of"]
 
 _K80_PER_P100 = 0.315163  # geomean throughput(K80)/throughput(P100), Gavel
 _V100_PER_P100 = 1.060473  # geomean throughput(V100)/throughput(P100), Gavel
@@ -52,11 +54,22 @@ DEFAULT_SPEEDS: Mapping[str, float] = MappingProxyType(
 )
 
 
+# the defaults by canonical model name: `t4`, `Tesla T4` and `v100-32gb` are T4 and V100M32
+_BY_CANON = {canonical(k): v for k, v in DEFAULT_SPEEDS.items()}
+
+
+def default_speed(gpu_type: str) -> float | None:
+    """The built-in speed of `gpu_type` under any spelling of its model; None if unknown."""
+    return _BY_CANON.get(canonical(gpu_type))
+
+
 def speed_of(gpu_type: str, table: Mapping[str, float] = DEFAULT_SPEEDS) -> float:
-    """Speed of `gpu_type` in `table`, else in the defaults, else 1.0 (unknown type)."""
+    """Speed of `gpu_type` in `table`, else in the defaults (any spelling), else 1.0
+    (a cluster spec refuses a type of unknown speed where speeds matter)."""
     if gpu_type in table:
         return table[gpu_type]
-    return DEFAULT_SPEEDS.get(gpu_type, 1.0)
+    known = default_speed(gpu_type)
+    return 1.0 if known is None else known
 
 
 def gavel_speeds(path: str | Path) -> dict[str, float]:

@@ -117,7 +117,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--json", default=None, metavar="OUT", help="write the summary JSON ('-': stdout)"
     )
     p.add_argument(
-        "--jobs-out", default=None, metavar="F", help="write one CSV row per run segment"
+        "--jobs-out",
+        default=None,
+        metavar="F",
+        help="write one CSV row per run segment ('-': stdout)",
     )
     p.set_defaults(func=run)
 
@@ -129,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
     from shared.sim.offload_jobs import describe_marking
 
     sim_config(args)  # flags checked before the trace is read
+    if args.json and args.jobs_out and args.json == args.jobs_out:
+        where = "stdout" if args.json == "-" else args.json
+        raise UserError(f"--json and --jobs-out both write to {where}: give two places")
     cluster = load_run_cluster(args)
     policy = make_policy(args.policy)
     placer = make_placer(args.placer, reproducible=True)
@@ -219,8 +225,9 @@ def check_outcome(
     cluster_types: Collection[str] = (),
 ) -> int:
     """Say on stderr when a run means little: nothing finished (exit status 1) or more
-    than half of the jobs rejected; the reasons are the summary's `rejected`, with the
-    GPU types asked for that `cluster_types` lacks when `jobs` are given."""
+    than half of the jobs rejected (a warning), and any rejection at all (a note); the
+    reasons are the summary's `rejected`, with the GPU types asked for that
+    `cluster_types` lacks when `jobs` are given."""
     from shared.sim.admit import NO_SUCH_TYPE
 
     rejected = summary.get("rejected") or {}
@@ -238,6 +245,8 @@ def check_outcome(
         return 1
     if n_rej * 2 > total:
         print(f"warning: {label}: {n_rej} of {total} jobs rejected ({why})", file=sys.stderr)
+    elif n_rej:  # fewer, but each rejected job is still one the user may not expect
+        print(f"note: {label}: {n_rej} of {total} jobs rejected ({why})", file=sys.stderr)
     return 0
 
 
@@ -337,7 +346,7 @@ def _compressed(
 
     out, factor = compress_to_load(jobs, cluster, args.load)
     print(
-        f"--load {args.load}: submission gaps divided by {factor:.1f}; of that demand, "
+        f"--load {args.load}: submission gaps divided by {factor:.4g}; of that demand, "
         f"{span_load(out, cluster):.3f} x capacity falls inside the submission span",
         file=sys.stderr,
     )

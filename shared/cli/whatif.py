@@ -4,15 +4,20 @@ change from the base, and with `--out DIR` the plots `eval` draws.
 
 Each `--vary` is one scenario (KEY=VALUE changes joined by commas, applied
 together; the keys are in `shared.whatif`). Every scenario runs the one simulator
-with the same seed, so a difference is the change's, not chance's.
+with the same seed, so a difference is the change's, not chance's. `--load L`
+compresses the arrivals once, to offered load L of the base's cluster, and every
+scenario replays those arrival times (unless it has its own `load=`), so a scenario
+with less capacity has a higher offered load.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from shared.cli.common import finite_or_null, out_dir
@@ -49,6 +54,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "whatif", help="the same trace under variants of the cluster, queues or policy"
     )
     add_run_args(p)
+    _set_help(
+        p,
+        "--load",
+        "compress the submission times once, for the base (every gap divided by one "
+        "factor, printed), so that the base's sum(GPUs x duration) / (submission span x "
+        "capacity) = L; every scenario replays those arrival times, so its offered load "
+        "is L x the base's capacity / its own (a variant's load=L compresses its own)",
+    )
     p.add_argument("--policy", required=True, help="the base run's policy (fifo, drf, rl, ...)")
     p.add_argument(
         "--vary",
@@ -80,16 +93,14 @@ def run(args: argparse.Namespace) -> int:
     from shared.sim.load import offered_load
 
     sim_config(args)  # the shared flags checked (window, round interval)
-    base = Scenario(
-        load_run_cluster(args), args.policy, args.placer, args.discipline, args.window, args.load
-    )
+    base = Scenario(load_run_cluster(args), args.policy, args.placer, args.discipline, args.window)
     scenarios = [base] + [apply(base, parse_variant(v)) for v in args.vary]
     for s in scenarios:  # every name checked before any long run
         make_policy(s.policy)
         make_placer(s.placer, reproducible=True)
     out = out_dir(args.out) if args.out else None
     stats = SkipStats()
-    traces = _TraceCache(args, stats)
+    traces = _TraceCache(args, stats, base.cluster)
     console = Console(stderr=True)
     runs: list[tuple[Scenario, PolicyRun, float]] = []
     columns = (
@@ -99,6 +110,12 @@ def run(args: argparse.Namespace) -> int:
         TimeElapsedColumn(),
     )
     trace = [scenario_jobs(traces.jobs(s.cluster), s) for s in scenarios]  # (checked first)
+    if traces.factor is not None:
+        print(
+            f"--load {args.load}: submission gaps divided by {traces.factor:.4g} for the base; "
+            "every scenario replays those arrivals",
+            file=sys.stderr,
+        )
     with Progress(*columns, console=console, transient=False) as bar:
         for i, (s, jobs) in enumerate(zip(scenarios, trace, strict=True)):
             task = bar.add_task(_short(s.label, 28), total=len(jobs))
@@ -123,17 +140,17 @@ def run(args: argparse.Namespace) -> int:
 
                 write_jobs_csv(result.records, out / f"jobs-{i}.csv")
     table = comparison_table([(s, pr.summary, load) for s, pr, load in runs])
-    head = _preamble(args, stats)
+    head = _preamble(args, stats, traces.factor)
     sys.stdout.write(head + table)
     if args.json:
         from shared.cli.common import write_json
 
-        write_json(_json(args, runs), args.json)
+        write_json(_json(args, runs, traces.factor), args.json)
     if out is not None:
-        from shared.report import write_csv, write_plots
+        from shared.report import write_plots
 
         (out / "summary.md").write_text(head + table)
-        write_csv([pr for _, pr, _ in runs], out / "summary.csv")
+        _write_csv([pr for _, pr, _ in runs], out / "summary.csv")
         plots = write_plots([pr for _, pr, _ in runs], base.cluster.total_gpus, out)
         names = ", ".join(p.name for p in plots)
         console.print(f"wrote {out / 'summary.md'}, summary.csv, {names}")
@@ -183,25 +200,55 @@ def _delta(base: float | None, v: float | None, unit: str) -> str:
     return f"{(v - base) / base * 100:+.1f}%" if base else "-"
 
 
-class _TraceCache:
-    """The trace read once per cluster shape that changes how it reads (its GPU types,
-    reference and speeds), offload marking applied as `simulate` does."""
+def _set_help(p: argparse.ArgumentParser, flag: str, text: str) -> None:
+    """Reword a shared flag's help for this command."""
+    for action in p._actions:
+        if flag in action.option_strings:
+            action.help = text
 
-    def __init__(self, args: argparse.Namespace, stats: SkipStats) -> None:
-        self.args = argparse.Namespace(**{**vars(args), "load": None})  # (per scenario)
+
+def _write_csv(runs: Sequence[Any], path: Path) -> None:
+    """`eval`'s summary.csv, its first column (the scenario's label) headed `scenario`."""
+    from shared.report import write_csv
+
+    write_csv(runs, path)
+    with path.open(newline="") as fh:
+        rows = list(csv.reader(fh))
+    rows[0][0] = "scenario"
+    with path.open("w", newline="") as fh:
+        csv.writer(fh, lineterminator="\n").writerows(rows)
+
+
+class _TraceCache:
+    """The trace read once per set of GPU types (all that reading depends on: the
+    mapping of the trace's type names), offload marking applied as `simulate` does.
+    With `--load`, every version's arrivals are compressed for the *base's* cluster:
+    the same factor and times for every scenario (`factor`, None without `--load`)."""
+
+    def __init__(self, args: argparse.Namespace, stats: SkipStats, base: ClusterSpec) -> None:
+        self.load: float | None = args.load
+        self.args = argparse.Namespace(**{**vars(args), "load": None})  # (compressed here)
         self.stats = stats
-        self.cache: dict[tuple[object, ...], list[TraceJob]] = {}
+        self.base = base
+        self.factor: float | None = None
+        self.cache: dict[tuple[str, ...], list[TraceJob]] = {}
 
     def jobs(self, cluster: ClusterSpec) -> list[TraceJob]:
-        key = (cluster.gpu_types, cluster.reference, tuple(sorted(cluster.speed.items())))
+        from shared.sim.load import compress_to_load
+
+        key = cluster.gpu_types
         if key not in self.cache:
             stats = self.stats if not self.cache else SkipStats()  # (counted once)
             jobs = load_run_jobs(self.args, cluster, stats)
+            if self.load is not None:  # (the factor depends on sizes, durations, arrivals)
+                jobs, self.factor = compress_to_load(jobs, self.base, self.load)
             self.cache[key] = mark_offload(self.args, jobs)
         return self.cache[key]
 
 
-def _json(args: argparse.Namespace, runs: Sequence[tuple[Scenario, Any, float]]) -> dict[str, Any]:
+def _json(
+    args: argparse.Namespace, runs: Sequence[tuple[Scenario, Any, float]], factor: float | None
+) -> dict[str, Any]:
     return {
         "settings": {
             "trace": args.trace,
@@ -213,6 +260,7 @@ def _json(args: argparse.Namespace, runs: Sequence[tuple[Scenario, Any, float]])
             "window": args.window,
             "seed": args.seed,
             "load": args.load,
+            "load_factor": factor,  # submission gaps divided by this, for every scenario
         },
         "scenarios": [
             {
@@ -231,13 +279,22 @@ def _short(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _preamble(args: argparse.Namespace, stats: SkipStats) -> str:
+def _preamble(args: argparse.Namespace, stats: SkipStats, factor: float | None) -> str:
     skipped = ", ".join(f"{k} {r}" for r, k in sorted(stats.counts.items())) or "none"
     return (
         f"Trace `{args.trace}` ({args.format}; rows skipped: {skipped}) on `{args.cluster}`; "
         f"base: policy `{args.policy}`, placer `{args.placer}`, discipline "
         f"`{args.discipline}`, window {args.window}, seed {args.seed}"
         f"{f', rounds every {args.round_interval:g} s' if args.round_interval > 0 else ''}"
-        f"{f', load {args.load}' if args.load is not None else ''}. Offered load: the "
-        "scenario's GPU-time asked per second of its submission span over its capacity.\n\n"
+        f"{_load_text(args.load, factor)}. Offered load: the scenario's GPU-time asked "
+        "per second of its submission span over its capacity.\n\n"
+    )
+
+
+def _load_text(load: float | None, factor: float | None) -> str:
+    if load is None or factor is None:
+        return ""
+    return (
+        f", load {load} (submission gaps divided by {factor:.4g}, once for the base; every "
+        "scenario replays those arrivals)"
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -49,6 +50,9 @@ def write_jobs_csv(records: Iterable[JobRecord], path: str | Path) -> None:
                 (r.job_id, r.vc, sub, repr(s.start_s), repr(s.finish_s), r.num_gpus, r.gpu_milli,
                  s.gpu_type, s.nodes, pb, off, rst)
             )  # fmt: skip
+    if str(path) == "-":  # stdout, as `--json -` is
+        sys.stdout.write(buf.getvalue())
+        return
     try:
         Path(path).write_text(buf.getvalue())
     except OSError as exc:

@@ -23,6 +23,7 @@ far longer than the span, as in the Alibaba 2023 pod list).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from shared.cluster import ClusterSpec
@@ -73,7 +74,7 @@ def compress_to_load(
 ) -> tuple[list[TraceJob], float]:
     """(jobs with compressed submit times, the factor gaps were divided by) such that
     `offered_load` is `load`."""
-    if load <= 0:
+    if not (math.isfinite(load) and load > 0):
         raise UserError(f"--load {load}: give a positive demand / capacity, such as 0.9")
     now = offered_load(jobs, cluster)
     if not 0 < now < float("inf"):

@@ -21,7 +21,8 @@ def open_text(path: str | Path) -> IO[str]:
     if not p.exists():
         raise UserError(f"trace file not found: {p}")
     try:
-        return p.open(newline="", encoding="utf-8", errors="replace")
+        # utf-8-sig: a byte-order mark (as Windows editors write) is not part of row 1
+        return p.open(newline="", encoding="utf-8-sig", errors="replace")
     except OSError as exc:
         raise UserError(f"cannot read trace {p}: {exc.strerror or exc}") from exc
 

@@ -4,6 +4,9 @@ for simulation. `submit_time` absent means 0 (everything arrives at once).
 
 Each line is validated as a `JobSpec` (msgspec): a line that does not decode or
 validate is counted as "bad row" with msgspec's reason; blank lines are ignored.
+As the arrival service does, a share of a GPU (`gpu_milli` < 1000) on more than
+one GPU is refused ("bad row"), and a `job_id` already read is skipped
+("duplicate job_id": a per-job file holds one job per id).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ _DECODER = msgspec.json.Decoder(_TraceLine)
 
 def read_jsonl(path: str | Path, stats: SkipStats) -> Iterator[TraceJob]:
     fh = open_text(path)
+    seen: set[str] = set()
     with fh:
         for line in fh:
             if not line.strip():
@@ -42,13 +46,20 @@ def read_jsonl(path: str | Path, stats: SkipStats) -> Iterator[TraceJob]:
             if spec.duration_s is None:
                 stats.skip("no duration_s", line)
                 continue
+            if spec.gpu_milli < 1000 and spec.num_gpus != 1:
+                stats.skip("bad row (gpu_milli < 1000, a share of one GPU, needs num_gpus 1)", line)
+                continue
+            if spec.job_id in seen:
+                stats.skip("duplicate job_id", line)
+                continue
+            seen.add(spec.job_id)
             param = spec.offload.param_bytes if spec.offload is not None else None
             yield TraceJob(
                 job_id=spec.job_id,
                 submit_s=spec.submit_time or 0.0,
                 duration_s=spec.duration_s,
                 num_gpus=spec.num_gpus,
-                gpu_milli=spec.gpu_milli if spec.num_gpus == 1 else 1000,
+                gpu_milli=spec.gpu_milli,
                 gpu_types=tuple(spec.gpu_types),
                 user=spec.user,
                 vc=spec.vc,

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.cluster import load_cluster
+from shared.cluster import load_cluster, parse_cluster
 from shared.errors import UserError
+from shared.speeds import DEFAULT_SPEEDS
 
 ROOT = Path(__file__).resolve().parents[2] / "clusters"
 
@@ -70,3 +71,62 @@ def test_a_cluster_file_that_is_not_yaml_is_one_line_naming_where(
         load_cluster(p)
     assert str(err.value).startswith(f"cluster file {p} is not valid YAML: {where}")
     assert "\n" not in str(err.value)
+
+
+def _spec(**top: object) -> dict[str, object]:
+    nodes = [
+        {"name": "a", "gpu_type": "V100", "gpus": 4},
+        {"name": "b", "gpu_type": "T4", "gpus": 4},
+    ]
+    return {"nodes": nodes, **top}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        # a typo is not ignored (it would silently change the run)
+        (_spec(speeds={"T4": 0.5}), "unknown key 'speeds'; the keys are name, nodes, speed,"),
+        (
+            {"nodes": [{"name": "a", "gpu_type": "V100", "gpu": 4}]},
+            "nodes[0]: unknown key 'gpu'; the keys are name, gpu_type, count, gpus,",
+        ),
+        (
+            _spec(queues={"x": {"limit": 4}}),
+            "queues.x: unknown key 'limit'; the keys are guaranteed_gpus, limit_gpus, weight",
+        ),
+        (
+            _spec(queues={"x": {"guaranteed_gpus": 64, "limit_gpus": 8}}),
+            "queues.x: guaranteed_gpus 64 is more than limit_gpus 8",
+        ),
+        # a type of unknown speed would run as fast as a P100
+        (
+            {
+                "nodes": [
+                    {"name": "a", "gpu_type": "H100", "gpus": 8},
+                    {"name": "b", "gpu_type": "A100", "gpus": 8},
+                ]
+            },
+            "no speed known for GPU type H100: give it under `speed:`",
+        ),
+        (_spec(reference="H100"), "no speed known for GPU type H100"),
+        (_spec(speed={"T4": float("nan")}), "speed.T4 must be a positive number, got nan"),
+        (_spec(speed={"T4": float("inf")}), "speed.T4 must be a positive number, got inf"),
+    ],
+)
+def test_cluster_spec_mistakes_are_named(spec: dict[str, object], message: str) -> None:
+    with pytest.raises(UserError) as err:
+        parse_cluster(spec, "c.yaml")
+    assert message in str(err.value)
+
+
+def test_speeds_under_any_spelling_and_a_lone_type_needs_none() -> None:
+    spec = parse_cluster(
+        {"nodes": [{"name": "a", "gpu_type": "t4", "gpus": 1},
+                   {"name": "b", "gpu_type": "Tesla-V100", "gpus": 1}]}
+    )  # fmt: skip
+    assert dict(spec.speed) == {"t4": DEFAULT_SPEEDS["T4"], "Tesla-V100": DEFAULT_SPEEDS["V100"]}
+    # one type and no reference: every job runs on it at its traced duration
+    lone = parse_cluster({"nodes": [{"name": "a", "gpu_type": "H100", "gpus": 8}]})
+    assert lone.gpu_types == ("H100",)
+    given = parse_cluster(_spec(speed={"H100": 3.0}, reference="H100"))
+    assert given.reference == "H100"

@@ -223,3 +223,33 @@ def test_one_submit_instant_prints_no_bare_zero_utilisation(
     assert (s["gpu_util"], s["gpu_util_makespan"]) == (0.0, 0.75)
     assert "GPU util n/a over the submission span" in err and "0.750 over the makespan" in err
     assert "GPU util 0.000" not in err
+
+
+def test_jobs_out_to_stdout_and_one_place_for_two_files(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", "--trace", str(files["trace"]), "--format", "philly"]
+    argv += ["--cluster", str(files["cluster"]), "--policy", "fifo", "--placer", "greedy"]
+    assert main([*argv, "--jobs-out", "-"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("job_id,vc,submit_s,start_s,finish_s") and len(out) > 1
+    assert not Path("-").exists()
+    assert main([*argv, "--json", "-", "--jobs-out", "-"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["rltune simulate: --json and --jobs-out both write to stdout: give two places"]
+
+
+def test_summary_json_is_strict_json(files: dict[str, Path]) -> None:
+    """No 16+ GPU job here: that size bucket's averages are null, not NaN (which
+    strict JSON parsers refuse)."""
+    import json
+
+    out = files["dir"] / "s.json"
+    argv = ["simulate", "--trace", str(files["trace"]), "--format", "philly", "--json", str(out)]
+    assert main([*argv, "--cluster", str(files["cluster"]), "--policy", "fifo"]) == 0
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} in the summary JSON")
+
+    summary = json.loads(out.read_text(), parse_constant=refuse)
+    assert summary["queue_by_size"]["16+"] == {"avg_s": None, "max_s": None, "jobs": 0}

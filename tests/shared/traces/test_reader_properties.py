@@ -38,7 +38,8 @@ junk_line = st.text(
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(sorted(GOOD)), st.lists(junk_line, max_size=8), st.integers(0, 3))
 def test_garbage_is_skipped_and_counted(fmt: str, junk: list[str], good: int) -> None:
-    body = HEADERS[fmt] + GOOD[fmt] * good + "".join(line + "\n" for line in junk)
+    rows = [GOOD[fmt].replace('"a"', f'"a{i}"') for i in range(good)]  # jsonl: one job an id
+    body = HEADERS[fmt] + "".join(rows) + "".join(line + "\n" for line in junk)
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "trace"
         p.write_text(body)

@@ -205,3 +205,24 @@ def test_bad_paths_and_formats(tmp_path: Path) -> None:
         read(tmp_path / "x.csv", "helios")
     with pytest.raises(UserError, match="task table"):
         read(tmp_path / "x.csv", "alibaba2020")
+
+
+def test_jsonl_refuses_what_arrival_refuses_and_reads_past_a_byte_order_mark(
+    tmp_path: Path,
+) -> None:
+    """A share of a GPU on several GPUs is refused (not made whole), a job id read
+    before is skipped (a per-job file has one job per id), and a file that starts
+    with a UTF-8 byte-order mark keeps its first job."""
+    p = tmp_path / "jobs.jsonl"
+    p.write_bytes(
+        b"\xef\xbb\xbf"
+        + b'{"job_id": "a", "num_gpus": 1, "duration_s": 60}\n'
+        + b'{"job_id": "b", "num_gpus": 4, "gpu_milli": 500, "duration_s": 60}\n'
+        + b'{"job_id": "a", "num_gpus": 2, "duration_s": 30}\n'
+        + b'{"job_id": "c", "num_gpus": 1, "gpu_milli": 500, "duration_s": 10}\n'
+    )
+    jobs, stats = read(p, "jsonl")
+    assert jobs == [TraceJob("a", 0.0, 60.0, 1), TraceJob("c", 0.0, 10.0, 1, gpu_milli=500)]
+    assert stats.counts["duplicate job_id"] == 1
+    assert stats.counts["bad row (gpu_milli < 1000, a share of one GPU, needs num_gpus 1)"] == 1
+    assert sum(stats.counts.values()) == 2
