@@ -131,33 +131,73 @@ def write_plots(runs: Sequence[PolicyRun], total_gpus: int, out: Path) -> list[P
     )
     paths.append(_save(fig, ax, out / "jct_cdf.png"))
     span = max((s.finish_s for run in runs for r in run.records for s in r.segments), default=t0)
-    bin_s = max(3600.0, (span - t0) / 120)
+    last_submit = max((r.submit_s for run in runs for r in run.records), default=t0)
+    # bins from the span each plot covers (submissions, resp. the whole run), at least a
+    # minute: a trace of minutes, or arrivals compressed into a short span ahead of
+    # days-long jobs, still gets points to draw
+    q_bin = max(60.0, (last_submit - t0) / 120)
+    u_bin = max(60.0, (span - t0) / 120)
+    q_scale, q_unit = _unit(last_submit - t0)
     fig, ax = plt.subplots(figsize=(8, 5))
+    delays = []
     for run in runs:
-        t, q = queue_delay_series(run.records, bin_s)
-        ax.plot([(x - t0) / DAY for x in t], [v / 3600 for v in q], label=run.label)
-    ax.set(xlabel="submit time (days)", ylabel="mean queueing delay (hours)",
-           title=f"Queueing delay of jobs submitted per {bin_s / 3600:.1f} h")  # fmt: skip
+        t, q = queue_delay_series(run.records, q_bin)
+        delays.append((run.label, t, q))
+    d_scale, d_unit = _unit(max((v for _, _, q in delays for v in q), default=0.0))
+    for label, t, q in delays:
+        ax.plot([(x - t0) / q_scale for x in t], [v / d_scale for v in q], label=label,
+                marker="." if len(t) < 30 else None)  # fmt: skip
+    ax.set(xlabel=f"submit time ({q_unit})", ylabel=f"mean queueing delay ({d_unit})",
+           title=f"Queueing delay of jobs submitted per {_span_text(q_bin)}")  # fmt: skip
+    ax.set_ylim(bottom=0)
     paths.append(_save(fig, ax, out / "queue_delay.png"))
+    u_scale, u_unit = _unit(span - t0)
     fig, ax = plt.subplots(figsize=(8, 5))
     for run in runs:
-        t, u = utilisation_series(run.records, run.total_gpus or total_gpus, bin_s)
-        ax.plot([(x - t0) / DAY for x in t], u, label=run.label)
-    ax.set(xlabel="time (days)", ylabel="share of GPUs held", ylim=(0, 1.05),
-           title=f"GPU utilisation per {bin_s / 3600:.1f} h")  # fmt: skip
+        t, u = utilisation_series(run.records, run.total_gpus or total_gpus, u_bin)
+        ax.plot([(x - t0) / u_scale for x in t], u, label=run.label,
+                marker="." if len(t) < 30 else None)  # fmt: skip
+    ax.set(xlabel=f"time ({u_unit})", ylabel="share of GPUs held", ylim=(0, 1.05),
+           title=f"GPU utilisation per {_span_text(u_bin)}")  # fmt: skip
     paths.append(_save(fig, ax, out / "gpu_util.png"))
     fig, ax = plt.subplots(figsize=(8, 5))
     width = 0.8 / max(len(runs), 1)
-    for i, run in enumerate(runs):
-        by_size = queue_by_size(r for r in run.records if r.finished)
-        ys = [by_size[name]["avg_s"] / 3600 for name, _, _ in SIZE_BUCKETS]
+    sizes = [queue_by_size(r for r in run.records if r.finished) for run in runs]
+    b_scale, b_unit = _unit(
+        max((b[name]["avg_s"] for b in sizes for name, _, _ in SIZE_BUCKETS
+             if b[name]["jobs"]), default=0.0)
+    )  # fmt: skip
+    for i, (run, by_size) in enumerate(zip(runs, sizes, strict=True)):
+        ys = [
+            by_size[name]["avg_s"] / b_scale if by_size[name]["jobs"] else 0.0
+            for name, _, _ in SIZE_BUCKETS
+        ]
         ax.bar([k + i * width for k in range(len(ys))], ys, width, label=run.label)
     names = [name for name, _, _ in SIZE_BUCKETS]
+    for k, name in enumerate(names):  # an empty bucket is not a bucket that waited 0
+        if not any(b[name]["jobs"] for b in sizes):
+            ax.text(k + 0.4 - width / 2, 0, "no jobs", ha="center", va="bottom", fontsize=8)
     ax.set_xticks([k + 0.4 - width / 2 for k in range(len(names))], names)
-    ax.set(xlabel="GPUs requested", ylabel="mean queueing delay (hours)",
+    ax.set(xlabel="GPUs requested", ylabel=f"mean queueing delay ({b_unit})",
            title="Queueing delay by job size")  # fmt: skip
+    ax.set_ylim(bottom=0)
     paths.append(_save(fig, ax, out / "queue_by_size.png"))
     return paths
+
+
+def _unit(seconds: float) -> tuple[float, str]:
+    """The unit a span of `seconds` reads best in: days from 2 days, hours from 2
+    hours, else minutes (its size in seconds, its name)."""
+    if seconds >= 2 * DAY:
+        return DAY, "days"
+    if seconds >= 2 * 3600:
+        return 3600.0, "hours"
+    return 60.0, "minutes"
+
+
+def _span_text(seconds: float) -> str:
+    scale, unit = _unit(seconds)
+    return f"{seconds / scale:.1f} {unit.rstrip('s') if seconds == scale else unit}"
 
 
 def _save(fig: object, ax: object, path: Path) -> Path:
