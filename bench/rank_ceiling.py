@@ -41,7 +41,7 @@ from typing import cast
 
 import numpy as np
 
-from bench.tie_orders import TRACE, shuffled
+from bench.tie_orders import add_slice_args, shuffled, simulate_args
 from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
 from services.scoring.policies.base import GroupedPolicy, Key, StaticKeyPolicy
@@ -151,27 +151,13 @@ def _policy(
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.rank_ceiling", description=__doc__)
-    p.add_argument("--seeds", default="trace,1,2,3", help="`trace`: the trace's order")
-    p.add_argument("--policies", default="drf,sjf-est,sjf-oracle")
-    p.add_argument("--trace", default=TRACE)
-    p.add_argument("--cluster", default="clusters/philly-hetero.yaml")
-    p.add_argument("--since", default="2017-10-15")
-    p.add_argument("--until", default="")
-    p.add_argument("--load", default="", help="compress arrivals to this load (as simulate)")
-    p.add_argument("--placer", default="milp")
+    add_slice_args(p, "drf,sjf-est,sjf-oracle")
     p.add_argument("--out", default="", help="a PNG of the means and ratios")
     p.add_argument("--report", default="", help="no runs: summarise (and draw) these JSON lines")
     a = p.parse_args(argv)
     if a.report:
         return _report(a.report, a.out)
-    sub = argparse.ArgumentParser().add_subparsers()
-    cli.register(sub)
-    extra = ["--until", a.until] if a.until else []
-    extra += ["--load", a.load] if a.load else []
-    args = sub.choices["simulate"].parse_args(
-        ["--trace", a.trace, "--format", "philly", "--cluster", a.cluster, "--since", a.since,
-         "--policy", "fifo", "--placer", a.placer, *extra]
-    )  # fmt: skip
+    args = simulate_args(a)
     names = ["class-oracle", "drf+class-oracle", "drf+burst-oracle", "drf+job-oracle"]
     names += a.policies.split(",")
     if "drf" not in names:

@@ -42,26 +42,36 @@ def shuffled(jobs: list[TraceJob], seed: int) -> list[TraceJob]:
     return shuffle_ties(jobs, np.random.default_rng(seed))
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.tie_orders", description=__doc__)
+def add_slice_args(p: argparse.ArgumentParser, policies: str) -> None:
+    """The flags of a Philly slice run over several orders (also bench.rank_ceiling's)."""
     p.add_argument("--seeds", default="trace,1,2,3", help="`trace`: the trace's order")
-    p.add_argument("--policies", default="rl,drf")
+    p.add_argument("--policies", default=policies)
     p.add_argument("--trace", default=TRACE)
     p.add_argument("--cluster", default="clusters/philly-hetero.yaml")
     p.add_argument("--since", default="2017-10-15")
     p.add_argument("--until", default="")
     p.add_argument("--load", default="", help="compress arrivals to this load (as simulate)")
     p.add_argument("--placer", default="milp")
-    p.add_argument("--against", default="", help="ratios to this policy (default: the last)")
-    a = p.parse_args(argv)
+
+
+def simulate_args(a: argparse.Namespace) -> argparse.Namespace:
+    """`rltune simulate`'s arguments for the slice `a` names (its checks included)."""
     sub = argparse.ArgumentParser().add_subparsers()
     cli.register(sub)
-    parser = sub.choices["simulate"]
     extra = ["--until", a.until] if a.until else []
     extra += ["--load", a.load] if a.load else []
-    args = parser.parse_args(["--trace", a.trace, "--format", "philly", "--cluster", a.cluster,
-                              "--since", a.since, "--policy", "fifo", "--placer", a.placer,
-                              *extra])  # fmt: skip
+    return sub.choices["simulate"].parse_args(
+        ["--trace", a.trace, "--format", "philly", "--cluster", a.cluster, "--since", a.since,
+         "--policy", "fifo", "--placer", a.placer, *extra]
+    )  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.tie_orders", description=__doc__)
+    add_slice_args(p, "rl,drf")
+    p.add_argument("--against", default="", help="ratios to this policy (default: the last)")
+    a = p.parse_args(argv)
+    args = simulate_args(a)
     names = a.policies.split(",")
     against = a.against or names[-1]
     if against not in names:
