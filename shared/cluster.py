@@ -84,6 +84,8 @@ class ClusterSpec:
 def load_cluster(path: str | Path) -> ClusterSpec:
     """Read a cluster spec from YAML, or from an Alibaba openb node list CSV."""
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"cluster file {p} is a directory: give a YAML file or an openb CSV")
     if not p.is_file():
         raise UserError(f"cluster file not found: {p}")
     try:

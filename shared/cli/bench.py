@@ -17,7 +17,9 @@ def available() -> list[str]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="run a benchmark (placement, sim, bus, train, offload)")
+    p = sub.add_parser(
+        "bench", help=f"run a benchmark ({len(available())} of them: `rltune bench --help`)"
+    )
     p.add_argument("name", help="benchmark name: " + ", ".join(available()))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
     p.set_defaults(func=run)

@@ -48,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     if not names:
         raise UserError("--policies names no policy")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UserError(f"--policies names {', '.join(twice)} twice: each runs once")
     policies = [make_policy(n) for n in names]  # every name checked before any long run
     make_placer(args.placer, reproducible=True)
     out = out_dir(args.out)

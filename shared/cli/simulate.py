@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     rejected = sum(result.rejected.values())
     print(
         f"{policy.label}: {summary['jobs']} jobs finished, {rejected} rejected, "
-        f"avg JCT {summary['avg_jct_s']:.0f} s, avg queue {summary['avg_queue_s']:.0f} s, "
+        f"avg JCT {_secs(summary['avg_jct_s'])}, avg queue {_secs(summary['avg_queue_s'])}, "
         f"GPU util {_util_text(summary, jobs)}, discipline "
         f"{args.discipline}{_interval_text(args)}, priority inversions "
         f"{summary['priority_inversions']}; "
@@ -167,6 +167,11 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return check_outcome(policy.label, len(jobs), summary, jobs, cluster.gpu_types)
+
+
+def _secs(v: Any) -> str:
+    """Seconds as printed on the run's line: n/a where nothing finished (NaN)."""
+    return f"{v:.0f} s" if isinstance(v, int | float) and math.isfinite(v) else "n/a"
 
 
 def _interval_text(args: argparse.Namespace) -> str:

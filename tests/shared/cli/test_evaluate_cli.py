@@ -59,3 +59,22 @@ def test_jobs_file_names_stay_in_the_output_folder() -> None:
     assert jobs_file("rl") == "jobs-rl.csv"
     assert jobs_file("rl:models/rl.pt") == "jobs-rl_rl.csv"
     assert jobs_file("rl:/tmp/a b/x.v2.pt") == "jobs-rl_x.v2.csv"
+
+
+def test_a_policy_named_twice_and_a_directory_for_a_cluster_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"job_id": "a", "num_gpus": 1, "duration_s": 5}\n')
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes:\n  - {name: n, gpu_type: P100, gpus: 2}\n")
+    argv = ["eval", "--trace", str(trace), "--format", "jsonl", "--out", str(tmp_path / "o")]
+    assert main([*argv, "--cluster", str(cluster), "--policies", "fifo,drf,fifo"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "rltune eval: --policies names fifo twice: each runs once"
+    ]
+    assert main([*argv, "--cluster", str(tmp_path), "--policies", "fifo"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"rltune eval: cluster file {tmp_path} is a directory: give a YAML file or "
+                   "an openb CSV"]  # fmt: skip
