@@ -45,6 +45,7 @@ from shared.sim.offload_jobs import mark_offloading
 from shared.traces import SkipStats
 
 GROUPS = ("others", "offloading", "all")
+TITLES = {"others": "jobs that do not offload", "offloading": "offloading jobs", "all": "all jobs"}
 CUT = 0.30  # the target: migration slowdown cut by at least this much
 
 
@@ -93,7 +94,7 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     if a.report:
         rows = [json.loads(line) for line in Path(a.report).read_text().splitlines() if line]
-        summarise(rows, a.placebo, "")
+        summarise(rows, a.placebo, str(Path(a.out) / "offload_orders.png") if a.out else "")
         return 0
     a.since = a.until = ""
     a.load = None
@@ -198,7 +199,7 @@ def _plot(
             ax.scatter([i] * len(v), [x * 100 for x in v], s=12)
         ax.axhline(0, color="grey", lw=1)
         ax.set_xticks(range(len(series)), [s[0] for s in series], fontsize=7)
-        ax.set_title(f"avg JCT, {g} jobs", fontsize=9)
+        ax.set_title(f"avg JCT, {TITLES[g]}", fontsize=9)
     axes[0].set_ylabel(f"change vs {placebo} (%)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
