@@ -15,7 +15,7 @@ from shared.cli import common
 from shared.cluster import ClusterSpec, load_cluster
 from shared.errors import UserError
 from shared.placement_api import DISCIPLINES
-from shared.speeds import DEFAULT_SPEEDS
+from shared.speeds import DEFAULT_SPEEDS, speed_of
 from shared.traces import SkipStats, TraceJob
 
 if TYPE_CHECKING:
@@ -302,9 +302,19 @@ class _LazyProgress:
 
 
 def load_run_cluster(args: argparse.Namespace) -> ClusterSpec:
-    """The `--cluster`, with `--reference` applied if given."""
+    """The `--cluster`, with `--reference` applied if given. A cluster of GPU types of
+    different speeds that names no reference (an openb node list names none) runs the
+    trace's durations as measured on a speed-1.0 GPU (a P100): said once on stderr."""
     cluster = load_cluster(args.cluster)
     if args.reference is None:
+        speeds = {speed_of(t, cluster.speed) for t in cluster.gpu_types}
+        if cluster.reference is None and len(speeds) > 1:
+            print(
+                f"note: {args.cluster} names no reference GPU type: the trace's durations "
+                "are taken as measured on a GPU of speed 1.0 (a P100); --reference TYPE "
+                "says otherwise",
+                file=sys.stderr,
+            )
         return cluster
     if args.reference not in cluster.speed and args.reference not in DEFAULT_SPEEDS:
         raise UserError(f"--reference {args.reference!r}: no speed known for that GPU type")

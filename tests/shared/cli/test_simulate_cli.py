@@ -253,3 +253,19 @@ def test_summary_json_is_strict_json(files: dict[str, Path]) -> None:
 
     summary = json.loads(out.read_text(), parse_constant=refuse)
     assert summary["queue_by_size"]["16+"] == {"avg_s": None, "max_s": None, "jobs": 0}
+
+
+def test_a_cluster_of_mixed_speeds_without_a_reference_says_what_durations_mean(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    mixed = files["dir"] / "mixed.yaml"
+    mixed.write_text(
+        "nodes:\n  - {name: a, gpu_type: P100, gpus: 2}\n  - {name: b, gpu_type: V100, gpus: 2}\n"
+    )
+    argv = ["simulate", "--trace", str(files["trace"]), "--format", "philly", "--policy", "fifo"]
+    assert main([*argv, "--cluster", str(mixed)]) == 0
+    assert f"note: {mixed} names no reference GPU type" in capsys.readouterr().err
+    assert main([*argv, "--cluster", str(mixed), "--reference", "V100"]) == 0
+    assert "names no reference" not in capsys.readouterr().err
+    assert main([*argv, "--cluster", str(files["cluster"])]) == 0  # one type: no note
+    assert "names no reference" not in capsys.readouterr().err
