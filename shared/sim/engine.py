@@ -320,8 +320,8 @@ class Simulator:
                 if self.replace is not None:
                     replace_wanted |= freed or now >= self._next_replace
                     wanted |= replace_wanted
-                if wanted and tick is None:
-                    tick = math.ceil(now / interval) * interval
+                if wanted and tick is None:  # (max: a product that rounds below now)
+                    tick = max(now, math.ceil(now / interval) * interval)
                 if tick is None or now < tick:
                     continue
                 tick, wanted = None, False

@@ -128,3 +128,21 @@ def test_simulate_flag_on_a_real_trace(tmp_path: Path, capsys: pytest.CaptureFix
     assert main([*argv, "--round-interval", "-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["rltune simulate: --round-interval must be 0 or more seconds, got -1"]
+
+
+def test_fractional_intervals_never_start_a_job_before_it_arrives() -> None:
+    """0.1 is not a binary fraction: a tick computed as ceil(t / 0.1) * 0.1 can round
+    below t; the clock must never go back, nor a job start before its submission."""
+    rng = random.Random(7)
+    jobs = [
+        TraceJob(f"j{i}", round(rng.uniform(0, 30), 3), round(rng.uniform(0.05, 3), 3),
+                 rng.choice([1, 2, 4, 8]))
+        for i in range(150)
+    ]  # fmt: skip
+    for dt in (0.1, 0.3, 7.3):
+        r = run(jobs, TWO_NODES, dt, "easy", "fifo")
+        submit = {j.job_id: j.submit_s for j in jobs}
+        got = starts(r)
+        assert len(got) == len(jobs)
+        assert all(t >= submit[jid] for jid, t in got.items())
+        assert all(abs(t / dt - round(t / dt)) < 1e-6 for t in got.values())
