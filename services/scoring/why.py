@@ -46,6 +46,7 @@ from shared.wire import Record
 __all__ = ["Answer", "WhyState", "eta_profile"]
 
 _AHEAD_SHOWN = 5  # jobs ranked ahead, and running jobs that would free GPUs, named
+LIVE_SKEW_S = 300.0  # message time vs broker timestamp, at most, on a live cluster
 
 
 @dataclass
@@ -88,6 +89,9 @@ class WhyState:
         self.held: dict[str, float] = {}  # run time of earlier segments (preempted)
         self.rounds: dict[str, tuple[int, float, int, list[str]]] = {}  # job -> last ranking
         self.now = 0.0
+        # (message time, broker timestamp s) of the record with the latest message time:
+        # the two agree on a live cluster (wall clock), not in simulation (virtual time)
+        self._stamp: tuple[float, float] | None = None
         self._dec: dict[str, msgspec.json.Decoder[Any]] = {
             topics.jobs_accepted: msgspec.json.Decoder(Job),
             topics.jobs_rejected: msgspec.json.Decoder(Rejection),
@@ -110,6 +114,10 @@ class WhyState:
             msg = dec.decode(rec.value or b"")
         except msgspec.MsgspecError:
             return  # (the owners of these topics count and dead-letter bad records)
+        t = msg.submit_time if isinstance(msg, Job) else getattr(msg, "time", None)
+        newest = self._stamp is None or (isinstance(t, int | float) and t >= self._stamp[0])
+        if isinstance(t, int | float) and rec.timestamp_ms > 0 and newest:
+            self._stamp = (float(t), rec.timestamp_ms / 1e3)
         if isinstance(msg, Job):
             self.jobs.setdefault(msg.job_id, msg)
         elif isinstance(msg, Rejection):
@@ -162,6 +170,14 @@ class WhyState:
             if job is not None:
                 h.record(queued_job(job, -1), run_s)
         return h
+
+    def present(self, wall: float) -> None:
+        """On a live cluster (the latest message's time is its broker timestamp, give or
+        take `LIVE_SKEW_S`), the present is the wall clock, not the latest message: with
+        only the arrival service up, a job submitted a while ago has waited since. In
+        simulation message times are virtual and the latest one stays the present."""
+        if self._stamp is not None and abs(self._stamp[1] - self._stamp[0]) <= LIVE_SKEW_S:
+            self.now = max(self.now, wall)
 
     def explain(self, job_id: str) -> Answer:
         job = self.jobs.get(job_id)

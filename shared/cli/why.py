@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from aiokafka.errors import KafkaError
@@ -41,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     settings = bus_settings(args)
     state = WhyState(settings.topics)
     run_async(_read(settings, state))
+    state.present(time.time())  # a live cluster's present is the wall clock
     answer = state.explain(args.job_id)
     if answer.state == "unknown":
         raise UserError(answer.lines[0])

@@ -162,3 +162,24 @@ def test_past_their_estimates_is_said_not_hidden() -> None:
     a = s.explain("target")
     assert (a.now, a.eta_alone_s, a.needs_more) == (2000.0, 2000.0, 8.0)
     assert a.lines[-1].startswith("(the running jobs it waits for are past their estimates")
+
+
+def test_a_live_cluster_waits_until_now_and_a_simulated_one_until_its_last_message() -> None:
+    """Live: the accepted job's time is its broker timestamp (wall clock), so with no
+    other message it has waited until the wall clock's now, not 0 s. Simulated: message
+    times are virtual (years from the broker's), the latest one stays the present."""
+    from shared.messages import Job
+
+    live = WhyState(T)
+    live.add(Record(T.jobs_accepted, 0, 0, None, encode(Job("j", 1, 1_700_000_000.0)),
+                    timestamp_ms=1_700_000_000_400))  # fmt: skip
+    live.present(1_700_000_015.0)
+    assert "(15 s)" in live.explain("j").lines[0]
+    sim = WhyState(T)
+    sim.add(Record(T.jobs_accepted, 0, 0, None, encode(Job("j", 1, 1_504_000_000.0)),
+                   timestamp_ms=1_700_000_000_400))  # fmt: skip
+    sim.add(Record(T.cluster_nodes, 0, 1, None,
+                   encode(NodeStatus("a", "V100", 8, [], time=1_504_000_060.0)),
+                   timestamp_ms=1_700_000_000_500))  # fmt: skip
+    sim.present(1_700_000_015.0)
+    assert "(60 s)" in sim.explain("j").lines[0]
