@@ -85,11 +85,12 @@ def markdown_table(runs: Sequence[PolicyRun]) -> str:
     return "\n".join([head, rule, *rows]) + "\n"
 
 
-def write_csv(runs: Sequence[PolicyRun], path: Path) -> None:
-    """The same table with the summary JSON's keys and units (seconds), one row per policy."""
+def write_csv(runs: Sequence[PolicyRun], path: Path, label: str = "policy") -> None:
+    """The same table with the summary JSON's keys and units (seconds), one row per run;
+    `label` heads the first column (what a run's label is: a policy, a scenario)."""
     with path.open("w", newline="") as fh:
         w = csv.writer(fh, lineterminator="\n")
-        w.writerow([k for k, _ in COLUMNS])
+        w.writerow([label if k == "policy" else k for k, _ in COLUMNS])
         for run in runs:
             w.writerow([_raw(_value(run, k)) for k, _ in COLUMNS])
 

@@ -13,11 +13,9 @@ with less capacity has a higher offered load.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from shared.cli.common import finite_or_null, out_dir
@@ -147,10 +145,10 @@ def run(args: argparse.Namespace) -> int:
 
         write_json(_json(args, runs, traces.factor), args.json)
     if out is not None:
-        from shared.report import write_plots
+        from shared.report import write_csv, write_plots
 
         (out / "summary.md").write_text(head + table)
-        _write_csv([pr for _, pr, _ in runs], out / "summary.csv")
+        write_csv([pr for _, pr, _ in runs], out / "summary.csv", label="scenario")
         plots = write_plots([pr for _, pr, _ in runs], base.cluster.total_gpus, out)
         names = ", ".join(p.name for p in plots)
         console.print(f"wrote {out / 'summary.md'}, summary.csv, {names}")
@@ -205,18 +203,6 @@ def _set_help(p: argparse.ArgumentParser, flag: str, text: str) -> None:
     for action in p._actions:
         if flag in action.option_strings:
             action.help = text
-
-
-def _write_csv(runs: Sequence[Any], path: Path) -> None:
-    """`eval`'s summary.csv, its first column (the scenario's label) headed `scenario`."""
-    from shared.report import write_csv
-
-    write_csv(runs, path)
-    with path.open(newline="") as fh:
-        rows = list(csv.reader(fh))
-    rows[0][0] = "scenario"
-    with path.open("w", newline="") as fh:
-        csv.writer(fh, lineterminator="\n").writerows(rows)
 
 
 class _TraceCache:
