@@ -14,6 +14,9 @@ submissions as `bench.tie_orders`:
 * `drf+burst-oracle`: as `drf+class-oracle`, with the true mean run time of the
   jobs of the same class submitted within 30 minutes of the job (a sweep's
   siblings: what a class's recent jobs could tell at best);
+* `drf+siblings` (no oracle: what a policy could learn online): as
+  `drf+burst-oracle`, from the siblings that have finished by the time of the
+  round only, else the class's finished jobs;
 * `drf+job-oracle`: `drf` across VCs, each job's own true run time within a VC
   (the most that ordering inside `drf`'s VC order can buy);
 * and any named policy (`--policies`, default `drf,sjf-est,sjf-oracle`).
@@ -33,6 +36,7 @@ over the orders and the mean of its per-order ratios to `drf`; `--out` draws the
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import sys
 from collections import defaultdict
@@ -133,6 +137,47 @@ class DrfClassOracle(GroupedPolicy):
         return sorted(waiting, key=lambda j: self.job_key(j, obs))[:k]
 
 
+class DrfSiblings(DrfClassOracle):
+    """Not an oracle: what a policy could learn online. `drf`'s shares first; among
+    equal shares, the mean run time of the job's *siblings that have finished by now*
+    (same class, submitted within `BURST_S` of it), else of its class's finished
+    jobs, else 0 (unknown: taken as short, as `sjf-est` does). A job's finish is known
+    once its start plus its traced duration has passed (the duration on the reference
+    type: a job on another type finishes a little earlier or later)."""
+
+    name = "drf+siblings"
+    oracle = False
+
+    def __init__(self, runs: dict[str, float]) -> None:
+        super().__init__({}, None)
+        self.name = "drf+siblings"
+        self.durations = runs
+        self._now = 0.0
+        self._ends: list[tuple[float, Class, float, float]] = []  # (end, class, submit, run)
+        self._done: dict[Class, list[tuple[float, float]]] = defaultdict(list)
+        self._est: dict[int, float] = {}
+
+    def remove(self, job: QueuedJob) -> None:  # the job starts now (or left the queue)
+        super().remove(job)
+        run = self.durations.get(job.job_id, 0.0)
+        heapq.heappush(self._ends, (self._now + run, (job.vc, job.num_gpus), job.submit_s, run))
+
+    def window(self, k: int, obs: Observation) -> list[QueuedJob]:  # type: ignore[override]
+        self._now = obs.now
+        while self._ends and self._ends[0][0] <= obs.now:
+            _, c, submit, run = heapq.heappop(self._ends)
+            self._done[c].append((submit, run))
+        return super().window(k, obs)
+
+    def job_key(self, job: QueuedJob, obs: Observation) -> Key:
+        share = self._drf.group_rank(job.vc, obs)
+        done = self._done.get((job.vc, job.num_gpus), [])
+        near = [r for t, r in done if abs(t - job.submit_s) <= BURST_S]
+        pool = near or [r for _, r in done]
+        est = sum(pool) / len(pool) if pool else 0.0
+        return (share, est, job.submit_s, job.seq)
+
+
 def _policy(
     name: str, means: dict[Class, float], runs: dict[str, float], bursts: dict[str, float]
 ) -> Policy:
@@ -142,6 +187,8 @@ def _policy(
         return cast(Policy, DrfClassOracle(means))
     if name == "drf+job-oracle":
         return cast(Policy, DrfClassOracle(means, runs))
+    if name == "drf+siblings":
+        return cast(Policy, DrfSiblings(runs))
     if name == "drf+burst-oracle":
         policy = DrfClassOracle(means, bursts)
         policy.name = name

@@ -58,3 +58,28 @@ def test_burst_means_by_hand() -> None:
     ]
     # within 1800 s: a sees a, b; b sees a, b; c alone; d alone
     assert burst_means(jobs, 1800.0) == {"a": 200.0, "b": 200.0, "c": 50.0, "d": 10.0}
+
+
+def test_siblings_know_only_the_run_times_that_have_ended() -> None:
+    """One GPU. a (x, 100 s) runs first. At 100, nothing runs, so drf's shares tie:
+    b (y) and d (y) have no finished sibling (estimate 0), c (x) has a's 100 s: b goes
+    (oldest of the zeros). At 150 b has ended: d's estimate is b's 50 s, c's still
+    100 s, so d goes before c, although d runs 500 s and c 5 s: an oracle would
+    have run c first (drf+job-oracle: a, c, b, d)."""
+    from bench.rank_ceiling import DrfSiblings
+
+    jobs = [
+        TraceJob("a", 0.0, 100.0, 1, vc="x"),
+        TraceJob("b", 1.0, 50.0, 1, vc="y"),
+        TraceJob("c", 2.0, 5.0, 1, vc="x"),
+        TraceJob("d", 3.0, 500.0, 1, vc="y"),
+    ]
+    runs = {j.job_id: j.duration_s or 0.0 for j in jobs}
+
+    def order(policy: object) -> list[str]:
+        r = simulate(jobs, ONE_NODE, policy, make_placer("greedy", reproducible=True),  # type: ignore[arg-type]
+                     SimConfig(discipline="strict"))  # fmt: skip
+        return [rec.job_id for rec in sorted(r.records, key=lambda r: r.segments[0].start_s)]
+
+    assert order(DrfSiblings(runs)) == ["a", "b", "d", "c"]
+    assert order(DrfClassOracle(class_means(jobs), runs)) == ["a", "c", "b", "d"]
