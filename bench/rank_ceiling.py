@@ -201,12 +201,15 @@ def main(argv: list[str]) -> int:
     add_slice_args(p, "drf,sjf-est,sjf-oracle")
     p.add_argument("--out", default="", help="a PNG of the means and ratios")
     p.add_argument("--report", default="", help="no runs: summarise (and draw) these JSON lines")
+    p.add_argument("--only", default="", help="run only these (comma-separated), no oracles")
     a = p.parse_args(argv)
     if a.report:
         return _report(a.report, a.out)
     args = simulate_args(a)
     names = ["class-oracle", "drf+class-oracle", "drf+burst-oracle", "drf+job-oracle"]
     names += a.policies.split(",")
+    if a.only:
+        names = a.only.split(",")
     if "drf" not in names:
         names.append("drf")
     cluster = cli.load_run_cluster(args)
@@ -245,11 +248,12 @@ def main(argv: list[str]) -> int:
 
 
 def _summary(bsld: dict[str, list[float]]) -> None:
-    ref = np.asarray(bsld["drf"])
+    ref = np.asarray(bsld["drf"]) if "drf" in bsld else None
     for name, values in bsld.items():
         v = np.asarray(values)
-        print(f"  {name:18s} mean {v.mean():.3f}  range {v.min():.3f}-{v.max():.3f}  "
-              f"vs drf (mean of ratios) {np.mean(v / ref) - 1:+.1%}", file=sys.stderr)  # fmt: skip
+        vs = f"  vs drf (mean of ratios) {np.mean(v / ref) - 1:+.1%}" if ref is not None else ""
+        print(f"  {name:18s} mean {v.mean():.3f}  range {v.min():.3f}-{v.max():.3f}{vs}",
+              file=sys.stderr)  # fmt: skip
 
 
 def _report(path: str, out: str) -> int:
