@@ -63,6 +63,7 @@ from shared.bus import (
     read_back,
     run_service,
 )
+from shared.cli.common import round_interval
 from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
@@ -172,8 +173,7 @@ def from_args(args: argparse.Namespace) -> SimSettings:
         raise UserError(f"--resend must be positive, got {args.resend}")
     if args.epoch is not None and not math.isfinite(args.epoch):
         raise UserError(f"--epoch must be a time in Unix seconds, got {args.epoch:g}")
-    if not (args.round_interval >= 0 and math.isfinite(args.round_interval)):
-        raise UserError(f"--round-interval must be 0 or more seconds, got {args.round_interval:g}")
+    round_interval(args.round_interval)
     return SimSettings(
         trace=args.trace, format=args.format, cluster=args.cluster, policy=args.policy,
         placer=args.placer, limit=args.limit, window=args.window, seed=args.seed,

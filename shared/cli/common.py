@@ -98,6 +98,13 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(coro)
 
 
+def round_interval(seconds: float) -> float:
+    """`--round-interval` (simulate, eval, whatif, up, cluster-sim), checked: 0 or more."""
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise UserError(f"--round-interval must be 0 or more seconds, got {seconds:g}")
+    return seconds
+
+
 def finite_or_null(data: dict[str, Any]) -> dict[str, Any]:
     """`data` with its non-finite float values (NaN, e.g. no job finished, or an empty
     size bucket's average), at any depth, as None, so that they are written as JSON

@@ -12,6 +12,7 @@ from shared.cli.common import out_dir
 from shared.cli.simulate import (
     add_run_args,
     check_outcome,
+    interval_text,
     load_run_cluster,
     load_run_jobs,
     mark_offload,
@@ -108,7 +109,6 @@ def _preamble(args: argparse.Namespace, n: int, stats: SkipStats, gpus: int) -> 
     return (
         f"Trace `{args.trace}` ({args.format}, {n} jobs; rows skipped: {skipped}) on cluster "
         f"`{args.cluster}` ({gpus} GPUs), placer `{args.placer}`, discipline "
-        f"`{args.discipline}`, window {args.window}, "
-        + (f"rounds every {args.round_interval:g} s, " if args.round_interval > 0 else "")
-        + f"seed {args.seed}{', preemption on' if args.preempt else ''}.\n\n`{cmd}`\n\n"
+        f"`{args.discipline}`, window {args.window}{interval_text(args.round_interval)}, "
+        f"seed {args.seed}{', preemption on' if args.preempt else ''}.\n\n`{cmd}`\n\n"
     )

@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         f"{policy.label}: {summary['jobs']} jobs finished, {rejected} rejected, "
         f"avg JCT {_secs(summary['avg_jct_s'])}, avg queue {_secs(summary['avg_queue_s'])}, "
         f"GPU util {_util_text(summary, jobs)}, discipline "
-        f"{args.discipline}{_interval_text(args)}, priority inversions "
+        f"{args.discipline}{interval_text(args.round_interval)}, priority inversions "
         f"{summary['priority_inversions']}; "
         f"{len(jobs)} jobs in {result.wall_s:.2f} s "
         f"({rate:.0f} jobs/s); trace rows skipped: {skipped}",
@@ -174,9 +174,9 @@ def _secs(v: Any) -> str:
     return f"{v:.0f} s" if isinstance(v, int | float) and math.isfinite(v) else "n/a"
 
 
-def _interval_text(args: argparse.Namespace) -> str:
-    interval = getattr(args, "round_interval", 0.0)
-    return f", rounds every {interval:g} s" if interval > 0 else ""
+def interval_text(seconds: float) -> str:
+    """The round interval as the runs' lines and tables say it ("" for a round per event)."""
+    return f", rounds every {seconds:g} s" if seconds > 0 else ""
 
 
 def _util_text(summary: dict[str, object], jobs: list[TraceJob]) -> str:
@@ -210,15 +210,12 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
 
     if args.window <= 0:
         raise UserError(f"--window must be positive, got {args.window}")
-    interval = getattr(args, "round_interval", 0.0)
-    if not (interval >= 0 and math.isfinite(interval)):
-        raise UserError(f"--round-interval must be 0 or more seconds, got {interval:g}")
     return SimConfig(
         window=args.window,
         seed=args.seed,
         preempt=args.preempt,
         discipline=args.discipline,
-        round_interval_s=interval,
+        round_interval_s=common.round_interval(args.round_interval),
     )
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import signal
 import subprocess
 import sys
@@ -37,7 +36,13 @@ from rich.table import Table
 
 from shared.broker import EmbeddedBroker, _die_with_parent, ensure_topics, free_port
 from shared.bus import Producer, partitions_of
-from shared.cli.common import port_number, positive_int, run_async, write_json
+from shared.cli.common import (
+    port_number,
+    positive_int,
+    round_interval,
+    run_async,
+    write_json,
+)
 from shared.cluster import ClusterSpec, load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
@@ -107,8 +112,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--speedup must be positive")
     if args.round_interval is None:
         args.round_interval = 0.0 if args.lockstep else REAL_TIME_INTERVAL_S
-    if not (args.round_interval >= 0 and math.isfinite(args.round_interval)):
-        raise UserError(f"--round-interval must be 0 or more seconds, got {args.round_interval:g}")
+    round_interval(args.round_interval)
     if not 0.0 <= args.offload_fraction <= 1.0:
         raise UserError(f"--offload-fraction must be within [0, 1], got {args.offload_fraction}")
     from services.placement.registry import make_placer

@@ -22,6 +22,7 @@ from shared.cli.common import finite_or_null, out_dir
 from shared.cli.simulate import (
     add_run_args,
     check_outcome,
+    interval_text,
     load_run_cluster,
     load_run_jobs,
     mark_offload,
@@ -271,7 +272,7 @@ def _preamble(args: argparse.Namespace, stats: SkipStats, factor: float | None) 
         f"Trace `{args.trace}` ({args.format}; rows skipped: {skipped}) on `{args.cluster}`; "
         f"base: policy `{args.policy}`, placer `{args.placer}`, discipline "
         f"`{args.discipline}`, window {args.window}, seed {args.seed}"
-        f"{f', rounds every {args.round_interval:g} s' if args.round_interval > 0 else ''}"
+        f"{interval_text(args.round_interval)}"
         f"{_load_text(args.load, factor)}. Offered load: the scenario's GPU-time asked "
         "per second of its submission span over its capacity.\n\n"
     )
