@@ -110,11 +110,15 @@ class DrfClassOracle(GroupedPolicy):
     oracle = True
     time_invariant = False
 
-    def __init__(self, means: dict[Class, float], runs: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        means: dict[Class, float],
+        runs: dict[str, float] | None = None,
+        name: str = "drf+class-oracle",
+    ) -> None:
         self.means = means
         self.runs = runs
-        if runs is not None:
-            self.name = "drf+job-oracle"
+        self.name = name
         self._drf = Drf()
 
     def reset(self, ctx: object) -> None:
@@ -149,13 +153,11 @@ class DrfSiblings(DrfClassOracle):
     oracle = False
 
     def __init__(self, runs: dict[str, float]) -> None:
-        super().__init__({}, None)
-        self.name = "drf+siblings"
+        super().__init__({}, None, "drf+siblings")
         self.durations = runs
         self._now = 0.0
         self._ends: list[tuple[float, Class, float, float]] = []  # (end, class, submit, run)
         self._done: dict[Class, list[tuple[float, float]]] = defaultdict(list)
-        self._est: dict[int, float] = {}
 
     def remove(self, job: QueuedJob) -> None:  # the job starts now (or left the queue)
         super().remove(job)
@@ -186,13 +188,11 @@ def _policy(
     if name == "drf+class-oracle":
         return cast(Policy, DrfClassOracle(means))
     if name == "drf+job-oracle":
-        return cast(Policy, DrfClassOracle(means, runs))
+        return cast(Policy, DrfClassOracle(means, runs, name))
     if name == "drf+siblings":
         return cast(Policy, DrfSiblings(runs))
     if name == "drf+burst-oracle":
-        policy = DrfClassOracle(means, bursts)
-        policy.name = name
-        return cast(Policy, policy)
+        return cast(Policy, DrfClassOracle(means, bursts, name))
     return make_policy(name)
 
 
