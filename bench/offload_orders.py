@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.offload_placement import others_avg_jct_s
 from bench.tie_orders import shuffled
 from services.placement.registry import make_placer
 from services.placement.replace import ReplaceConfig
@@ -62,13 +63,10 @@ def run_one(jobs: list[Any], cluster: Any, placer: str, seed: int) -> dict[str, 
                    make_placer(placer, reproducible=True, replace=ReplaceConfig()),
                    SimConfig(seed=seed))  # fmt: skip
     s = res.summary()
-    done = [r for r in res.records if r.finished]
-    others = [r.jct_s for r in done if not r.param_bytes]
-    offl = [r.jct_s for r in done if r.param_bytes]
     return {
-        "others": sum(others) / len(others),
-        "offloading": sum(offl) / len(offl),
-        "all": sum(r.jct_s for r in done) / len(done),
+        "others": others_avg_jct_s(res.records),
+        "offloading": float(s["offload_avg_jct_s"]),  # type: ignore[arg-type]
+        "all": float(s["avg_jct_s"]),  # type: ignore[arg-type]
         "slowdown": float(s["offload_slowdown"]),  # type: ignore[arg-type]
     }
 
