@@ -13,6 +13,13 @@ ONE_NODE = parse_cluster(
 )
 
 
+def start_order(jobs: list[TraceJob], policy: object) -> list[str]:
+    """Job ids in the order they start on ONE_NODE under `policy` (strict, greedy)."""
+    r = simulate(jobs, ONE_NODE, policy, make_placer("greedy", reproducible=True),  # type: ignore[arg-type]
+                 SimConfig(discipline="strict"))  # fmt: skip
+    return [rec.job_id for rec in sorted(r.records, key=lambda r: r.segments[0].start_s)]
+
+
 def test_class_means_by_hand() -> None:
     jobs = [
         TraceJob("a", 0.0, 100.0, 1, vc="x"),
@@ -38,13 +45,8 @@ def test_oracles_order_a_one_gpu_queue() -> None:
     means = class_means(jobs)  # x: (100 + 300 + 20) / 3 = 140
     runs = {j.job_id: j.duration_s or 0.0 for j in jobs}
 
-    def order(policy: object) -> list[str]:
-        r = simulate(jobs, ONE_NODE, policy, make_placer("greedy", reproducible=True),  # type: ignore[arg-type]
-                     SimConfig(discipline="strict"))  # fmt: skip
-        return [rec.job_id for rec in sorted(r.records, key=lambda r: r.segments[0].start_s)]
-
-    assert order(ClassOracle(means)) == ["h", "d", "a", "b", "e"]
-    assert order(DrfClassOracle(means, runs)) == ["h", "d", "e", "a", "b"]
+    assert start_order(jobs, ClassOracle(means)) == ["h", "d", "a", "b", "e"]
+    assert start_order(jobs, DrfClassOracle(means, runs)) == ["h", "d", "e", "a", "b"]
 
 
 def test_burst_means_by_hand() -> None:
@@ -76,10 +78,5 @@ def test_siblings_know_only_the_run_times_that_have_ended() -> None:
     ]
     runs = {j.job_id: j.duration_s or 0.0 for j in jobs}
 
-    def order(policy: object) -> list[str]:
-        r = simulate(jobs, ONE_NODE, policy, make_placer("greedy", reproducible=True),  # type: ignore[arg-type]
-                     SimConfig(discipline="strict"))  # fmt: skip
-        return [rec.job_id for rec in sorted(r.records, key=lambda r: r.segments[0].start_s)]
-
-    assert order(DrfSiblings(runs)) == ["a", "b", "d", "c"]
-    assert order(DrfClassOracle(class_means(jobs), runs)) == ["a", "c", "b", "d"]
+    assert start_order(jobs, DrfSiblings(runs)) == ["a", "b", "d", "c"]
+    assert start_order(jobs, DrfClassOracle(class_means(jobs), runs)) == ["a", "c", "b", "d"]
