@@ -59,7 +59,6 @@ SAMPLE = ROOT / "examples" / "philly-2000.jsonl"
 # trace seconds at --speedup 1000; a round at every event then falls behind the
 # replay by hours within minutes (make up, before: 13.7 h behind after 100 s).
 REAL_TIME_INTERVAL_S = 60.0
-SNAPSHOT_S = 1.0  # telemetry's default interval between snapshots (wall seconds)
 CLUSTER = ROOT / "clusters" / "philly.yaml"
 STOP_GRACE_S = 10.0
 FIGURES = "telemetry.all"  # the source of telemetry's figures over every finished job
@@ -280,7 +279,9 @@ class _Progress:
         if tel is None or self.replay_clock is None or "clock_s" not in tel.counters:
             return ""
         behind = self.replay_clock - tel.counters["clock_s"]
-        if behind <= max(60.0, 2 * SNAPSHOT_S * self.speedup):
+        from services.telemetry.service import TelemetrySettings  # the interval `up` runs
+
+        if behind <= max(60.0, 2 * TelemetrySettings.interval_s * self.speedup):
             return ""
         return f", cluster clock {behind / 3600:.1f} h behind the replay"
 
