@@ -79,7 +79,8 @@ from shared.messages import (
 from shared.placement_api import DISCIPLINES
 from shared.reject import Reject
 from shared.replay import job_spec_of
-from shared.sim import SimConfig, load_jobs, write_jobs_csv
+from shared.sim import SimConfig, write_jobs_csv
+from shared.sim.offload_jobs import describe_marking, load_marked
 from shared.traces import SkipStats, TraceJob
 
 __all__ = ["SimSettings", "add_args", "from_args", "serve"]
@@ -415,11 +416,10 @@ async def serve(
     stop = stop or asyncio.Event()
     cluster = load_cluster(conf.cluster)
     skipped = SkipStats()
-    jobs = load_jobs(conf.trace, conf.format, cluster, skipped, conf.limit)
+    jobs = load_marked(
+        conf.trace, conf.format, cluster, skipped, conf.limit, conf.offload_fraction, conf.seed
+    )
     if conf.offload_fraction:
-        from shared.sim.offload_jobs import describe_marking, mark_offloading
-
-        jobs = mark_offloading(jobs, conf.offload_fraction, conf.seed)
         log.info("%s", describe_marking(conf.offload_fraction, conf.seed))
     stats = ServiceStats()
     handler = Handler(settings, stats)

@@ -49,7 +49,6 @@ from shared.errors import UserError
 from shared.messages import MetricsSnapshot, encode
 from shared.placement_api import DISCIPLINES
 from shared.replay import Paced, job_spec_of, paced
-from shared.sim import load_jobs
 from shared.traces import SkipStats, TraceJob
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,12 +162,11 @@ def replay_jobs(args: argparse.Namespace, cluster: ClusterSpec, stats: SkipStats
     marks (the same fraction, seed and function over the same jobs) declare their
     model size in their JobSpec, as a user submitting a 10Cache job does, so that
     placement's offload term sees a waiting job's own slowdown, not only once it runs."""
-    jobs = load_jobs(args.trace, args.format, cluster, stats, args.limit)
-    if not args.offload_fraction:
-        return jobs
-    from shared.sim.offload_jobs import mark_offloading
+    from shared.sim.offload_jobs import load_marked
 
-    return mark_offloading(jobs, args.offload_fraction, args.seed)
+    return load_marked(
+        args.trace, args.format, cluster, stats, args.limit, args.offload_fraction, args.seed
+    )
 
 
 def _default_port() -> int:

@@ -19,12 +19,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
+from shared.cluster import ClusterSpec
 from shared.errors import UserError
 from shared.messages import TensorProfile
-from shared.traces import TraceJob
+from shared.traces import SkipStats, TraceJob
 
-__all__ = ["MODEL_SIZES", "describe_marking", "mark_offloading", "synth_profile"]
+__all__ = ["MODEL_SIZES", "describe_marking", "load_marked", "mark_offloading", "synth_profile"]
 
 # (largest GPU count of the bucket, [(model, parameters), ...])
 MODEL_SIZES: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] = (
@@ -66,6 +68,24 @@ def mark_offloading(jobs: Sequence[TraceJob], fraction: float, seed: int) -> lis
             j = replace(j, param_bytes=int(models[which][1] * BYTES_PER_PARAM))
         out.append(j)
     return out
+
+
+def load_marked(
+    path: str | Path,
+    fmt: str,
+    cluster: ClusterSpec,
+    stats: SkipStats,
+    limit: int | None,
+    fraction: float,
+    seed: int,
+) -> list[TraceJob]:
+    """The trace's jobs (`load_jobs`), a seeded `fraction` of them marked as offloading.
+    cluster-sim simulates these and `rltune up` replays them: the same function over
+    the same arguments, so the jobs the replay declares are the ones the cluster runs."""
+    from shared.sim import load_jobs
+
+    jobs = load_jobs(path, fmt, cluster, stats, limit)
+    return mark_offloading(jobs, fraction, seed) if fraction else jobs
 
 
 def gpt_shape(params: float) -> tuple[int, int]:
