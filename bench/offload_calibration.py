@@ -57,8 +57,14 @@ def with_profile(run: dict[str, Any], stored: dict[str, Any]) -> dict[str, Any]:
     if "profile" in run:
         return run
     mine, theirs = run["model"]["config"], stored["model"]["config"]
-    if any(mine.get(k) != theirs.get(k) for k in ("dim", "layers", "vocab")):
-        raise ValueError(f"no profile in the run, and its model {mine} is not the stored {theirs}")
+    mine_arch, their_arch = run["model"].get("arch", "gpt"), stored["model"].get("arch", "gpt")
+    if mine_arch != their_arch or any(
+        mine.get(k) != theirs.get(k) for k in ("dim", "layers", "vocab")
+    ):
+        raise ValueError(
+            f"no profile in the run, and its model ({mine_arch} {mine}) is not the stored "
+            f"one ({their_arch} {theirs})"
+        )
     profile = dict(stored["profile"])
     profile["fast_budget_bytes"] = run["model"]["fast_budget_bytes"]
     profile["host_budget_bytes"] = run["model"]["host_budget_bytes"]
@@ -83,13 +89,22 @@ def _predict(paths: list[str]) -> int:
     return 0
 
 
+def _usage(problem: str) -> int:
+    print(f"{problem}; usage: python -m bench.offload_calibration [--predict] FIRST.json "
+          "SECOND.json", file=sys.stderr)  # fmt: skip
+    return 2
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[0] == "--predict":
-        return _predict(argv[1:])
-    if len(argv) != 2:
-        print("usage: python -m bench.offload_calibration [--predict] FIRST.json SECOND.json",
-              file=sys.stderr)  # fmt: skip
-        return 2
+    predict = argv[:1] == ["--predict"]
+    paths = argv[1:] if predict else argv
+    if len(paths) != 2 or any(a.startswith("-") for a in paths):
+        return _usage(f"expected two run files, got {' '.join(argv) or 'none'}")
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        return _usage(f"no such file: {missing[0]}")
+    if predict:
+        return _predict(paths)
     cal_run, val_run = (_slim(_one_run(json.loads(Path(p).read_text()))) for p in argv)
     cal = fit_calibration(cal_run)
     fitted = {k: v for k, v in asdict(cal).items() if k != "source"}

@@ -55,15 +55,20 @@ def test_replayed_bytes_match_what_the_engine_moved(name: str, strategy: str) ->
     assert moved == pytest.approx(run[strategy]["bytes_moved_per_step"], rel=0.05)
 
 
-H100 = Path(__file__).parents[3] / "docs" / "offload-h100"
+DOCS = Path(__file__).parents[3] / "docs"
+H100 = DOCS / "offload-h100"
 
 
-@pytest.mark.parametrize("name", ["small.json", "gpt_second_run.json"])
+@pytest.mark.parametrize(
+    "name",
+    ["offload-h100/small.json", "offload-h100/gpt_second_run.json", "offload-h200/small.json"],
+)
 @pytest.mark.parametrize("strategy", ["lru", "fixed", "tencache"])
 def test_replayed_bytes_match_the_engine_on_a_gpu(name: str, strategy: str) -> None:
-    """The two H100 runs (no recorded profile: the stored one, same model, with each
-    run's budgets): the replay's bytes per step against what the engine moved there."""
-    run = with_profile(json.loads((H100 / name).read_text())["gpt"], RUNS["calibrate"])
+    """The two H100 runs and the H200 run (no recorded profile: the stored one, same
+    model, with each run's budgets): the replay's bytes per step against what the
+    engine moved there."""
+    run = with_profile(json.loads((DOCS / name).read_text())["gpt"], RUNS["calibrate"])
     moved = bench_traffic(run)[strategy].bytes_moved
     assert moved == pytest.approx(run[strategy]["bytes_moved_per_step"], rel=0.05)
 
@@ -73,6 +78,11 @@ def test_borrowed_profile_only_for_the_same_model() -> None:
     other = {**run, "model": {**run["model"], "config": {**run["model"]["config"], "dim": 256}}}
     with pytest.raises(ValueError, match="not the stored"):
         with_profile(other, RUNS["calibrate"])
+    # same width, depth and vocabulary, another architecture: its tensors differ
+    bert = json.loads((DOCS / "offload-h200" / "small.json").read_text())["bert"]
+    assert bert["model"]["config"] == run["model"]["config"]
+    with pytest.raises(ValueError, match="bert"):
+        with_profile(bert, RUNS["calibrate"])
     got = with_profile(run, RUNS["calibrate"])["profile"]
     assert got["order"] == RUNS["calibrate"]["profile"]["order"]
     assert (
