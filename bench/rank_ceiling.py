@@ -36,7 +36,9 @@ over the orders and the mean of its per-order ratios to `drf`; `--out` draws the
 from __future__ import annotations
 
 import argparse
+import bisect
 import heapq
+import itertools
 import json
 import sys
 from collections import defaultdict
@@ -120,6 +122,7 @@ class DrfClassOracle(GroupedPolicy):
         self.runs = runs
         self.name = name
         self._drf = Drf()
+        self._shares: dict[str, float] = {}
 
     def reset(self, ctx: object) -> None:
         super().reset(ctx)  # type: ignore[arg-type]
@@ -128,17 +131,27 @@ class DrfClassOracle(GroupedPolicy):
     def group_of(self, job: QueuedJob) -> Hashable:
         return job.vc
 
-    def job_key(self, job: QueuedJob, obs: Observation) -> Key:
-        share = self._drf.group_rank(job.vc, obs)
+    def share(self, vc: str, obs: Observation) -> float:
+        """`drf`'s rank of the VC this round (once per VC and `window` call)."""
+        got = self._shares.get(vc)
+        if got is None:
+            got = self._shares[vc] = self._drf.group_rank(vc, obs)
+        return got
+
+    def estimate(self, job: QueuedJob) -> float:
         run = self.runs[job.job_id] if self.runs is not None else None
-        est = run if run is not None else self.means[(job.vc, job.num_gpus)]
-        return (share, est, job.submit_s, job.seq)
+        return run if run is not None else self.means[(job.vc, job.num_gpus)]
+
+    def job_key(self, job: QueuedJob, obs: Observation) -> Key:
+        return (self.share(job.vc, obs), self.estimate(job), job.submit_s, job.seq)
 
     def window(self, k: int, obs: Observation) -> list[QueuedJob]:  # type: ignore[override]
         # within a VC the class order is not FIFO, so the grouped merge does not
-        # apply: sort the whole queue (an experiment, not a served policy)
+        # apply: the k smallest keys of the whole queue (an experiment, not a
+        # served policy; `heapq.nsmallest` is `sorted(...)[:k]`, keys are unique)
+        self._shares = {}  # a new round: the shares have moved
         waiting = [j for q in self._groups.values() for _, j in q.keyed()]
-        return sorted(waiting, key=lambda j: self.job_key(j, obs))[:k]
+        return heapq.nsmallest(k, waiting, key=lambda j: self.job_key(j, obs))
 
 
 class DrfSiblings(DrfClassOracle):
@@ -157,7 +170,7 @@ class DrfSiblings(DrfClassOracle):
         self.durations = runs
         self._now = 0.0
         self._ends: list[tuple[float, Class, float, float]] = []  # (end, class, submit, run)
-        self._done: dict[Class, list[tuple[float, float]]] = defaultdict(list)
+        self._done: dict[Class, _Finished] = defaultdict(_Finished)
 
     def remove(self, job: QueuedJob) -> None:  # the job starts now (or left the queue)
         super().remove(job)
@@ -168,16 +181,46 @@ class DrfSiblings(DrfClassOracle):
         self._now = obs.now
         while self._ends and self._ends[0][0] <= obs.now:
             _, c, submit, run = heapq.heappop(self._ends)
-            self._done[c].append((submit, run))
+            self._done[c].add(submit, run)
         return super().window(k, obs)
 
-    def job_key(self, job: QueuedJob, obs: Observation) -> Key:
-        share = self._drf.group_rank(job.vc, obs)
-        done = self._done.get((job.vc, job.num_gpus), [])
-        near = [r for t, r in done if abs(t - job.submit_s) <= BURST_S]
-        pool = near or [r for _, r in done]
-        est = sum(pool) / len(pool) if pool else 0.0
-        return (share, est, job.submit_s, job.seq)
+    def estimate(self, job: QueuedJob) -> float:
+        done = self._done.get((job.vc, job.num_gpus))
+        return done.mean_near(job.submit_s, BURST_S) if done is not None else 0.0
+
+
+class _Finished:
+    """The finished jobs of one class, by submit time: the mean run time of those
+    submitted within `width` of a time, else of all, else 0 (`DrfSiblings`). Means
+    are memoised until the next finish; a scan per waiting job and round made
+    the loaded cluster's runs take hours."""
+
+    def __init__(self) -> None:
+        self.submits: list[float] = []
+        self.runs: list[float] = []
+        self._sums: list[float] | None = None  # prefix sums of `runs`, rebuilt on change
+        self._memo: dict[tuple[float, float], float] = {}
+
+    def add(self, submit: float, run: float) -> None:
+        i = bisect.bisect_right(self.submits, submit)
+        self.submits.insert(i, submit)
+        self.runs.insert(i, run)
+        self._sums = None
+        self._memo.clear()
+
+    def mean_near(self, t: float, width: float) -> float:
+        got = self._memo.get((t, width))
+        if got is not None:
+            return got
+        if self._sums is None:
+            self._sums = [0.0, *itertools.accumulate(self.runs)]
+        lo = bisect.bisect_left(self.submits, t - width)
+        hi = bisect.bisect_right(self.submits, t + width)
+        if hi == lo:  # no sibling near t: the class's mean
+            lo, hi = 0, len(self.runs)
+        got = (self._sums[hi] - self._sums[lo]) / (hi - lo) if hi > lo else 0.0
+        self._memo[t, width] = got
+        return got
 
 
 def _policy(

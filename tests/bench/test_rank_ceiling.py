@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import heapq
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from bench.rank_ceiling import ClassOracle, DrfClassOracle, class_means
 from services.placement.registry import make_placer
-from shared.cluster import parse_cluster
+from services.scoring.policies.base import Key
+from shared.cluster import ClusterSpec, parse_cluster
+from shared.policy_api import Observation, QueuedJob
 from shared.sim import SimConfig, simulate
 from shared.traces import TraceJob
 
@@ -13,11 +21,13 @@ ONE_NODE = parse_cluster(
 )
 
 
-def start_order(jobs: list[TraceJob], policy: object) -> list[str]:
-    """Job ids in the order they start on ONE_NODE under `policy` (strict, greedy)."""
-    r = simulate(jobs, ONE_NODE, policy, make_placer("greedy", reproducible=True),  # type: ignore[arg-type]
+def start_order(jobs: list[TraceJob], policy: object, cluster: ClusterSpec = ONE_NODE) -> list[str]:
+    """Job ids in the order they start on `cluster` under `policy` (strict, greedy)."""
+    r = simulate(jobs, cluster, policy, make_placer("greedy", reproducible=True),  # type: ignore[arg-type]
                  SimConfig(discipline="strict"))  # fmt: skip
-    return [rec.job_id for rec in sorted(r.records, key=lambda r: r.segments[0].start_s)]
+    return [
+        rec.job_id for rec in sorted(r.records, key=lambda r: (r.segments[0].start_s, r.job_id))
+    ]
 
 
 def test_class_means_by_hand() -> None:
@@ -80,3 +90,69 @@ def test_siblings_know_only_the_run_times_that_have_ended() -> None:
 
     assert start_order(jobs, DrfSiblings(runs)) == ["a", "b", "d", "c"]
     assert start_order(jobs, DrfClassOracle(class_means(jobs), runs)) == ["a", "c", "b", "d"]
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(st.tuples(st.integers(0, 20_000), st.floats(0.0, 1e5, allow_nan=False)), max_size=40),
+    st.lists(st.integers(0, 20_000), min_size=1, max_size=10),
+)
+def test_finished_means_equal_a_scan(done: list[tuple[int, float]], asks: list[int]) -> None:
+    """`_Finished`, fed in finish order and asked between finishes, gives the mean
+    the scan it replaced gives: siblings within BURST_S, else the class, else 0."""
+    from bench.rank_ceiling import BURST_S, _Finished
+
+    got, seen = _Finished(), []
+    for i, (submit, run) in enumerate(done):
+        got.add(float(submit), run)
+        seen.append((float(submit), run))
+        for t in asks[: 1 + i % len(asks)]:
+            near = [r for s, r in seen if abs(s - t) <= BURST_S]
+            pool = near or [r for _, r in seen]
+            want = sum(pool) / len(pool)
+            assert got.mean_near(float(t), BURST_S) == pytest.approx(want, rel=1e-9, abs=1e-9)
+    assert _Finished().mean_near(5.0, BURST_S) == 0.0
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3000),  # submit
+            st.integers(1, 4000),  # run time
+            st.sampled_from([1, 2, 4]),
+            st.sampled_from(["x", "y", "z"]),
+        ),
+        min_size=2,
+        max_size=25,
+    )
+)
+def test_siblings_start_the_jobs_the_plain_scan_starts(
+    rows: list[tuple[int, int, int, str]],
+) -> None:
+    """`DrfSiblings` with its memoised means and per-round shares starts the jobs in
+    the order of the policy written plainly: every key computed afresh from `drf`'s
+    shares and a scan of the finished jobs, the queue sorted whole each round."""
+    from bench.rank_ceiling import BURST_S, DrfSiblings
+
+    class Plain(DrfSiblings):
+        def window(self, k: int, obs: Observation) -> list[QueuedJob]:  # type: ignore[override]
+            self._now = obs.now
+            while self._ends and self._ends[0][0] <= obs.now:
+                _, c, submit, run = heapq.heappop(self._ends)
+                seen.setdefault(c, []).append((submit, run))
+            waiting = [j for q in self._groups.values() for _, j in q.keyed()]
+            return sorted(waiting, key=lambda j: self.job_key(j, obs))[:k]
+
+        def job_key(self, job: QueuedJob, obs: Observation) -> Key:
+            done = seen.get((job.vc, job.num_gpus), [])
+            near = [r for t, r in done if abs(t - job.submit_s) <= BURST_S]
+            pool = near or [r for _, r in done]
+            est = sum(pool) / len(pool) if pool else 0.0
+            return (self._drf.group_rank(job.vc, obs), est, job.submit_s, job.seq)
+
+    seen: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    jobs = [TraceJob(f"j{i}", float(s), float(r), g, vc=vc) for i, (s, r, g, vc) in enumerate(rows)]
+    runs = {j.job_id: j.duration_s or 0.0 for j in jobs}
+    four = parse_cluster({"nodes": [{"name": "n", "gpu_type": "P100", "gpus": 4}]})
+    assert start_order(jobs, DrfSiblings(runs), four) == start_order(jobs, Plain(runs), four)
