@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
         return _usage(f"no such file: {missing[0]}")
     if predict:
         return _predict(paths)
-    cal_run, val_run = (_slim(_one_run(json.loads(Path(p).read_text()))) for p in argv)
+    cal_run, val_run = (_slim(_one_run(json.loads(Path(p).read_text()))) for p in paths)
     cal = fit_calibration(cal_run)
     fitted = {k: v for k, v in asdict(cal).items() if k != "source"}
     data = {"fitted": fitted, "calibrate": cal_run, "validate": val_run}
