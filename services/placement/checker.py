@@ -126,8 +126,10 @@ class _Left:
         self.whole: dict[str, int] = {}
         for n in nodes:
             self.whole[n.gpu_type] = self.whole.get(n.gpu_type, 0) + n.free_milli.count(FULL_GPU)
+        self._most: dict[str, int] | None = None  # per type, the most free on one GPU
 
     def take(self, a: Allocation) -> None:
+        self._most = None
         for node_id, idx in a.gpus:
             row = list(self.free[node_id])
             for g in idx:
@@ -138,10 +140,14 @@ class _Left:
 
     def fits(self, job: JobRequest) -> bool:
         if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
-            return any(
-                job.allows(self.node_type[n]) and max(row, default=0) >= job.gpu_milli
-                for n, row in self.free.items()
-            )
+            most = self._most
+            if most is None:  # (kept until the next take)
+                most = self._most = {}
+                for n, row in self.free.items():
+                    t, m = self.node_type[n], max(row, default=0)
+                    if m > most.get(t, 0):
+                        most[t] = m
+            return any(m >= job.gpu_milli for t, m in most.items() if job.allows(t))
         return sum(w for t, w in self.whole.items() if job.allows(t)) >= job.num_gpus
 
     def some_placement(self, job: JobRequest) -> Allocation:

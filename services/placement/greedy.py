@@ -86,6 +86,7 @@ class GreedyState:
         # positions of nodes that had w when pushed (stale entries dropped when seen);
         # built on the first whole-GPU placement
         self._fit: dict[str, list[list[int]]] | None = None
+        self._most: dict[str, int] | None = None  # per type, the most free on one GPU
 
     # ---- queries ------------------------------------------------------------------------
     def allowed(self, job: JobRequest) -> list[str]:
@@ -98,11 +99,13 @@ class GreedyState:
     def fits(self, job: JobRequest) -> bool:
         """Whether `job` alone could start on what is free now (exact)."""
         if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
-            return any(
-                max(self.free[i], default=0) >= job.gpu_milli
-                for t in self.allowed(job)
-                for i in self.by_type[t]
-            )
+            most = self._most
+            if most is None:  # (kept until the next change)
+                most = self._most = {
+                    t: max((max(self.free[i], default=0) for i in ns), default=0)
+                    for t, ns in self.by_type.items()
+                }
+            return any(most[t] >= job.gpu_milli for t in self.allowed(job))
         return sum(self.whole_by_type[t] for t in self.allowed(job)) >= job.num_gpus
 
     # ---- changes ------------------------------------------------------------------------
@@ -121,6 +124,7 @@ class GreedyState:
     def untake(self, alloc: Allocation) -> None:
         """Give back an allocation this state made (a backfill refused after all)."""
         pos = {nid: i for i, nid in enumerate(self.ids)}
+        self._most = None
         for node_id, idx in alloc.gpus:
             i = pos[node_id]
             row = self.free[i]
@@ -170,6 +174,7 @@ class GreedyState:
 
     def _give(self, i: int, idx: Sequence[int], milli: int) -> None:
         row = self.free[i]
+        self._most = None
         for g in idx:
             if row[g] == FULL_GPU:
                 self.whole[i] -= 1

@@ -83,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
             runs.append(PolicyRun(label, result.summary(), result.records, result.wall_s))
             if not args.no_jobs:
                 write_jobs_csv(result.records, out / jobs_file(name))
+    written = set() if args.no_jobs else {jobs_file(n) for n in names}
+    stale = _remove_stale(out, written)
+    if stale:
+        console.print(f"removed {', '.join(stale)} from {out}: a previous run's, not this one's")
     table = markdown_table(runs)
     (out / "summary.md").write_text(_preamble(args, len(jobs), stats, cluster.total_gpus) + table)
     write_csv(runs, out / "summary.csv")
@@ -110,5 +114,27 @@ def _preamble(args: argparse.Namespace, n: int, stats: SkipStats, gpus: int) -> 
         f"Trace `{args.trace}` ({args.format}, {n} jobs; rows skipped: {skipped}) on cluster "
         f"`{args.cluster}` ({gpus} GPUs), placer `{args.placer}`, discipline "
         f"`{args.discipline}`, window {args.window}{interval_text(args.round_interval)}, "
-        f"seed {args.seed}{', preemption on' if args.preempt else ''}.\n\n`{cmd}`\n\n"
+        f"seed {args.seed}{', preemption on' if args.preempt else ''}{_arrivals(args)}."
+        f"\n\n`{cmd}`\n\n"
     )
+
+
+def _arrivals(args: argparse.Namespace) -> str:
+    """How the arrivals were replayed and compressed, for the preamble ("" if not)."""
+    text = f", the jobs replayed {args.repeat} times back to back" if args.repeat != 1 else ""
+    factor = getattr(args, "load_factor", None)
+    if args.load is not None and factor is not None:
+        text += (
+            f", arrivals compressed to load {args.load:g} ({args.load_basis}; submission gaps "
+            f"divided by {factor:.4g})"
+        )
+    return text
+
+
+def _remove_stale(out: Path, written: set[str]) -> list[str]:
+    """Remove the `jobs-*.csv` in `out` that this run did not write (a previous run's, of
+    policies not run now, which its summary would otherwise sit beside); their names."""
+    stale = sorted(p.name for p in out.glob("jobs-*.csv") if p.name not in written)
+    for name in stale:
+        (out / name).unlink()
+    return stale

@@ -29,6 +29,7 @@ __all__ = [
     "mark_offload",
     "register",
     "run",
+    "run_settings",
     "sim_config",
     "write_json",
 ]
@@ -67,7 +68,24 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="L",
         help="compress the submission times (every gap divided by one factor, printed) so "
-        "that sum(GPUs x duration) / (submission span x capacity) = L",
+        "that sum(GPUs x duration) / (submission span x capacity) = L (--load-basis offered) "
+        "or the GPU-time inside the span over span x capacity = L (--load-basis span)",
+    )
+    p.add_argument(
+        "--load-basis",
+        default="offered",
+        choices=("offered", "span"),
+        help="what --load is a value of: offered (every job's whole run; the default) or "
+        "span (only what falls inside the submission span: a utilisation the cluster would "
+        "have if no job waited; use it for traces whose longest jobs outlast the span)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="K",
+        help="replay the selected jobs K times back to back (copy k's ids end in #k), "
+        "before --load: for a trace too small to load the cluster (default 1)",
     )
     p.add_argument(
         "--placer",
@@ -143,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
     with _LazyProgress(policy.label) as bar:
         result = simulate(jobs, cluster, policy, placer, sim_config(args), bar.tick)
     summary = result.summary()
+    summary["settings"] = {"policy": args.policy, **run_settings(args)}
     if args.offload_fraction > 0:
         summary["offload_marking"] = describe_marking(args.offload_fraction, args.seed)
     replace = getattr(placer, "replace", None)
@@ -351,18 +370,52 @@ def load_run_jobs(
 def _compressed(
     args: argparse.Namespace, cluster: ClusterSpec, jobs: list[TraceJob]
 ) -> list[TraceJob]:
-    """The jobs, their arrivals compressed to `--load` if given (the factor on stderr)."""
+    """The jobs replayed `--repeat` times, their arrivals compressed to `--load` if given
+    (how, on stderr)."""
+    from shared.sim.load import compress_to_load, repeat, span_load
+
+    copies = getattr(args, "repeat", 1)
+    if copies != 1:
+        n = len(jobs)
+        jobs = repeat(jobs, copies)
+        print(f"--repeat {copies}: the {n} jobs replayed {copies} times", file=sys.stderr)
     if getattr(args, "load", None) is None:
         return jobs
-    from shared.sim.load import compress_to_load, span_load
-
-    out, factor = compress_to_load(jobs, cluster, args.load)
+    basis = getattr(args, "load_basis", "offered")
+    out, factor = compress_to_load(jobs, cluster, args.load, basis)
+    args.load_factor = factor  # (for run_settings)
     print(
-        f"--load {args.load}: submission gaps divided by {factor:.4g}; of that demand, "
-        f"{span_load(out, cluster):.3f} x capacity falls inside the submission span",
+        f"--load {args.load} ({basis}): submission gaps divided by {factor:.4g}; of that "
+        f"demand, {span_load(out, cluster):.3f} x capacity falls inside the submission span",
         file=sys.stderr,
     )
     return out
+
+
+def run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What a run's figures depend on besides the policy, as the summary JSON's
+    `settings`: the trace and its selection, the cluster, placement, discipline, and
+    how arrivals were replayed and compressed (`load_factor`: gaps divided by it)."""
+    return {
+        "trace": args.trace,
+        "format": args.format,
+        "cluster": args.cluster,
+        "reference": args.reference,
+        "since": args.since or None,
+        "until": args.until or None,
+        "limit": args.limit,
+        "repeat": args.repeat,
+        "load": args.load,
+        "load_basis": args.load_basis if args.load is not None else None,
+        "load_factor": getattr(args, "load_factor", None),
+        "placer": args.placer,
+        "discipline": args.discipline,
+        "window": args.window,
+        "round_interval_s": args.round_interval,
+        "preempt": args.preempt,
+        "offload_fraction": args.offload_fraction,
+        "seed": args.seed,
+    }
 
 
 def write_json(summary: dict[str, Any], out: str) -> None:

@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     trace = [scenario_jobs(traces.jobs(s.cluster), s) for s in scenarios]  # (checked first)
     if traces.factor is not None:
         print(
-            f"--load {args.load}: submission gaps divided by {traces.factor:.4g} for the base; "
+            f"--load {args.load} ({args.load_basis}): submission gaps divided by "
+            f"{traces.factor:.4g} for the base; "
             "every scenario replays those arrivals",
             file=sys.stderr,
         )
@@ -214,6 +215,7 @@ class _TraceCache:
 
     def __init__(self, args: argparse.Namespace, stats: SkipStats, base: ClusterSpec) -> None:
         self.load: float | None = args.load
+        self.basis: str = args.load_basis
         self.args = argparse.Namespace(**{**vars(args), "load": None})  # (compressed here)
         self.stats = stats
         self.base = base
@@ -228,7 +230,7 @@ class _TraceCache:
             stats = self.stats if not self.cache else SkipStats()  # (counted once)
             jobs = load_run_jobs(self.args, cluster, stats)
             if self.load is not None:  # (the factor depends on sizes, durations, arrivals)
-                jobs, self.factor = compress_to_load(jobs, self.base, self.load)
+                jobs, self.factor = compress_to_load(jobs, self.base, self.load, self.basis)
             self.cache[key] = mark_offload(self.args, jobs)
         return self.cache[key]
 
@@ -247,6 +249,8 @@ def _json(
             "window": args.window,
             "seed": args.seed,
             "load": args.load,
+            "load_basis": args.load_basis,
+            "repeat": args.repeat,
             "load_factor": factor,  # submission gaps divided by this, for every scenario
         },
         "scenarios": [

@@ -36,6 +36,7 @@ class ClusterState:
         self.partial = 0  # GPUs partly taken by sharing jobs (0 < free < 1000)
         self._open = [i for i, g in enumerate(self.size) if g > 0]  # nodes with anything free
         self._view: dict[int, NodeFree] = {}
+        self._most: dict[str, int] | None = None  # per type, the most free on one GPU
 
     # ---- queries ----------------------------------------------------------------------
     def whole_free(self, types: frozenset[str]) -> int:
@@ -50,10 +51,16 @@ class ClusterState:
             return num_gpus <= self.whole_free(types)
         if self.whole_free(types) >= 1:
             return True
-        for i in self._open:
-            if (not types or self.node_type[i] in types) and max(self.free[i]) >= milli:
-                return True
-        return False
+        most = self._most
+        if most is None:  # (kept until the next change: a round asks for every window job)
+            most = self._most = {}
+            for i in self._open:
+                m, t = max(self.free[i]), self.node_type[i]
+                if m > most.get(t, 0):
+                    most[t] = m
+        if not types:
+            return max(most.values(), default=0) >= milli
+        return any(most.get(t, 0) >= milli for t in types)
 
     def free_nodes(self) -> list[NodeFree]:
         """`NodeFree` of every node with some free capacity, in cluster order."""
@@ -120,6 +127,7 @@ class ClusterState:
                 self.whole_by_type[t] += 1
                 self.whole_total += 1
         self._view.pop(i, None)
+        self._most = None
         is_open = any(row)
         if is_open != was_open:
             if is_open:

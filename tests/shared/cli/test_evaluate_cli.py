@@ -78,3 +78,22 @@ def test_a_policy_named_twice_and_a_directory_for_a_cluster_are_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"rltune eval: cluster file {tmp_path} is a directory: give a YAML file or "
                    "an openb CSV"]  # fmt: skip
+
+
+def test_a_previous_runs_per_job_files_do_not_stay_beside_this_ones_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"job_id": "a", "num_gpus": 1, "duration_s": 5}\n')
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes:\n  - {name: n, gpu_type: P100, gpus: 2}\n")
+    out = tmp_path / "o"
+    argv = ["eval", "--trace", str(trace), "--format", "jsonl", "--cluster", str(cluster)]
+    assert main([*argv, "--policies", "fifo,drf", "--out", str(out)]) == 0
+    (out / "notes.txt").write_text("mine")
+    assert main([*argv, "--policies", "drf", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("jobs-*.csv")) == ["jobs-drf.csv"]
+    assert (out / "notes.txt").read_text() == "mine"  # only eval's own files go
+    assert "removed jobs-fifo.csv" in capsys.readouterr().err
+    assert main([*argv, "--policies", "fifo", "--no-jobs", "--out", str(out)]) == 0
+    assert not list(out.glob("jobs-*.csv"))

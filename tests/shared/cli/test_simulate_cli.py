@@ -45,8 +45,10 @@ def test_json_to_stdout_has_exactly_the_metric_keys(
     assert main(sim(files, "--json", "-")) == 0
     out, err = capsys.readouterr()
     s = json.loads(out)
-    assert list(s) == list(SUMMARY_KEYS)
+    assert list(s) == [*SUMMARY_KEYS, "settings"]  # the metric keys, then the run's settings
     assert s["jobs"] == 2 and s["avg_jct_s"] == (100 + 140) / 2  # b waits for a: 10..100
+    assert s["settings"]["policy"] == "fifo" and s["settings"]["placer"] == "milp"
+    assert s["settings"]["repeat"] == 1 and s["settings"]["load"] is None
     assert "1 bad row" in err and "1 zero GPUs" in err
 
 
@@ -269,3 +271,42 @@ def test_a_cluster_of_mixed_speeds_without_a_reference_says_what_durations_mean(
     assert "names no reference" not in capsys.readouterr().err
     assert main([*argv, "--cluster", str(files["cluster"])]) == 0  # one type: no note
     assert "names no reference" not in capsys.readouterr().err
+
+
+def test_repeat_and_load_on_the_span_are_applied_and_recorded(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two jobs (1 GPU x 100 s at 0 s, 2 GPUs x 50 s at 10 s) on 2 GPUs, replayed three
+    times: copies every 20 s (span 10 s, n = 2); at load 0.5 on the span the gaps shrink
+    by the factor that makes the GPU-time inside the span half of span x capacity."""
+    out = files["dir"] / "jobs.csv"
+    argv = sim(files, "--repeat", "3", "--load", "0.5", "--load-basis", "span", "--json", "-")
+    assert main([*argv, "--jobs-out", str(out)]) == 0
+    s = json.loads(capsys.readouterr().out)
+    settings = s["settings"]
+    assert (settings["repeat"], settings["load"], settings["load_basis"]) == (3, 0.5, "span")
+    f = settings["load_factor"]
+    # the definition by hand: submits 0, 10, 20, 30, 40, 50 (s / f); span 50 / f
+    submits = [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
+    gpus, dur = [1, 2] * 3, [100.0, 50.0] * 3
+    inside = sum(g * min(d, (50.0 - t) / f) for g, d, t in zip(gpus, dur, submits, strict=True))
+    assert inside / (50.0 / f) / 2.0 == pytest.approx(0.5)
+    rows = out.read_text().splitlines()[1:]
+    assert sorted(r.split(",")[0] for r in rows) == [
+        "philly-1", "philly-1#1", "philly-1#2", "philly-2", "philly-2#1", "philly-2#2",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--repeat", "0"], "--repeat 0: give a number of copies, 1 or more"),
+        (["--load", "5", "--load-basis", "span"], "--load 5 --load-basis span: compressing"),
+    ],
+)
+def test_bad_repeat_or_unreachable_load_is_one_line(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    assert main(sim(files, *extra)) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
