@@ -156,6 +156,7 @@ def test_node_order_in_the_cluster_file_changes_nothing(tmp_path: Path, placer: 
         s = json.loads(summary.read_text())
         for key in ("placement_p50_ms", "placement_p99_ms"):
             del s[key]  # wall time
+        assert s.pop("settings")["cluster"] == str(cluster)  # (the file named differs)
         runs.append((s, jobs.read_bytes()))
     assert runs[0][0] == runs[1][0]
     assert runs[0][1] == runs[1][1]
