@@ -131,9 +131,10 @@ def _anchored(base: ClusterSpec, cluster: ClusterSpec) -> ClusterSpec:
     return dataclasses.replace(cluster, speed=MappingProxyType(speed), reference=pinned)
 
 
-def scenario_jobs(jobs: Sequence[TraceJob], s: Scenario) -> list[TraceJob]:
+def scenario_jobs(jobs: Sequence[TraceJob], s: Scenario, basis: str = "offered") -> list[TraceJob]:
     """The trace as scenario `s` runs it: dropped VCs out; arrivals compressed if the
-    scenario has its own `load=`, else as given (the base's). A dropped VC, or a queue
+    scenario has its own `load=` (a value of `basis`, as `--load-basis`), else as given
+    (the base's). A dropped VC, or a queue
     a change named, that is neither in the cluster nor in the trace is refused."""
     from shared.sim.load import compress_to_load
 
@@ -155,7 +156,7 @@ def scenario_jobs(jobs: Sequence[TraceJob], s: Scenario) -> list[TraceJob]:
     if not out:
         raise UserError(f"{s.label}: no job is left once drop-vc is applied")
     if s.load is not None:
-        out, _ = compress_to_load(out, s.cluster, s.load)
+        out, _ = compress_to_load(out, s.cluster, s.load, basis)
     return out
 
 

@@ -108,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
         TextColumn("{task.completed}/{task.total} jobs"),
         TimeElapsedColumn(),
     )
-    trace = [scenario_jobs(traces.jobs(s.cluster), s) for s in scenarios]  # (checked first)
+    trace = [  # (checked first)
+        scenario_jobs(traces.jobs(s.cluster), s, args.load_basis) for s in scenarios
+    ]
     if traces.factor is not None:
         print(
             f"--load {args.load} ({args.load_basis}): submission gaps divided by "
@@ -277,15 +279,15 @@ def _preamble(args: argparse.Namespace, stats: SkipStats, factor: float | None) 
         f"base: policy `{args.policy}`, placer `{args.placer}`, discipline "
         f"`{args.discipline}`, window {args.window}, seed {args.seed}"
         f"{interval_text(args.round_interval)}"
-        f"{_load_text(args.load, factor)}. Offered load: the scenario's GPU-time asked "
-        "per second of its submission span over its capacity.\n\n"
+        f"{_load_text(args.load, args.load_basis, factor)}. Offered load: the scenario's "
+        "GPU-time asked per second of its submission span over its capacity.\n\n"
     )
 
 
-def _load_text(load: float | None, factor: float | None) -> str:
+def _load_text(load: float | None, basis: str, factor: float | None) -> str:
     if load is None or factor is None:
         return ""
     return (
-        f", load {load} (submission gaps divided by {factor:.4g}, once for the base; every "
-        "scenario replays those arrivals)"
+        f", load {load} ({basis}; submission gaps divided by {factor:.4g}, once for the base; "
+        "every scenario replays those arrivals)"
     )

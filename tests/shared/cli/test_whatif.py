@@ -13,7 +13,7 @@ import pytest
 from shared.cli import main
 from shared.cluster import ClusterSpec, load_cluster, parse_cluster
 from shared.errors import UserError
-from shared.sim.load import offered_load
+from shared.sim.load import offered_load, span_load
 from shared.whatif import Scenario, apply, parse_variant, scenario_jobs
 from tests.paths import PHILLY
 
@@ -128,6 +128,8 @@ def test_scenario_jobs_drop_vcs_and_compress_to_the_scenario_load() -> None:
     out = scenario_jobs(jobs, s)
     assert [j.job_id for j in out] == [j.job_id for j in jobs if j.vc != vc]
     assert offered_load(out, s.cluster) == pytest.approx(0.9, rel=1e-9)  # of the half cluster
+    inside = scenario_jobs(jobs, s, "span")  # as --load-basis span: the GPU-time in the span
+    assert span_load(inside, s.cluster) == pytest.approx(0.9, rel=1e-6)
     with pytest.raises(UserError, match="no job of VC nope"):
         scenario_jobs(jobs, apply(_base(cluster), parse_variant("drop-vc=nope")))
 
