@@ -9,7 +9,7 @@ never mutate their inputs and never read a clock other than for `solver_ms`.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,6 +23,7 @@ __all__ = [
     "Placer",
     "Release",
     "RoundContext",
+    "most_free_by_type",
 ]
 
 # What happens to a window job that cannot start (DESIGN.md, "Scheduling round"):
@@ -114,3 +115,17 @@ class Placer(Protocol):
         nodes: Sequence[NodeFree],
         speed: Mapping[str, float],
     ) -> PlacementResult: ...
+
+
+def most_free_by_type(rows: Iterable[tuple[str, Sequence[int]]]) -> dict[str, int]:
+    """Per GPU type, the most milli-GPUs free on one GPU over `rows` ((type, free milli
+    of each GPU) per node); a type with nothing free is absent. A GPU-sharing job of
+    `milli` fits on type t exactly when the value for t is at least `milli`: what the
+    simulator's state and the placers keep until their next change, so a round's fit
+    tests of sharing jobs do not each scan every node."""
+    most: dict[str, int] = {}
+    for t, row in rows:
+        m = max(row, default=0)
+        if m > most.get(t, 0):
+            most[t] = m
+    return most

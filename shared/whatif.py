@@ -134,8 +134,8 @@ def _anchored(base: ClusterSpec, cluster: ClusterSpec) -> ClusterSpec:
 def scenario_jobs(jobs: Sequence[TraceJob], s: Scenario, basis: str = "offered") -> list[TraceJob]:
     """The trace as scenario `s` runs it: dropped VCs out; arrivals compressed if the
     scenario has its own `load=` (a value of `basis`, as `--load-basis`), else as given
-    (the base's). A dropped VC, or a queue
-    a change named, that is neither in the cluster nor in the trace is refused."""
+    (the base's). A dropped VC, or a queue a change named, that is neither in the
+    cluster nor in the trace is refused."""
     from shared.sim.load import compress_to_load
 
     out = [j for j in jobs if j.vc not in s.drop_vcs] if s.drop_vcs else list(jobs)

@@ -16,7 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.placement.reservation import Reservation
-from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, RoundContext
+from shared.placement_api import (
+    FULL_GPU,
+    Allocation,
+    JobRequest,
+    NodeFree,
+    RoundContext,
+    most_free_by_type,
+)
 
 __all__ = ["inversions", "violations"]
 
@@ -142,11 +149,9 @@ class _Left:
         if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
             most = self._most
             if most is None:  # (kept until the next take)
-                most = self._most = {}
-                for n, row in self.free.items():
-                    t, m = self.node_type[n], max(row, default=0)
-                    if m > most.get(t, 0):
-                        most[t] = m
+                most = self._most = most_free_by_type(
+                    (self.node_type[n], row) for n, row in self.free.items()
+                )
             return any(m >= job.gpu_milli for t, m in most.items() if job.allows(t))
         return sum(w for t, w in self.whole.items() if job.allows(t)) >= job.num_gpus
 

@@ -27,7 +27,14 @@ import heapq
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
-from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, PlacementResult
+from shared.placement_api import (
+    FULL_GPU,
+    Allocation,
+    JobRequest,
+    NodeFree,
+    PlacementResult,
+    most_free_by_type,
+)
 
 __all__ = ["GreedyPlacer", "GreedyState", "greedy_allocations"]
 
@@ -101,11 +108,8 @@ class GreedyState:
         if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
             most = self._most
             if most is None:  # (kept until the next change)
-                most = self._most = {
-                    t: max((max(self.free[i], default=0) for i in ns), default=0)
-                    for t, ns in self.by_type.items()
-                }
-            return any(most[t] >= job.gpu_milli for t in self.allowed(job))
+                most = self._most = most_free_by_type(zip(self.type, self.free, strict=True))
+            return any(most.get(t, 0) >= job.gpu_milli for t in self.allowed(job))
         return sum(self.whole_by_type[t] for t in self.allowed(job)) >= job.num_gpus
 
     # ---- changes ------------------------------------------------------------------------

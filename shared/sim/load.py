@@ -102,13 +102,29 @@ def span_load_limit(jobs: Sequence[TraceJob], cluster: ClusterSpec) -> float:
     running at the last submission."""
     if len(jobs) < 2:
         return 0.0
-    times = np.fromiter((j.submit_s for j in jobs), np.float64, len(jobs))
-    first, end = float(times.min()), float(times.max())
-    if end <= first:
+    times = [j.submit_s for j in jobs]
+    if max(times) <= min(times):
         return float("inf")
-    gpus = np.fromiter((j.num_gpus * j.gpu_milli / 1000.0 for j in jobs), np.float64, len(jobs))
-    ran = np.fromiter((bool(j.duration_s) for j in jobs), np.bool_, len(jobs))
-    return float((gpus * ran * (end - times)).sum() / (end - first) / capacity(cluster))
+    return _limit(*_span_columns(jobs, cluster))
+
+
+def _span_columns(
+    jobs: Sequence[TraceJob], cluster: ClusterSpec
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per job of a trace with a submission span, (GPUs / (span x capacity), duration
+    (0 if unknown), time from its submission to the last one), uncompressed: span_load
+    after dividing the gaps by f is sum(weight x min(duration x f, left))."""
+    n = len(jobs)
+    times = np.fromiter((j.submit_s for j in jobs), np.float64, n)
+    gpus = np.fromiter((j.num_gpus * j.gpu_milli / 1000.0 for j in jobs), np.float64, n)
+    dur = np.fromiter((j.duration_s or 0.0 for j in jobs), np.float64, n)
+    left = times.max() - times
+    return gpus / (left.max() * capacity(cluster)), dur, left
+
+
+def _limit(weight: np.ndarray, dur: np.ndarray, left: np.ndarray) -> float:
+    """`span_load_limit` from `_span_columns`: every job that runs at all, to the end."""
+    return float((weight * left)[dur > 0].sum())
 
 
 def repeat(jobs: Sequence[TraceJob], copies: int) -> list[TraceJob]:
@@ -162,22 +178,17 @@ def _span_factor(
 ) -> float:
     """The factor at which `span_load` is `load` (relative precision 1e-9), from `start`,
     where `span_load` <= `offered_load` = `load`."""
-    limit = span_load_limit(jobs, cluster)
+    weight, dur, left = _span_columns(jobs, cluster)
+    limit = _limit(weight, dur, left)
     if load > limit:
         raise UserError(
             f"--load {load:g} --load-basis span: compressing this trace's arrivals reaches "
             f"a span load of {limit:.3g} at most (every job still running at the last "
             "submission); --repeat K replays the trace K times"
         )
-    n = len(jobs)
-    times = np.fromiter((j.submit_s for j in jobs), np.float64, n)
-    gpus = np.fromiter((j.num_gpus * j.gpu_milli / 1000.0 for j in jobs), np.float64, n)
-    dur = np.fromiter((j.duration_s or 0.0 for j in jobs), np.float64, n)
-    left = times.max() - times  # time to the last submission, uncompressed
-    work_over = gpus / (left.max() * capacity(cluster))
 
     def at(factor: float) -> float:  # span_load after dividing gaps by factor
-        return float((work_over * np.minimum(dur * factor, left)).sum())
+        return float((weight * np.minimum(dur * factor, left)).sum())
 
     lo = hi = start
     while at(hi) < load:

@@ -13,7 +13,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable
 
 from shared.cluster import ClusterSpec
-from shared.placement_api import FULL_GPU, Allocation, NodeFree
+from shared.placement_api import FULL_GPU, Allocation, NodeFree, most_free_by_type
 
 __all__ = ["Claim", "ClusterState"]
 
@@ -53,11 +53,9 @@ class ClusterState:
             return True
         most = self._most
         if most is None:  # (kept until the next change: a round asks for every window job)
-            most = self._most = {}
-            for i in self._open:
-                m, t = max(self.free[i]), self.node_type[i]
-                if m > most.get(t, 0):
-                    most[t] = m
+            most = self._most = most_free_by_type(
+                (self.node_type[i], self.free[i]) for i in self._open
+            )
         if not types:
             return max(most.values(), default=0) >= milli
         return any(most.get(t, 0) >= milli for t in types)

@@ -61,14 +61,19 @@ def test_jobs_file_names_stay_in_the_output_folder() -> None:
     assert jobs_file("rl:/tmp/a b/x.v2.pt") == "jobs-rl_x.v2.csv"
 
 
-def test_a_policy_named_twice_and_a_directory_for_a_cluster_are_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-
+def _one_job(tmp_path: Path) -> tuple[Path, Path]:
+    """(a JSON-lines trace of one 5 s 1-GPU job, a cluster of one 2-GPU node) in tmp_path."""
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"job_id": "a", "num_gpus": 1, "duration_s": 5}\n')
     cluster = tmp_path / "c.yaml"
     cluster.write_text("nodes:\n  - {name: n, gpu_type: P100, gpus: 2}\n")
+    return trace, cluster
+
+
+def test_a_policy_named_twice_and_a_directory_for_a_cluster_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace, cluster = _one_job(tmp_path)
     argv = ["eval", "--trace", str(trace), "--format", "jsonl", "--out", str(tmp_path / "o")]
     assert main([*argv, "--cluster", str(cluster), "--policies", "fifo,drf,fifo"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
@@ -83,10 +88,7 @@ def test_a_policy_named_twice_and_a_directory_for_a_cluster_are_one_line(
 def test_a_previous_runs_per_job_files_do_not_stay_beside_this_ones_summary(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    trace = tmp_path / "t.jsonl"
-    trace.write_text('{"job_id": "a", "num_gpus": 1, "duration_s": 5}\n')
-    cluster = tmp_path / "c.yaml"
-    cluster.write_text("nodes:\n  - {name: n, gpu_type: P100, gpus: 2}\n")
+    trace, cluster = _one_job(tmp_path)
     out = tmp_path / "o"
     argv = ["eval", "--trace", str(trace), "--format", "jsonl", "--cluster", str(cluster)]
     assert main([*argv, "--policies", "fifo,drf", "--out", str(out)]) == 0
