@@ -38,7 +38,14 @@ docs/rl-policy-experiments.md), and for 2c < GAP the order across VCs stays drf'
 
 Observation normalisation: running mean and variance of the job and cluster
 features (CleanRL's RunningMeanStd), kept as buffers so a checkpoint carries
-them; the trainer updates them between PPO iterations, never inside one.
+them; the trainer updates them between PPO iterations, never inside one. A
+feature that never varied in training (`RunningMeanStd.varies`: the share of a
+GPU and the allowed types on Philly, where every job asks for whole GPUs of any
+type) is fed to the network as 0, its training value, whatever it is when
+serving: its weights were never trained on it, and dividing by its near-zero
+variance would turn any other value into the clip bound (10) times those
+untrained weights, an arbitrary push. Such a job is scored as the jobs it
+resembles in every feature that did vary.
 """
 
 from __future__ import annotations
@@ -79,12 +86,30 @@ class RunningMeanStd(nn.Module):
     var: torch.Tensor
     count: torch.Tensor
 
+    PRIOR_COUNT = 1e-4  # the prior (mean 0, variance 1) weighs this many rows
+
     def __init__(self, dim: int, clip: float = 10.0) -> None:
         super().__init__()
         self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
         self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
-        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(self.PRIOR_COUNT, dtype=torch.float64))
         self.clip = clip
+
+    def varies(self) -> torch.Tensor:
+        """[dim] bool: False where every row folded in had one value (a constant).
+
+        From the buffers alone, so checkpoints made before it are judged too: after N
+        rows all equal to c, the sum of squared deviations is what the prior left,
+        n0 * (1 + c^2 N / (n0 + N)) <= n0 * (1 + c^2), with n0 = PRIOR_COUNT, while
+        one row off the others by d adds about d^2 (a share of 0.5 among whole GPUs:
+        0.25, three orders above). Twice the prior's part is the cut. Before any row
+        (count below 1) every feature counts as varying: an untrained network
+        normalises as it always did.
+        """
+        if float(self.count) < 1.0:
+            return torch.ones_like(self.var, dtype=torch.bool)
+        m2 = self.var * self.count
+        return m2 > 2.0 * self.PRIOR_COUNT * (1.0 + self.mean.pow(2))
 
     def update(self, rows: np.ndarray) -> None:
         """Fold in `rows` [n, dim]."""
@@ -103,7 +128,8 @@ class RunningMeanStd(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mean = self.mean.to(x.dtype)
         std = torch.sqrt(self.var.to(x.dtype) + 1e-8)
-        return torch.clamp((x - mean) / std, -self.clip, self.clip)
+        live = self.varies().to(x.dtype)  # constants in training: 0 (module doc)
+        return torch.clamp((x - mean) / std, -self.clip, self.clip) * live
 
 
 def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
@@ -196,10 +222,10 @@ class WindowScorer:
         def arr(t: torch.Tensor) -> np.ndarray:
             return np.ascontiguousarray(t.detach().to(torch.float32).cpu().numpy())
 
-        def norm(rms: RunningMeanStd) -> tuple[np.ndarray, np.ndarray, float]:
+        def norm(rms: RunningMeanStd) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
             mean = arr(rms.mean)
             std = np.sqrt(arr(rms.var) + np.float32(1e-8))  # forward's float32 order
-            return mean, std, rms.clip
+            return mean, std, rms.clip, arr(rms.varies())
 
         self._job_norm, self._global_norm = norm(net.job_norm), norm(net.global_norm)
         l1, l2, h1, h2 = (cast(nn.Linear, m) for m in (net.embed[0], net.embed[2],
@@ -217,13 +243,14 @@ class WindowScorer:
         """Scores [n] of the jobs `x` [n, n_job] (every row a job) in cluster `g` [n_global]."""
         if self._versions() != self._seen:
             self._copy_weights()
-        mean, std, clip = self._job_norm
-        xn = np.clip((x.astype(np.float32, copy=False) - mean) / std, -clip, clip)
+        mean, std, clip, live = self._job_norm
+        xn = np.clip((x.astype(np.float32, copy=False) - mean) / std, -clip, clip) * live
         e = np.tanh(np.tanh(xn @ self._w1 + self._b1) @ self._w2 + self._b2)
         hid = e @ self._wh_e + self._bh
         if self.net.cfg.context:
-            gmean, gstd, gclip = self._global_norm
+            gmean, gstd, gclip, glive = self._global_norm
             gn = np.clip((g.astype(np.float32, copy=False) - gmean) / gstd, -gclip, gclip)
+            gn *= glive
             pooled = e.sum(0) / np.float32(max(len(e), 1))
             hid += np.concatenate([pooled, gn]) @ self._wh_ctx
         out: np.ndarray = (np.tanh(hid) @ self._wo + self._bo + xn @ self._wl)[:, 0]

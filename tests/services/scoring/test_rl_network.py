@@ -75,3 +75,61 @@ def test_running_mean_std_matches_numpy() -> None:
     np.testing.assert_allclose(
         z.numpy(), (allx[:3] - allx.mean(0)) / np.sqrt(allx.var(0)), rtol=1e-3
     )
+
+
+def test_varies_tells_constant_columns_from_the_buffers() -> None:
+    """A column folded in at one value only (in many batches) is constant; one row off
+    by 0.5 among 100,000, or a column of small but real spread, varies; before any row
+    every column counts as varying."""
+    assert RunningMeanStd(3).varies().tolist() == [True, True, True]
+    rms = RunningMeanStd(4)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        rows = np.empty((10_000, 4))
+        rows[:, 0] = 1.0  # constant 1 (a share of one GPU)
+        rows[:, 1] = 0.0  # constant 0 (attained service without preemption)
+        rows[:, 2] = 1.0
+        rows[:, 3] = rng.normal(0.01, 0.003, 10_000)  # small values, real spread
+        rms.update(rows)
+    assert rms.varies().tolist() == [False, False, False, True]
+    odd = np.array([[1.0, 0.0, 0.5, 0.01]])  # column 2 off by 0.5, once
+    rms.update(odd)
+    assert rms.varies().tolist() == [False, False, True, True]
+
+
+def test_a_column_constant_in_training_does_not_move_scores() -> None:
+    """Serving a value the network never saw in a constant column (a GPU share where
+    training had only whole GPUs) changes no score, in the module and the numpy
+    scorer alike, while a column that varied does change them."""
+    from services.scoring.rl.network import WindowScorer
+
+    torch.manual_seed(1)
+    net = ScoreNet(NetConfig(n_job=6, n_global=3, hidden=16, context=True))
+    rng = np.random.default_rng(1)
+    train = rng.normal(size=(5_000, 6))
+    train[:, 1] = 1.0
+    with torch.no_grad():
+        net.linear.weight.normal_()
+        net.job_norm.update(train)
+        net.global_norm.update(rng.normal(size=(100, 3)))
+    net.eval()
+    scorer = WindowScorer(net)
+    x = rng.normal(size=(7, 6)).astype(np.float32)
+    x[:, 1] = 1.0
+    g = rng.normal(size=3).astype(np.float32)
+    mask = torch.ones(1, 7, dtype=torch.bool)
+
+    def module(v: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            s, _ = net(torch.as_tensor(v[None]), mask, torch.as_tensor(g[None]))
+        out: np.ndarray = s[0].numpy()
+        return out
+
+    shared = x.copy()
+    shared[:3, 1] = np.array([0.5, 0.25, 0.1], dtype=np.float32)
+    np.testing.assert_array_equal(module(shared), module(x))
+    np.testing.assert_array_equal(scorer(shared, g), scorer(x, g))
+    moved = x.copy()
+    moved[:3, 0] += 1.0
+    assert not np.allclose(module(moved), module(x))
+    assert not np.allclose(scorer(moved, g), scorer(x, g))
