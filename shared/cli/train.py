@@ -72,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
         from shared.sim.offload_jobs import describe_marking
 
         console.print(describe_marking(targs.offload_fraction, targs.seed))
+    if targs.share_fraction:
+        from shared.sim.share_jobs import describe_shares
+
+        console.print(describe_shares(targs.share_fraction, targs.seed))
     start = time.perf_counter()
     columns = (
         TextColumn("PPO"),

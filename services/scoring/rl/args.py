@@ -156,6 +156,9 @@ class Args:
     """CSV of every iteration's scalars (default: `out` with .csv)"""
     offload_fraction: float = 0.0
     """mark this seeded share of the jobs as offloading (sizes as `simulate`; 0: none)"""
+    share_fraction: float = 0.0
+    """make this seeded share of the whole one-GPU jobs GPU shares of 1/4, 1/2 or 3/4
+    of a GPU (shared/sim/share_jobs.py; 0: none)"""
     offload_reward: float = 0.0
     """weight of the reward's offload part (shared/offload_signal.py) against the
     objective's gain: + W x (part under the policy - part under the baseline)"""
@@ -206,6 +209,8 @@ def validate(args: Args) -> None:
         raise UserError("--max-wait-h must be 0 or more")
     if not 0.0 <= args.offload_fraction <= 1.0:
         raise UserError("--offload-fraction must be between 0 and 1")
+    if not 0.0 <= args.share_fraction <= 1.0:
+        raise UserError("--share-fraction must be between 0 and 1")
     if args.offload_reward < 0:
         raise UserError("--offload-reward must be 0 or more")
     if not 0 < args.load_lo <= args.load_hi:

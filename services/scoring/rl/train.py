@@ -46,6 +46,7 @@ from shared.errors import UserError
 from shared.policy_features import GLOBAL_FEATURES
 from shared.sim import load_jobs
 from shared.sim.offload_jobs import describe_marking, mark_offloading
+from shared.sim.share_jobs import describe_shares, mark_shares
 from shared.traces import SkipStats, TraceJob
 
 __all__ = [
@@ -83,6 +84,8 @@ def load_world(args: Args) -> tuple[list[TraceJob], list[ClusterSpec], list[Trac
     jobs = load_jobs(args.trace, args.format, clusters[0], SkipStats())
     if args.offload_fraction:
         jobs = mark_offloading(jobs, args.offload_fraction, args.seed)
+    if args.share_fraction:
+        jobs = mark_shares(jobs, args.share_fraction, args.seed)
     until, val_from = when(args.until), when(args.val_from)
     end = until if until is not None else math.inf
     split = val_from if val_from is not None else end
@@ -314,6 +317,8 @@ def train(
     }
     if args.offload_fraction:
         meta["offload_marking"] = describe_marking(args.offload_fraction, args.seed)
+    if args.share_fraction:
+        meta["share_marking"] = describe_shares(args.share_fraction, args.seed)
     # ---- rollout workers; validation episodes and the best heuristic on them ----
     rollouts = Rollouts(functools.partial(_train_world, args), args.workers)
     val = Rollouts(functools.partial(_val_world, args), 0) if val_jobs else None

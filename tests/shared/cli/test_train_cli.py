@@ -88,6 +88,7 @@ def test_train_ablation_features_and_the_wait_bound(tmp_path: Path) -> None:
         (["--iterations", "0"], "--iterations must be positive"),
         (["--until", "yesterday"], "cannot read time 'yesterday'"),
         (["--offload-fraction", "1.5"], "--offload-fraction must be between 0 and 1"),
+        (["--share-fraction", "-0.1"], "--share-fraction must be between 0 and 1"),
         (["--reward", "job"], "--reward 'job'"),
         (["--teacher", "oracle"], "--teacher 'oracle'"),
         (["--max-wait-h", "-1"], "--max-wait-h must be 0 or more"),
@@ -126,6 +127,18 @@ def test_train_with_offload_reward_and_feature(tmp_path: Path) -> None:
     assert ckpt.features[-1] == "offload_pressure" and ckpt.net.cfg.n_job == len(ckpt.features)
     assert "50% of jobs" in ckpt.meta["offload_marking"]
     assert ckpt.meta["args"]["offload_reward"] == 1.0
+
+
+def test_train_with_shares_sees_the_share_vary(tmp_path: Path) -> None:
+    """`--share-fraction` makes some one-GPU jobs GPU shares (stated in the checkpoint),
+    so the `share` column is one the network saw vary, not a constant it ignores."""
+    assert main(_train(tmp_path, "w.pt", "--iterations", "1")) == 0
+    assert main(_train(tmp_path, "s.pt", "--iterations", "1", "--share-fraction", "1")) == 0
+    col = list(load_checkpoint(tmp_path / "w.pt").features).index("share")
+    whole, shares = (load_checkpoint(tmp_path / f"{n}.pt") for n in ("w", "s"))
+    assert "share_marking" not in whole.meta and not bool(whole.net.job_norm.varies()[col])
+    assert "100% of whole one-GPU jobs" in shares.meta["share_marking"]
+    assert bool(shares.net.job_norm.varies()[col])
 
 
 def test_train_privileged_teacher_and_round_credit(tmp_path: Path) -> None:
