@@ -114,6 +114,25 @@ class SimSettings:
     # None: when the first round is asked (`rltune up` passes its replay's start)
     epoch: float | None = None
 
+    def run_settings(self) -> dict[str, object]:
+        """The summary JSON's `settings` (as simulate's, `shared.cli.simulate.run_settings`,
+        for what this service has), plus the policy and how time ran."""
+        return {
+            "trace": self.trace,
+            "format": self.format,
+            "cluster": self.cluster,
+            "limit": self.limit,
+            "policy": self.policy,
+            "placer": self.placer,
+            "discipline": self.discipline,
+            "window": self.window,
+            "round_interval_s": self.round_interval_s,
+            "preempt": self.preempt,
+            "offload_fraction": self.offload_fraction,
+            "seed": self.seed,
+            "time": "lockstep" if self.lockstep else f"real time x{self.speedup:g}",
+        }
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", default=SimSettings.trace, help="trace file to simulate")
@@ -492,7 +511,7 @@ async def serve(
             if conf.json_out:
                 from shared.cli.simulate import write_json
 
-                write_json(result.summary(), conf.json_out)
+                write_json({**result.summary(), "settings": conf.run_settings()}, conf.json_out)
             x = stats.extra
             log.info(
                 "done: %d rounds asked, %d recovered from the topics; %s",

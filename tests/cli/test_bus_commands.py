@@ -44,6 +44,8 @@ def test_up_replays_the_sample_until_done(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     final = json.loads(out.read_text())
     assert final["jobs"] == 200 and final["rejected"] == {}
+    assert final["settings"]["limit"] == 200 and final["settings"]["placer"] == "greedy"
+    assert final["settings"]["time"] == "real time x1e+07"
     records = read_jobs_csv(jobs)
     assert len(records) == 200 and all(len(rec.segments) == 1 for rec in records)
     again = summarize(records, load_cluster(CLUSTER).total_gpus)
