@@ -122,6 +122,8 @@ def _preamble(args: argparse.Namespace, n: int, stats: SkipStats, gpus: int) -> 
 def _arrivals(args: argparse.Namespace) -> str:
     """How the arrivals were replayed and compressed, for the preamble ("" if not)."""
     text = f", the jobs replayed {args.repeat} times back to back" if args.repeat != 1 else ""
+    if args.share_fraction:
+        text += f", {args.share_fraction:.0%} of whole one-GPU jobs made GPU shares (seeded)"
     factor = getattr(args, "load_factor", None)
     if args.load is not None and factor is not None:
         text += (

@@ -125,6 +125,14 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "10Cache offload, sizes drawn from well-known models by GPU count (default 0: off; "
         "the distribution is printed when used)",
     )
+    p.add_argument(
+        "--share-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="make a seeded fraction F of the whole one-GPU jobs GPU shares of 1/4, 1/2 or "
+        "3/4 of a GPU, run times as recorded, before --load compresses (default 0: off)",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -148,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
     from services.scoring.policies import make_policy
     from shared.sim import simulate, write_jobs_csv
     from shared.sim.offload_jobs import describe_marking
+    from shared.sim.share_jobs import describe_shares
 
     sim_config(args)  # flags checked before the trace is read
     if args.json and args.jobs_out and args.json == args.jobs_out:
@@ -164,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
     summary["settings"] = {"policy": args.policy, **run_settings(args)}
     if args.offload_fraction > 0:
         summary["offload_marking"] = describe_marking(args.offload_fraction, args.seed)
+    if args.share_fraction > 0:
+        summary["share_marking"] = describe_shares(args.share_fraction, args.seed)
     replace = getattr(placer, "replace", None)
     if replace is not None:
         summary["offload_replace"] = replace.describe()
@@ -229,6 +240,8 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
 
     if args.window <= 0:
         raise UserError(f"--window must be positive, got {args.window}")
+    if not 0.0 <= args.share_fraction <= 1.0:
+        raise UserError(f"--share-fraction must be within [0, 1], got {args.share_fraction}")
     return SimConfig(
         window=args.window,
         seed=args.seed,
@@ -354,17 +367,32 @@ def load_run_jobs(
             ) from None
     since, until = bounds
     if since is None and until is None:
-        return _compressed(
-            args, cluster, load_jobs(args.trace, args.format, cluster, stats, args.limit)
-        )
-    jobs = [
-        j
-        for j in load_jobs(args.trace, args.format, cluster, stats)
-        if (since is None or j.submit_s >= since) and (until is None or j.submit_s < until)
-    ]
-    if not jobs:
-        raise UserError(f"{args.trace}: no job submitted in [--since, --until)")
-    return _compressed(args, cluster, jobs[: args.limit] if args.limit is not None else jobs)
+        jobs = load_jobs(args.trace, args.format, cluster, stats, args.limit)
+    else:
+        jobs = [
+            j
+            for j in load_jobs(args.trace, args.format, cluster, stats)
+            if (since is None or j.submit_s >= since) and (until is None or j.submit_s < until)
+        ]
+        if not jobs:
+            raise UserError(f"{args.trace}: no job submitted in [--since, --until)")
+        jobs = jobs[: args.limit] if args.limit is not None else jobs
+    return _compressed(args, cluster, _shares(args, jobs))
+
+
+def _shares(args: argparse.Namespace, jobs: list[TraceJob]) -> list[TraceJob]:
+    """`--share-fraction`: GPU shares (seeded), before compression so that `--load` is
+    the load of what runs; said on stderr."""
+    fraction = args.share_fraction
+    if not fraction:
+        return jobs
+    from shared.sim.share_jobs import describe_shares, mark_shares
+
+    marked = mark_shares(jobs, fraction, args.seed)
+    n = sum(a.gpu_milli != b.gpu_milli for a, b in zip(jobs, marked, strict=True))
+    print(f"{describe_shares(fraction, args.seed)}; {n} of {len(marked)} jobs made shares",
+          file=sys.stderr)  # fmt: skip
+    return marked
 
 
 def _compressed(
@@ -414,6 +442,7 @@ def run_settings(args: argparse.Namespace) -> dict[str, Any]:
         "round_interval_s": args.round_interval,
         "preempt": args.preempt,
         "offload_fraction": args.offload_fraction,
+        "share_fraction": args.share_fraction,
         "seed": args.seed,
     }
 

@@ -297,11 +297,36 @@ def test_repeat_and_load_on_the_span_are_applied_and_recorded(
     ]  # fmt: skip
 
 
+def test_shares_are_made_before_the_load_is_measured(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--share-fraction 1` makes the 1-GPU job a GPU share (the 2-GPU job stays whole),
+    says so on stderr and in the JSON, and `--load` is the load of the shared job: the
+    offered load of (g x milli / 1000 x d) over the span, the definition by hand."""
+    from shared.sim.share_jobs import SHARE_MILLI
+
+    out = files["dir"] / "jobs.csv"
+    argv = sim(files, "--share-fraction", "1", "--load", "0.5", "--json", "-")
+    assert main([*argv, "--jobs-out", str(out)]) == 0
+    captured = capsys.readouterr()
+    s = json.loads(captured.out)
+    assert "100% of whole one-GPU jobs made GPU shares (seed 0)" in captured.err
+    assert "1 of 2 jobs made shares" in captured.err
+    assert s["settings"]["share_fraction"] == 1.0 and "0.25, 0.5, 0.75" in s["share_marking"]
+    rows = {r.split(",")[0]: r.split(",") for r in out.read_text().splitlines()[1:]}
+    milli = int(rows["philly-1"][6])
+    assert milli in SHARE_MILLI and rows["philly-2"][6] == "1000"
+    # offered load: (1 x milli/1000 x 100 + 2 x 50) / (10 / f) / 2 GPUs = 0.5
+    f = s["settings"]["load_factor"]
+    assert (milli / 1000 * 100 + 2 * 50) / (10 / f) / 2 == pytest.approx(0.5)
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
         (["--repeat", "0"], "--repeat 0: give a number of copies, 1 or more"),
         (["--load", "5", "--load-basis", "span"], "--load 5 --load-basis span: compressing"),
+        (["--share-fraction", "2"], "--share-fraction must be within [0, 1], got 2.0"),
     ],
 )
 def test_bad_repeat_or_unreachable_load_is_one_line(
