@@ -26,6 +26,13 @@ Per cluster, a fixed length whatever the GPU types (GLOBAL_FEATURES): free /
 total GPUs, waiting demand / total, fragmentation, log10 queue length, log10
 mean run of every finished job. `cluster_features` is the per-type variant.
 
+Two columns carry the same number whenever the estimate is 10 s or more
+(almost always): `log_est_bsld`, log10 of (wait + est) / max(est, 10 s), and
+`log_wait_over_est`, log10(1 + wait / max(est, 10 s)); they differ only for
+estimates under 10 s. A redundant input costs the network nothing but a
+column; removing it would change the feature list every checkpoint records,
+so it stays.
+
 It never reads a run time it should not: its inputs are `QueuedJob` (which has
 no run-time field) and `Observation`, whose only run times are `History`'s
 (finished jobs). HISTORY_FEATURES are the columns that come from `History`
