@@ -52,6 +52,7 @@ def add_slice_args(p: argparse.ArgumentParser, policies: str) -> None:
     p.add_argument("--until", default="")
     p.add_argument("--load", default="", help="compress arrivals to this load (as simulate)")
     p.add_argument("--placer", default="milp")
+    p.add_argument("--share-fraction", default="", help="GPU shares (as simulate)")
 
 
 def simulate_args(a: argparse.Namespace) -> argparse.Namespace:
@@ -60,6 +61,7 @@ def simulate_args(a: argparse.Namespace) -> argparse.Namespace:
     cli.register(sub)
     extra = ["--until", a.until] if a.until else []
     extra += ["--load", a.load] if a.load else []
+    extra += ["--share-fraction", a.share_fraction] if a.share_fraction else []
     return sub.choices["simulate"].parse_args(
         ["--trace", a.trace, "--format", "philly", "--cluster", a.cluster, "--since", a.since,
          "--policy", "fifo", "--placer", a.placer, *extra]
@@ -95,7 +97,8 @@ def main(argv: list[str]) -> int:
     ref = np.asarray(bsld[against])
     print(
         f"avg bsld over {len(ref)} orders ({a.seeds}), {a.cluster} {a.placer}, "
-        f"{a.since}..{a.until or 'end'}, load {a.load or 'as traced'}:",
+        f"{a.since}..{a.until or 'end'}, load {a.load or 'as traced'}"
+        f"{f', shares {a.share_fraction}' if a.share_fraction else ''}:",
         file=sys.stderr,
     )
     for name in names:
