@@ -237,12 +237,11 @@ def mark_offload(args: argparse.Namespace, jobs: list[TraceJob]) -> list[TraceJo
 
 def sim_config(args: argparse.Namespace) -> SimConfig:
     from shared.sim import SimConfig
+    from shared.sim.share_jobs import check_fraction
 
     if args.window <= 0:
         raise UserError(f"--window must be positive, got {args.window}")
-    share = getattr(args, "share_fraction", 0.0)  # benches that do not offer it
-    if not 0.0 <= share <= 1.0:
-        raise UserError(f"--share-fraction must be within [0, 1], got {share}")
+    check_fraction(getattr(args, "share_fraction", 0.0))  # benches that do not offer it
     return SimConfig(
         window=args.window,
         seed=args.seed,

@@ -20,7 +20,7 @@ from shared.errors import UserError
 from shared.placement_api import FULL_GPU
 from shared.traces import TraceJob
 
-__all__ = ["SHARE_MILLI", "describe_shares", "mark_shares"]
+__all__ = ["SHARE_MILLI", "check_fraction", "describe_shares", "mark_shares"]
 
 SHARE_MILLI = (250, 500, 750)  # thousandths of one GPU a marked job asks for
 
@@ -33,10 +33,15 @@ def describe_shares(fraction: float, seed: int) -> str:
     )
 
 
-def mark_shares(jobs: Sequence[TraceJob], fraction: float, seed: int) -> list[TraceJob]:
-    """`jobs` with a seeded `fraction` of the whole one-GPU ones made GPU shares."""
+def check_fraction(fraction: float) -> None:
+    """UserError (one line) unless `fraction` is a share of jobs, in [0, 1]."""
     if not 0.0 <= fraction <= 1.0:
         raise UserError(f"--share-fraction must be within [0, 1], got {fraction}")
+
+
+def mark_shares(jobs: Sequence[TraceJob], fraction: float, seed: int) -> list[TraceJob]:
+    """`jobs` with a seeded `fraction` of the whole one-GPU ones made GPU shares."""
+    check_fraction(fraction)
     rng = random.Random(f"share-{seed}")
     out = []
     for j in jobs:
