@@ -118,7 +118,7 @@ def inversions(
         passed |= fits
         if discipline == "easy" and res is None and not fits:
             est = {j.job_id: j.est_run_s for j in jobs}
-            res = Reservation(job, left.free, left.node_type, ctx, ahead, est)
+            res = Reservation(job, left.free, left.node_type, ctx, ahead, est, left.whole)
             if res.at == float("inf"):
                 res = None
     return count

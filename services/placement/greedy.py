@@ -76,24 +76,34 @@ class GreedyState:
     """Free capacity being handed out one job at a time (a private copy of `nodes`)."""
 
     def __init__(self, nodes: Sequence[NodeFree], speed: Mapping[str, float]) -> None:
-        names = [n.node_id for n in nodes]
-        order = sorted(range(len(nodes)), key=names.__getitem__)
-        self.ids = [nodes[i].node_id for i in order]
-        self.type = [nodes[i].gpu_type for i in order]
-        self.free = [list(nodes[i].free_milli) for i in order]
+        lay = _layout(nodes)
+        # shared with other states of the same nodes: never modified
+        self.ids, self.type, self.by_type = lay.ids, lay.type, lay.by_type
+        # free milli per node (name order): the input's rows, each copied on its first
+        # change (`_row`), so a round that places a few jobs copies a few rows
+        self.free: list[Sequence[int]] = [nodes[i].free_milli for i in lay.order]
+        self._own: set[int] = set()  # positions whose row is this state's copy
         self.whole = [row.count(FULL_GPU) for row in self.free]
-        by_type: dict[str, list[int]] = {}
-        for i, t in enumerate(self.type):
-            by_type.setdefault(t, []).append(i)
-        self.by_type = by_type  # node positions (name order) per type
-        self.types = sorted(by_type, key=lambda t: (-speed.get(t, 1.0), t))  # fastest first
-        self.whole_by_type = {t: sum(self.whole[i] for i in ns) for t, ns in by_type.items()}
+        self.types = sorted(self.by_type, key=lambda t: (-speed.get(t, 1.0), t))  # fastest first
+        whole_by_type = dict.fromkeys(self.by_type, 0)
+        for t, w in zip(self.type, self.whole, strict=True):
+            whole_by_type[t] += w
+        self.whole_by_type = whole_by_type
         self._allowed: dict[frozenset[str], list[str]] = {}
         # best fit without a scan: per type, per count w of whole free GPUs, a heap of the
         # positions of nodes that had w when pushed (stale entries dropped when seen);
         # built on the first whole-GPU placement
         self._fit: dict[str, list[list[int]]] | None = None
         self._most: dict[str, int] | None = None  # per type, the most free on one GPU
+
+    def _row(self, i: int) -> list[int]:
+        """Node `i`'s free row, made this state's own before it is changed."""
+        if i in self._own:
+            return self.free[i]  # type: ignore[return-value]  # a list made below
+        row = list(self.free[i])
+        self.free[i] = row
+        self._own.add(i)
+        return row
 
     # ---- queries ------------------------------------------------------------------------
     def allowed(self, job: JobRequest) -> list[str]:
@@ -106,11 +116,20 @@ class GreedyState:
     def fits(self, job: JobRequest) -> bool:
         """Whether `job` alone could start on what is free now (exact)."""
         if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
+            if any(self.whole_by_type[t] for t in self.allowed(job)):
+                return True  # a whole free GPU holds any share
             most = self._most
             if most is None:  # (kept until the next change)
                 most = self._most = most_free_by_type(zip(self.type, self.free, strict=True))
             return any(most.get(t, 0) >= job.gpu_milli for t in self.allowed(job))
         return sum(self.whole_by_type[t] for t in self.allowed(job)) >= job.num_gpus
+
+    def snapshot(self) -> dict[str, Sequence[int]]:
+        """Free milli per node now, by node id: rows that later changes here leave alone."""
+        snap = dict(zip(self.ids, self.free, strict=True))
+        for i in self._own:
+            snap[self.ids[i]] = tuple(self.free[i])
+        return snap
 
     # ---- changes ------------------------------------------------------------------------
     def place(self, job: JobRequest) -> Allocation | None:
@@ -131,7 +150,7 @@ class GreedyState:
         self._most = None
         for node_id, idx in alloc.gpus:
             i = pos[node_id]
-            row = self.free[i]
+            row = self._row(i)
             for g in idx:
                 row[g] += alloc.gpu_milli
                 if row[g] == FULL_GPU:
@@ -177,7 +196,7 @@ class GreedyState:
                     return
 
     def _give(self, i: int, idx: Sequence[int], milli: int) -> None:
-        row = self.free[i]
+        row = self._row(i)
         self._most = None
         for g in idx:
             if row[g] == FULL_GPU:
@@ -264,3 +283,33 @@ class GreedyState:
         got = tuple(g for g, f in enumerate(self.free[i]) if f == FULL_GPU)[:k]
         self._give(i, got, FULL_GPU)
         return got
+
+
+class _Layout:
+    """What a `GreedyState` derives from the nodes' names and types alone: the name
+    order, and the positions of each type's nodes in it."""
+
+    __slots__ = ("by_type", "ids", "names", "order", "type", "types_in")
+
+    def __init__(self, names: list[str], types: list[str]) -> None:
+        self.names, self.types_in = names, types
+        self.order = sorted(range(len(names)), key=names.__getitem__)
+        self.ids = [names[i] for i in self.order]
+        self.type = [types[i] for i in self.order]
+        by_type: dict[str, list[int]] = {}
+        for i, t in enumerate(self.type):
+            by_type.setdefault(t, []).append(i)
+        self.by_type = by_type  # node positions (name order) per type
+
+
+_last: list[_Layout] = []  # the latest layout: a simulation passes the same nodes each round
+
+
+def _layout(nodes: Sequence[NodeFree]) -> _Layout:
+    names = [n.node_id for n in nodes]
+    types = [n.gpu_type for n in nodes]
+    if _last and _last[0].names == names and _last[0].types_in == types:
+        return _last[0]
+    lay = _Layout(names, types)
+    _last[:] = [lay]
+    return lay

@@ -115,9 +115,11 @@ def choose(
             head = pos
             if discipline == "easy":
                 est = {j.job_id: j.est_run_s for j in jobs[:pos]}
-                free = dict(zip(state.ids, state.free, strict=True))
+                free = state.snapshot()
                 types = dict(zip(state.ids, state.type, strict=True))
-                res = Reservation(job, free, types, ctx or RoundContext(), out, est)
+                res = Reservation(
+                    job, free, types, ctx or RoundContext(), out, est, state.whole_by_type
+                )
     return out, head, res.at if res is not None else float("inf")
 
 

@@ -32,14 +32,22 @@ class Reservation:
         ctx: RoundContext,
         started: Sequence[Allocation],
         est: Mapping[str, float],
+        whole_by_type: Mapping[str, int] | None = None,
     ) -> None:
+        """`free`: free milli per node and GPU now, only read (a row is copied when the
+        releases first change it); `whole_by_type`: its whole free GPUs per type, if the
+        caller counts them already."""
         self.head = head
         self.node_type = {**ctx.node_type, **node_type}
         # free milli per node and GPU at `at`: what is free now plus the releases before it
-        self.free: dict[str, list[int]] = {n: list(row) for n, row in free.items()}
+        self.free: dict[str, Sequence[int]] = dict(free)
+        self._own: set[str] = set()  # nodes whose row here is this reservation's copy
         # whole free GPUs at `at` of the types the head may use
-        if head.gpu_types:
-            allows, types = head.allows, self.node_type
+        allows = head.allows
+        if whole_by_type is not None:
+            self.whole = sum(w for t, w in whole_by_type.items() if allows(t))
+        elif head.gpu_types:
+            types = self.node_type
             rows = (row for n, row in self.free.items() if allows(types.get(n, "")))
             self.whole = sum(row.count(FULL_GPU) for row in rows)
         else:
@@ -61,9 +69,7 @@ class Reservation:
     def _add(self, alloc: Allocation, sign: int) -> None:
         allows = self.head.allows
         for node_id, idx in alloc.gpus:
-            row = self.free.get(node_id)
-            if row is None:
-                row = self.free[node_id] = []
+            row = self._row(node_id)
             counted = allows(self.node_type.get(node_id, ""))
             for g in idx:
                 if g >= len(row):
@@ -72,6 +78,15 @@ class Reservation:
                 row[g] = after = before + sign * alloc.gpu_milli
                 if counted:
                     self.whole += (after == FULL_GPU) - (before == FULL_GPU)
+
+    def _row(self, node_id: str) -> list[int]:
+        """The node's row, made this reservation's own before it is changed."""
+        if node_id in self._own:
+            return self.free[node_id]  # type: ignore[return-value]  # a list made below
+        row = list(self.free.get(node_id, ()))
+        self.free[node_id] = row
+        self._own.add(node_id)
+        return row
 
     def _fits(self) -> bool:
         job = self.head

@@ -4,7 +4,8 @@ keep a round cheap when thousands of jobs wait.
 * whole free GPUs per node, per type and in total (fit tests in O(types));
 * the sorted list of nodes with anything free, and a cached `NodeFree` per node
   rebuilt only when that node changes (the placer is handed only nodes with
-  free capacity: a full node can take nothing, so the answer is the same).
+  free capacity: a full node can take nothing, so the answer is the same); the
+  list itself is kept until the next change.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class ClusterState:
         self.partial = 0  # GPUs partly taken by sharing jobs (0 < free < 1000)
         self._open = [i for i, g in enumerate(self.size) if g > 0]  # nodes with anything free
         self._view: dict[int, NodeFree] = {}
+        self._nodes: list[NodeFree] | None = None  # free_nodes() until the next change
         self._most: dict[str, int] | None = None  # per type, the most free on one GPU
 
     # ---- queries ----------------------------------------------------------------------
@@ -62,14 +64,19 @@ class ClusterState:
 
     def free_nodes(self) -> list[NodeFree]:
         """`NodeFree` of every node with some free capacity, in cluster order."""
-        view = self._view
-        out = []
-        for i in self._open:
-            nf = view.get(i)
-            if nf is None:
-                nf = view[i] = NodeFree(self.node_ids[i], self.node_type[i], tuple(self.free[i]))
-            out.append(nf)
-        return out
+        got = self._nodes
+        if got is None:  # (kept until the next change: rounds without a start reuse it)
+            view = self._view
+            got = []
+            for i in self._open:
+                nf = view.get(i)
+                if nf is None:
+                    nf = view[i] = NodeFree(
+                        self.node_ids[i], self.node_type[i], tuple(self.free[i])
+                    )
+                got.append(nf)
+            self._nodes = got
+        return list(got)
 
     def fragmentation(self, gpu_type: str | None = None) -> float:
         free = partial = 0
@@ -125,6 +132,7 @@ class ClusterState:
                 self.whole_by_type[t] += 1
                 self.whole_total += 1
         self._view.pop(i, None)
+        self._nodes = None
         self._most = None
         is_open = any(row)
         if is_open != was_open:
