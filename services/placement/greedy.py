@@ -33,7 +33,6 @@ from shared.placement_api import (
     JobRequest,
     NodeFree,
     PlacementResult,
-    most_free_by_type,
 )
 
 __all__ = ["GreedyPlacer", "GreedyState", "greedy_allocations"]
@@ -78,7 +77,7 @@ class GreedyState:
     def __init__(self, nodes: Sequence[NodeFree], speed: Mapping[str, float]) -> None:
         lay = _layout(nodes)
         # shared with other states of the same nodes: never modified
-        self.ids, self.type, self.by_type = lay.ids, lay.type, lay.by_type
+        self.ids, self.type, self.by_type, self._pos = lay.ids, lay.type, lay.by_type, lay.pos
         # free milli per node (name order): the input's rows, each copied on its first
         # change (`_row`), so a round that places a few jobs copies a few rows
         self.free: list[Sequence[int]] = [nodes[i].free_milli for i in lay.order]
@@ -94,7 +93,7 @@ class GreedyState:
         # positions of nodes that had w when pushed (stale entries dropped when seen);
         # built on the first whole-GPU placement
         self._fit: dict[str, list[list[int]]] | None = None
-        self._most: dict[str, int] | None = None  # per type, the most free on one GPU
+        self._most: dict[str, int] = {}  # per type, the most free on one GPU (until it changes)
 
     def _row(self, i: int) -> list[int]:
         """Node `i`'s free row, made this state's own before it is changed."""
@@ -118,11 +117,16 @@ class GreedyState:
         if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
             if any(self.whole_by_type[t] for t in self.allowed(job)):
                 return True  # a whole free GPU holds any share
-            most = self._most
-            if most is None:  # (kept until the next change)
-                most = self._most = most_free_by_type(zip(self.type, self.free, strict=True))
-            return any(most.get(t, 0) >= job.gpu_milli for t in self.allowed(job))
+            return any(self._most_free(t) >= job.gpu_milli for t in self.allowed(job))
         return sum(self.whole_by_type[t] for t in self.allowed(job)) >= job.num_gpus
+
+    def _most_free(self, t: str) -> int:
+        """The most milli free on one GPU of type `t`, kept until a GPU of `t` changes."""
+        most = self._most.get(t)
+        if most is None:
+            free = self.free
+            most = self._most[t] = max(max(free[i], default=0) for i in self.by_type[t])
+        return most
 
     def snapshot(self) -> dict[str, Sequence[int]]:
         """Free milli per node now, by node id: rows that later changes here leave alone."""
@@ -140,16 +144,16 @@ class GreedyState:
 
     def take(self, alloc: Allocation) -> None:
         """Take an allocation made elsewhere (another placer's answer)."""
-        pos = {nid: i for i, nid in enumerate(self.ids)}
+        pos = self._pos
         for node_id, idx in alloc.gpus:
             self._give(pos[node_id], idx, alloc.gpu_milli)
 
     def untake(self, alloc: Allocation) -> None:
         """Give back an allocation this state made (a backfill refused after all)."""
-        pos = {nid: i for i, nid in enumerate(self.ids)}
-        self._most = None
+        pos = self._pos
         for node_id, idx in alloc.gpus:
             i = pos[node_id]
+            self._most.pop(self.type[i], None)
             row = self._row(i)
             for g in idx:
                 row[g] += alloc.gpu_milli
@@ -197,7 +201,7 @@ class GreedyState:
 
     def _give(self, i: int, idx: Sequence[int], milli: int) -> None:
         row = self._row(i)
-        self._most = None
+        self._most.pop(self.type[i], None)
         for g in idx:
             if row[g] == FULL_GPU:
                 self.whole[i] -= 1
@@ -289,12 +293,13 @@ class _Layout:
     """What a `GreedyState` derives from the nodes' names and types alone: the name
     order, and the positions of each type's nodes in it."""
 
-    __slots__ = ("by_type", "ids", "names", "order", "type", "types_in")
+    __slots__ = ("by_type", "ids", "names", "order", "pos", "type", "types_in")
 
     def __init__(self, names: list[str], types: list[str]) -> None:
         self.names, self.types_in = names, types
         self.order = sorted(range(len(names)), key=names.__getitem__)
         self.ids = [names[i] for i in self.order]
+        self.pos = {n: i for i, n in enumerate(self.ids)}  # node id -> position
         self.type = [types[i] for i in self.order]
         by_type: dict[str, list[int]] = {}
         for i, t in enumerate(self.type):

@@ -2,15 +2,14 @@
 keep a round cheap when thousands of jobs wait.
 
 * whole free GPUs per node, per type and in total (fit tests in O(types));
-* the sorted list of nodes with anything free, and a cached `NodeFree` per node
-  rebuilt only when that node changes (the placer is handed only nodes with
-  free capacity: a full node can take nothing, so the answer is the same); the
-  list itself is kept until the next change.
+* the sorted list of nodes with anything free and, beside it, their `NodeFree`,
+  each rebuilt only when its node changes (the placer is handed only nodes with
+  free capacity: a full node can take nothing, so the answer is the same).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections.abc import Iterable
 
 from shared.cluster import ClusterSpec
@@ -36,8 +35,8 @@ class ClusterState:
         self.held_milli = 0  # milli-GPUs held by running jobs
         self.partial = 0  # GPUs partly taken by sharing jobs (0 < free < 1000)
         self._open = [i for i, g in enumerate(self.size) if g > 0]  # nodes with anything free
-        self._view: dict[int, NodeFree] = {}
-        self._nodes: list[NodeFree] | None = None  # free_nodes() until the next change
+        # `NodeFree` of each node of `_open`, position for position (kept as they change)
+        self._nodes = [self._node_free(i) for i in self._open]
         self._most: dict[str, int] | None = None  # per type, the most free on one GPU
 
     # ---- queries ----------------------------------------------------------------------
@@ -64,19 +63,10 @@ class ClusterState:
 
     def free_nodes(self) -> list[NodeFree]:
         """`NodeFree` of every node with some free capacity, in cluster order."""
-        got = self._nodes
-        if got is None:  # (kept until the next change: rounds without a start reuse it)
-            view = self._view
-            got = []
-            for i in self._open:
-                nf = view.get(i)
-                if nf is None:
-                    nf = view[i] = NodeFree(
-                        self.node_ids[i], self.node_type[i], tuple(self.free[i])
-                    )
-                got.append(nf)
-            self._nodes = got
-        return list(got)
+        return list(self._nodes)
+
+    def _node_free(self, i: int) -> NodeFree:
+        return NodeFree(self.node_ids[i], self.node_type[i], tuple(self.free[i]))
 
     def fragmentation(self, gpu_type: str | None = None) -> float:
         free = partial = 0
@@ -131,12 +121,14 @@ class ClusterState:
                 self.whole[i] += 1
                 self.whole_by_type[t] += 1
                 self.whole_total += 1
-        self._view.pop(i, None)
-        self._nodes = None
         self._most = None
         is_open = any(row)
-        if is_open != was_open:
-            if is_open:
-                insort(self._open, i)
-            else:
-                del self._open[bisect_left(self._open, i)]
+        pos = bisect_left(self._open, i)
+        if is_open and was_open:
+            self._nodes[pos] = self._node_free(i)
+        elif is_open:
+            self._open.insert(pos, i)
+            self._nodes.insert(pos, self._node_free(i))
+        elif was_open:
+            del self._open[pos]
+            del self._nodes[pos]

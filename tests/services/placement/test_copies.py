@@ -2,7 +2,7 @@
 
 `GreedyState` and `Reservation` read the rows they are handed and copy a row only
 when they change it; `GreedyState` reuses the name order of the last nodes it saw;
-the simulator's `ClusterState.free_nodes` keeps its list until the next change. Each
+the simulator's `ClusterState` keeps its free-node list up to date change by change. Each
 is checked here against the definition: the rows handed in never change, a snapshot
 never moves, a state built after any other gives what a state built from nothing
 gives, and the kept list is what a scan of the free rows gives.
