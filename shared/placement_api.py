@@ -121,8 +121,9 @@ def most_free_by_type(rows: Iterable[tuple[str, Sequence[int]]]) -> dict[str, in
     """Per GPU type, the most milli-GPUs free on one GPU over `rows` ((type, free milli
     of each GPU) per node); a type with nothing free is absent. A GPU-sharing job of
     `milli` fits on type t exactly when the value for t is at least `milli`: what the
-    simulator's state and the placers keep until their next change, so a round's fit
-    tests of sharing jobs do not each scan every node."""
+    inversion checker keeps until its next change (the simulator's state and the greedy
+    state keep the same value per type, dropped only for the type that changes), so a
+    round's fit tests of sharing jobs do not each scan every node."""
     most: dict[str, int] = {}
     for t, row in rows:
         m = max(row, default=0)

@@ -13,7 +13,7 @@ from bisect import bisect_left
 from collections.abc import Iterable
 
 from shared.cluster import ClusterSpec
-from shared.placement_api import FULL_GPU, Allocation, NodeFree, most_free_by_type
+from shared.placement_api import FULL_GPU, Allocation, NodeFree
 
 __all__ = ["Claim", "ClusterState"]
 
@@ -37,7 +37,10 @@ class ClusterState:
         self._open = [i for i, g in enumerate(self.size) if g > 0]  # nodes with anything free
         # `NodeFree` of each node of `_open`, position for position (kept as they change)
         self._nodes = [self._node_free(i) for i in self._open]
-        self._most: dict[str, int] | None = None  # per type, the most free on one GPU
+        self._by_type: dict[str, list[int]] = {}
+        for i, t in enumerate(self.node_type):
+            self._by_type.setdefault(t, []).append(i)
+        self._most: dict[str, int] = {}  # per type, the most free on one GPU (until it changes)
 
     # ---- queries ----------------------------------------------------------------------
     def whole_free(self, types: frozenset[str]) -> int:
@@ -52,14 +55,17 @@ class ClusterState:
             return num_gpus <= self.whole_free(types)
         if self.whole_free(types) >= 1:
             return True
-        most = self._most
-        if most is None:  # (kept until the next change: a round asks for every window job)
-            most = self._most = most_free_by_type(
-                (self.node_type[i], self.free[i]) for i in self._open
-            )
-        if not types:
-            return max(most.values(), default=0) >= milli
-        return any(most.get(t, 0) >= milli for t in types)
+        return any(self._most_free(t) >= milli for t in (types or self._by_type))
+
+    def _most_free(self, t: str) -> int:
+        """The most milli free on one GPU of type `t` (0: none, or no such type), kept
+        until a GPU of `t` changes (a round asks for every window job)."""
+        most = self._most.get(t)
+        if most is None:
+            free = self.free
+            most = max((max(free[i], default=0) for i in self._by_type.get(t, ())), default=0)
+            self._most[t] = most
+        return most
 
     def free_nodes(self) -> list[NodeFree]:
         """`NodeFree` of every node with some free capacity, in cluster order."""
@@ -121,7 +127,7 @@ class ClusterState:
                 self.whole[i] += 1
                 self.whole_by_type[t] += 1
                 self.whole_total += 1
-        self._most = None
+        self._most.pop(t, None)
         is_open = any(row)
         pos = bisect_left(self._open, i)
         if is_open and was_open:
