@@ -32,26 +32,18 @@ class Reservation:
         ctx: RoundContext,
         started: Sequence[Allocation],
         est: Mapping[str, float],
-        whole_by_type: Mapping[str, int] | None = None,
+        whole_by_type: Mapping[str, int],
     ) -> None:
         """`free`: free milli per node and GPU now, only read (a row is copied when the
-        releases first change it); `whole_by_type`: its whole free GPUs per type, if the
-        caller counts them already."""
+        releases first change it); `whole_by_type`: the whole free GPUs of `free` per
+        type, which every caller already counts."""
         self.head = head
         self.node_type = {**ctx.node_type, **node_type}
         # free milli per node and GPU at `at`: what is free now plus the releases before it
         self.free: dict[str, Sequence[int]] = dict(free)
         self._own: set[str] = set()  # nodes whose row here is this reservation's copy
         # whole free GPUs at `at` of the types the head may use
-        allows = head.allows
-        if whole_by_type is not None:
-            self.whole = sum(w for t, w in whole_by_type.items() if allows(t))
-        elif head.gpu_types:
-            types = self.node_type
-            rows = (row for n, row in self.free.items() if allows(types.get(n, "")))
-            self.whole = sum(row.count(FULL_GPU) for row in rows)
-        else:
-            self.whole = sum(row.count(FULL_GPU) for row in self.free.values())
+        self.whole = sum(w for t, w in whole_by_type.items() if head.allows(t))
         now = ctx.now
         mine = sorted(((now + est.get(a.job_id, 0.0), a) for a in started), key=_first)
         theirs = ((max(r.time_s, now), r.alloc) for r in ctx.releases)  # in time order
