@@ -16,7 +16,10 @@ order), and reports:
   meets the whole target against the placebo placer.
 
     .venv/bin/python -m bench.offload_orders --seeds 0-9 --orders trace,1,2,3 \\
-        [--placers milp,milp+offload+replace] [--out DIR]
+        [--placers milp,milp+offload+replace] [--out DIR] \\
+        [--cluster clusters/philly.yaml] [--since 2017-10-15] [--until DATE]
+
+(`--since` / `--until` pick the slice as `rltune simulate` does, before `--limit`.)
 
 One JSON line per run on stdout (or `--out DIR/runs.jsonl`), the summary on stderr,
 `--out DIR/offload_orders.png` the placebo's moves beside the placers' changes;
@@ -82,6 +85,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--format", default="philly")
     p.add_argument("--cluster", default="clusters/philly.yaml")
     p.add_argument("--limit", type=int, default=8000)
+    p.add_argument("--since", default="", help="only jobs submitted from then (as simulate)")
+    p.add_argument("--until", default="", help="only jobs submitted before then")
     p.add_argument("--fraction", type=float, default=0.3)
     p.add_argument("--seeds", default="0-9", help="marking seeds, e.g. 0-9 or 0,3,5")
     p.add_argument("--orders", default="trace,1,2,3", help="`trace`: the trace's order")
@@ -94,7 +99,6 @@ def main(argv: list[str]) -> int:
         rows = [json.loads(line) for line in Path(a.report).read_text().splitlines() if line]
         summarise(rows, a.placebo, str(Path(a.out) / "offload_orders.png") if a.out else "")
         return 0
-    a.since = a.until = ""
     a.load = None
     cluster = load_cluster(a.cluster)
     base_jobs = load_run_jobs(a, cluster, SkipStats())
@@ -160,6 +164,11 @@ def summarise(rows: list[dict[str, Any]], placebo: str, plot: str) -> None:
                    for s in seeds for o in orders]  # fmt: skip
         mean_ok = 0
         changes[name] = defaultdict(list)
+        table = [
+            f"  | seed | {placebo} slowdown | {name} slowdown | cut | "
+            + " | ".join(TITLES[g] for g in GROUPS)
+            + f" | whole target per order ({', '.join(orders)}) |"
+        ]
         for s in seeds:
             new = {k: float(np.mean([by[(s, o, name)][k] for o in orders]))
                    for k in (*GROUPS, "slowdown")}  # fmt: skip
@@ -168,6 +177,15 @@ def summarise(rows: list[dict[str, Any]], placebo: str, plot: str) -> None:
             mean_ok += whole_target(new, base)
             for g in (*GROUPS, "slowdown"):
                 changes[name][g].append(new[g] / base[g] - 1)
+            marks = "".join(
+                "y" if whole_target(by[(s, o, name)], by[(s, o, placebo)]) else "n" for o in orders
+            )
+            table.append(
+                f"  | {s} | {base['slowdown']:.3f} | {new['slowdown']:.3f} | "
+                f"{1 - new['slowdown'] / base['slowdown']:.1%} | "
+                + " | ".join(f"{new[g] / base[g] - 1:+.1%}" for g in GROUPS)
+                + f" | {marks} |"
+            )
         print(f"{name} against {placebo}: whole target (cut >= {CUT:.0%}, no group's avg "
               f"JCT higher) in {sum(per_run)} of {len(per_run)} runs (seed x order); on "
               f"each seed's mean over the {len(orders)} orders: {mean_ok} of {len(seeds)} "
@@ -176,6 +194,9 @@ def summarise(rows: list[dict[str, Any]], placebo: str, plot: str) -> None:
             c = changes[name][g]
             print(f"  {g:10s} mean over orders vs {placebo}: median {np.median(c):+.1%}, "
                   f"worst seed {max(c):+.1%}", file=sys.stderr)  # fmt: skip
+        print(f"  per seed, means over the orders (changes against {placebo}):",
+              file=sys.stderr)  # fmt: skip
+        print("\n".join(table), file=sys.stderr)
     if plot:
         _plot(moves, changes, placebo, plot)
 

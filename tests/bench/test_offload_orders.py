@@ -50,3 +50,24 @@ def test_placebo_pairs_and_the_mean_over_orders(capsys: pytest.CaptureFixture[st
     # (104 against 103) fail too
     assert "in 1 of 3 runs (seed x order)" in err
     assert "0 of 1 seeds" in err
+
+
+def test_per_seed_table_by_hand(capsys: pytest.CaptureFixture[str]) -> None:
+    """Seed 3 in orders a, b: the placebo's slowdown 0.4 and 0.6 (mean 0.5), the
+    placer's 0.2 and 0.4 (mean 0.3): cut 1 - 0.3/0.5 = 40%. Jobs that do not offload:
+    means 100 and 102 (+2.0%); offloading 200 -> 180 (-10.0%); all 150 -> 135
+    (-10.0%). Order a: cut 50% with `others` 101 > 100, so no; order b: cut 1/3 with
+    103 > 100, no."""
+    rows = []
+    for o, (s0, s1, x1) in {"a": (0.4, 0.2, 101.0), "b": (0.6, 0.4, 103.0)}.items():
+        rows.append({"seed": 3, "order": o, "placer": "p0", "others": 100.0,
+                     "offloading": 200.0, "all": 150.0, "slowdown": s0})  # fmt: skip
+        rows.append({"seed": 3, "order": o, "placer": "p1", "others": x1,
+                     "offloading": 180.0, "all": 135.0, "slowdown": s1})  # fmt: skip
+    summarise(rows, "p0", "")
+    err = capsys.readouterr().err
+    assert "| 3 | 0.500 | 0.300 | 40.0% | +2.0% | -10.0% | -10.0% | nn |" in err
+    # the same with `others` no higher in order b: that order meets the target
+    rows[3]["others"] = 100.0
+    summarise(rows, "p0", "")
+    assert "| 3 | 0.500 | 0.300 | 40.0% | +0.5% | -10.0% | -10.0% | ny |" in capsys.readouterr().err
