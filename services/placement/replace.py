@@ -241,48 +241,69 @@ def choose_move(
     A job some free node holds whole goes to the class of the node where the move
     saves most (ties: the first node), placed there by `place` (which GPUs); a job
     no free node holds whole is placed by `place` on all of them and tested there.
-    `waiting`: how many jobs wait (with `idle_only`, no move while any does); `queue`:
-    what the queue check reads (a candidate it refuses is passed over)."""
+    Each class is tested once, on its first node that holds the job (the others
+    would give the same figures). `waiting`: how many jobs wait (with `idle_only`,
+    no move while any does); `queue`: what the queue check reads (a candidate it
+    refuses is passed over)."""
     if cfg.idle_only and waiting:
         return None
+    free_nodes: _FreeNodes | None = None  # built for the first candidate that needs it
     for r in sorted(running, key=lambda r: (-r.elapsed_s, r.job.job_id)):
         if r.elapsed_s < max(cfg.min_run_s, cfg.after * r.est_run_s):
             continue
         if r.moved_s is not None and r.moved_s < cfg.settle_s:
             continue
+        if free_nodes is None:
+            free_nodes = _FreeNodes(nodes, klass)
+        fn = free_nodes
         before = r.slowdown / r.speed
         cost = restart_cost_s(r.param_bytes, cfg)
         g = r.job.num_gpus
-        free = [n for n in nodes if n.node_id not in r.nodes and r.job.allows(n.gpu_type)]
-        if sum(_whole(n) for n in free) < g and r.job.gpu_milli >= FULL_GPU:
+        allowed = fn.allowed_types(r.job)
+        own = [fn.pos[nid] for nid in r.nodes if nid in fn.pos]
+        own = [i for i in own if fn.type[i] in allowed]
+        if r.job.gpu_milli >= FULL_GPU and (
+            sum(fn.whole_by_type[t] for t in allowed) - sum(fn.whole[i] for i in own) < g
+        ):
             continue
-        holds = [
-            n for n in free if _whole(n) >= g or (g == 1 and max(n.free_milli) >= r.job.gpu_milli)
-        ]
-        if holds:
-            best, best_saved = None, 0.0
-            for n in holds:
-                got = _test(r, [(n.node_id, g)], speed, estimate, before, cost, cfg, n.gpu_type)
-                if got is not None and (best is None or got[1] > best_saved):
-                    best, best_saved = n, got[1]
-            if best is None:
+        mine = set(own)
+        milli = r.job.gpu_milli
+        best: list[int] | None = None  # the best class's nodes
+        best_first, best_saved, held = 0, 0.0, False
+        for members, top_whole, top_most in fn.classes:
+            if top_whole < g and not (g == 1 and top_most >= milli):
+                continue  # no node of the class holds it
+            first = next((i for i in members if fn.holds(i, g, milli, allowed, mine)), None)
+            if first is None:
                 continue
-            k = klass(best)
-            alloc = place(r.job, [n for n in holds if klass(n) == k])
+            held = True
+            got = _test(r, [(fn.ids[first], g)], speed, estimate, before, cost, cfg, fn.type[first])
+            if got is None:
+                continue
+            if best is None or got[1] > best_saved or (got[1] == best_saved and first < best_first):
+                best, best_first, best_saved = members, first, got[1]
+        if held:
+            if best is None:
+                continue  # nodes hold it whole, and no move there passes the test
+            alloc = place(
+                r.job, [fn.nodes[i] for i in best if fn.holds(i, g, milli, allowed, mine)]
+            )
         else:
+            free = [n for i, n in enumerate(fn.nodes) if i not in mine and fn.type[i] in allowed]
+            if not free:
+                continue
             # spread over nodes: its own rate is at least the best one GPU gets alone
             # on any free node (fewer GPUs there share less), Δ at least 0
-            own = min(estimate(r.param_bytes, g, n.node_id, 1)[0] / speed.get(n.gpu_type, 1.0)
-                      for n in free)  # fmt: skip
-            saved = (before - own + r.relief / r.speed) * cfg.expect * r.elapsed_s / before
-            if own > (1 - cfg.min_gain) * before or saved < cfg.payback * cost:
+            own_rate = min(estimate(r.param_bytes, g, n.node_id, 1)[0] / speed.get(n.gpu_type, 1.0)
+                           for n in free)  # fmt: skip
+            saved = (before - own_rate + r.relief / r.speed) * cfg.expect * r.elapsed_s / before
+            if own_rate > (1 - cfg.min_gain) * before or saved < cfg.payback * cost:
                 continue
             alloc = place(r.job, free)
         if alloc is None:
             continue
-        types = {n.node_id: n.gpu_type for n in free}
         parts = [(nid, len(idx)) for nid, idx in alloc.gpus]
-        slowest = min((types[nid] for nid, _ in parts), key=lambda t: speed.get(t, 1.0))
+        slowest = min((fn.type_of[nid] for nid, _ in parts), key=lambda t: speed.get(t, 1.0))
         got = _test(r, parts, speed, estimate, before, cost, cfg, slowest)
         if got is None:
             continue
@@ -295,6 +316,49 @@ def choose_move(
                 continue
         return Move(r.job.job_id, alloc, cost, before, got[0], got[1])
     return None
+
+
+class _FreeNodes:
+    """What `choose_move` reads of the free nodes, computed once per call: per node its
+    whole free GPUs and the most free on one GPU, the whole free GPUs per type, and
+    the nodes grouped by class (node order kept within and across classes, by first
+    member), each class with the most whole GPUs and the most free on one GPU of any
+    member (a class none of whose nodes could hold a job is passed over unread)."""
+
+    def __init__(self, nodes: Sequence[NodeFree], klass: Callable[[NodeFree], Hashable]) -> None:
+        self.nodes = nodes
+        self.ids = [n.node_id for n in nodes]
+        self.type = [n.gpu_type for n in nodes]
+        self.pos = {nid: i for i, nid in enumerate(self.ids)}
+        self.type_of = dict(zip(self.ids, self.type, strict=True))
+        self.whole = [sum(1 for f in n.free_milli if f >= FULL_GPU) for n in nodes]
+        self.most = [max(n.free_milli, default=0) for n in nodes]
+        self.whole_by_type: dict[str, int] = {}
+        for t, w in zip(self.type, self.whole, strict=True):
+            self.whole_by_type[t] = self.whole_by_type.get(t, 0) + w
+        groups: dict[Hashable, list[int]] = {}
+        for i, n in enumerate(nodes):
+            groups.setdefault(klass(n), []).append(i)
+        self.classes = [
+            (m, max(self.whole[i] for i in m), max(self.most[i] for i in m))
+            for m in groups.values()
+        ]
+        self._allowed: dict[frozenset[str], frozenset[str]] = {}
+
+    def holds(self, i: int, gpus: int, milli: int, allowed: frozenset[str], mine: set[int]) -> bool:
+        """Whether node `i` alone takes the job: an allowed type, not one of its own
+        nodes, `gpus` whole free GPUs (one GPU: `milli` free on one)."""
+        if i in mine or self.type[i] not in allowed:
+            return False
+        return self.whole[i] >= gpus or (gpus == 1 and self.most[i] >= milli)
+
+    def allowed_types(self, job: JobRequest) -> frozenset[str]:
+        got = self._allowed.get(job.gpu_types)
+        if got is None:
+            got = self._allowed[job.gpu_types] = frozenset(
+                t for t in self.whole_by_type if job.allows(t)
+            )
+        return got
 
 
 def _test(
@@ -322,14 +386,3 @@ def _test(
     if own <= (1 - cfg.min_gain) * before and saved >= cfg.payback * cost:
         return after, saved
     return None
-
-
-def _holds(n: NodeFree, job: JobRequest) -> bool:
-    """Whether node `n` alone can take the whole job."""
-    if job.gpu_milli < FULL_GPU and job.num_gpus == 1:
-        return bool(n.free_milli) and max(n.free_milli) >= job.gpu_milli
-    return _whole(n) >= job.num_gpus
-
-
-def _whole(n: NodeFree) -> int:
-    return sum(1 for f in n.free_milli if f >= FULL_GPU)
