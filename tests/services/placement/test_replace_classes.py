@@ -8,6 +8,7 @@ estimate reads)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from functools import partial
 from random import Random
 
 import pytest
@@ -23,6 +24,7 @@ from services.placement.replace import (
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
 
 Estimate = Callable[[int, int, str, int], tuple[float, float]]
+Place = Callable[[JobRequest, Sequence[NodeFree]], Allocation | None]
 
 
 def reference(
@@ -152,7 +154,7 @@ def test_per_class_tests_choose_as_every_node_tested(seed: int) -> None:
     asked_ref: list[list[str]] = []
     asked_new: list[list[str]] = []
 
-    def placer(log: list[list[str]]) -> Callable[[JobRequest, Sequence[NodeFree]], Allocation | None]:
+    def placer(log: list[list[str]]) -> Place:
         def place(job: JobRequest, ns: Sequence[NodeFree]) -> Allocation | None:
             log.append([n.node_id for n in ns])
             return first_fit(job, ns)
@@ -166,6 +168,14 @@ def test_per_class_tests_choose_as_every_node_tested(seed: int) -> None:
     assert asked_new == asked_ref
 
 
+def _by_kind(kind: dict[str, int], p: int, g: int, nid: str, take: int) -> tuple[float, float]:
+    return 1.0 + kind[nid] * 0.5, 0.0
+
+
+def _kind_of(kind: dict[str, int], n: NodeFree) -> Hashable:
+    return kind[n.node_id]
+
+
 def test_instances_reach_every_branch() -> None:
     """The random instances above move jobs in both ways (to the best class, and
     spread over nodes) and refuse others, so the comparison covers each."""
@@ -173,9 +183,9 @@ def test_instances_reach_every_branch() -> None:
     for seed in range(400):
         rng = Random(seed)
         running, nodes, label = instance(rng)
-        est = lambda p, g, nid, take: (1.0 + label[nid][2] * 0.5, 0.0)  # noqa: E731
-        move = choose_move(running, nodes, {}, ReplaceConfig(min_gain=0.0, payback=0.1), est,
-                           first_fit, lambda n: label[n.node_id])  # fmt: skip
+        kind = {nid: lab[2] for nid, lab in label.items()}
+        move = choose_move(running, nodes, {}, ReplaceConfig(min_gain=0.0, payback=0.1),
+                           partial(_by_kind, kind), first_fit, partial(_kind_of, kind))  # fmt: skip
         if move is None:
             seen.add("none")
         else:
