@@ -34,6 +34,7 @@ from shared.speeds import speed_of
 __all__ = ["OffloadRecord", "OffloadState"]
 
 _GIB = 1 << 30
+_ESTIMATES_KEPT = 1 << 18  # estimates kept by node signature before starting afresh
 
 
 @dataclass
@@ -81,6 +82,7 @@ class OffloadState:
         self._gbps: dict[str, float] = {}  # demand_gbps by job id
         self._sig: dict[str, tuple[object, ...]] = {}  # signature by node at `_sig_version`
         self._sig_version = -1
+        self._estimates: dict[tuple[object, ...], tuple[float, float]] = {}  # `estimate`
 
     # ---- what a job asks -------------------------------------------------------------
     def add_job(self, seq: int, job_id: str, param_bytes: int, gpus: int) -> None:
@@ -170,15 +172,35 @@ class OffloadState:
         moves nothing there (`moves`) has slowdown 1 and adds none."""
         i = self.index[node_id]
         n = self.nodes[i]
+        take = min(take, n.gpus)
+        # everything read below is the node's type and GPU count, its signature (its
+        # bandwidths, host memory per GPU and the offloading jobs on it: streams[i] is
+        # the sum of their GPUs there) and h, so the answer is kept by those across
+        # starts and stops: the placer asks the same of many nodes and rounds
+        key = (param_bytes, gpus, take, extra, n.gpu_type, n.gpus, self.signature(node_id))
+        got = self._estimates.get(key)
+        if got is None:
+            if len(self._estimates) >= _ESTIMATES_KEPT:
+                self._estimates.clear()
+            got = self._estimates[key] = self._estimate(param_bytes, gpus, i, take, extra)
+        return got
+
+    def _estimate(
+        self, param_bytes: int, gpus: int, i: int, take: int, extra: int
+    ) -> tuple[float, float]:
+        n = self.nodes[i]
         d = self.demand(param_bytes, gpus, i)
         if d.traffic.bytes_moved == 0:
             return 1.0, 0.0
-        take = min(take, n.gpus)
         s = self.streams[i] + extra + take
         rel = self.rel_speed[n.gpu_type]
         own = d.cost(rel, n.pcie_gbps / s, n.nvme_gbps / s, self.h).slowdown
         caused = 0.0
-        for seq in self.on_node[i]:
+        # in the signature's order, so that nodes of one signature sum alike to the bit
+        here = sorted(
+            self.on_node[i], key=lambda q: (self.param_bytes[q], self.gpus[q], self.placed[q][i])
+        )
+        for seq in here:
             g = self.placed[seq][i]
             before = self.cost(seq, i, self.streams[i] + extra).slowdown
             caused += g * (self.cost(seq, i, s).slowdown - before)
