@@ -270,14 +270,15 @@ def choose_move(
         milli = r.job.gpu_milli
         best: list[int] | None = None  # the best class's nodes
         best_first, best_saved, held = 0, 0.0, False
-        for members, top_whole, top_most in fn.classes:
+        for k, (members, top_whole, top_most) in enumerate(fn.classes):
             if top_whole < g and not (g == 1 and top_most >= milli):
                 continue  # no node of the class holds it
             first = next((i for i in members if fn.holds(i, g, milli, allowed, mine)), None)
             if first is None:
                 continue
             held = True
-            got = _test(r, [(fn.ids[first], g)], speed, estimate, before, cost, cfg, fn.type[first])
+            est = fn.estimate(estimate, r.param_bytes, g, k, first)
+            got = _test(r, [(fn.ids[first], g)], [est], speed, before, cost, cfg, fn.type[first])
             if got is None:
                 continue
             if best is None or got[1] > best_saved or (got[1] == best_saved and first < best_first):
@@ -304,7 +305,8 @@ def choose_move(
             continue
         parts = [(nid, len(idx)) for nid, idx in alloc.gpus]
         slowest = min((fn.type_of[nid] for nid, _ in parts), key=lambda t: speed.get(t, 1.0))
-        got = _test(r, parts, speed, estimate, before, cost, cfg, slowest)
+        ests = [estimate(r.param_bytes, g, nid, take) for nid, take in parts]
+        got = _test(r, parts, ests, speed, before, cost, cfg, slowest)
         if got is None:
             continue
         if queue is not None and cfg.queue_check != "off":
@@ -344,6 +346,18 @@ class _FreeNodes:
             for m in groups.values()
         ]
         self._allowed: dict[frozenset[str], frozenset[str]] = {}
+        self._est: dict[tuple[int, int, int], tuple[float, float]] = {}
+
+    def estimate(
+        self, estimate: Estimate, param_bytes: int, gpus: int, k: int, i: int
+    ) -> tuple[float, float]:
+        """A job's estimate on class `k` taking `gpus` GPUs of one node (node `i`, a
+        member): asked once per call for each job size and class."""
+        key = (param_bytes, gpus, k)
+        got = self._est.get(key)
+        if got is None:
+            got = self._est[key] = estimate(param_bytes, gpus, self.ids[i], gpus)
+        return got
 
     def holds(self, i: int, gpus: int, milli: int, allowed: frozenset[str], mine: set[int]) -> bool:
         """Whether node `i` alone takes the job: an allowed type, not one of its own
@@ -364,8 +378,8 @@ class _FreeNodes:
 def _test(
     r: RunningOffload,
     parts: Sequence[tuple[str, int]],
+    ests: Sequence[tuple[float, float]],
     speed: Mapping[str, float],
-    estimate: Estimate,
     before: float,
     cost: float,
     cfg: ReplaceConfig,
@@ -373,12 +387,12 @@ def _test(
 ) -> tuple[float, float] | None:
     """(after, saved) of moving `r` to `parts` ((node id, GPUs)) if the move passes the
     test of the module doc, else None. It runs at its slowest node (synchronous data
-    parallel); Δ is summed over its parts by their GPUs."""
+    parallel); Δ is summed over its parts by their GPUs. `ests`: the estimate for
+    each part ((own slowdown, Δ))."""
     s = speed.get(slowest, 1.0)
     g = r.job.num_gpus
     own = caused = 0.0
-    for nid, take in parts:
-        f, d = estimate(r.param_bytes, g, nid, take)
+    for (_, take), (f, d) in zip(parts, ests, strict=True):
         own = max(own, f / s)
         caused += d * take / g / s
     after = own + caused - r.relief / r.speed

@@ -17,7 +17,6 @@ from services.placement.replace import (
     Move,
     ReplaceConfig,
     RunningOffload,
-    _test,
     choose_move,
     restart_cost_s,
 )
@@ -25,6 +24,30 @@ from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
 
 Estimate = Callable[[int, int, str, int], tuple[float, float]]
 Place = Callable[[JobRequest, Sequence[NodeFree]], Allocation | None]
+
+
+def passes(
+    r: RunningOffload,
+    parts: Sequence[tuple[str, int]],
+    speed: Mapping[str, float],
+    estimate: Estimate,
+    before: float,
+    cost: float,
+    cfg: ReplaceConfig,
+    slowest: str,
+) -> tuple[float, float] | None:
+    """The module doc's test: (after, saved) if the move passes, else None."""
+    s = speed.get(slowest, 1.0)
+    g = r.job.num_gpus
+    own = max(estimate(r.param_bytes, g, nid, take)[0] / s for nid, take in parts)
+    caused = 0.0
+    for nid, take in parts:
+        caused += estimate(r.param_bytes, g, nid, take)[1] * take / g / s
+    after = own + caused - r.relief / r.speed
+    saved = (before - after) * cfg.expect * r.elapsed_s / before
+    if own <= (1 - cfg.min_gain) * before and saved >= cfg.payback * cost:
+        return after, saved
+    return None
 
 
 def reference(
@@ -55,7 +78,7 @@ def reference(
         if holds:
             best, best_saved = None, 0.0
             for n in holds:
-                got = _test(r, [(n.node_id, g)], speed, estimate, before, cost, cfg, n.gpu_type)
+                got = passes(r, [(n.node_id, g)], speed, estimate, before, cost, cfg, n.gpu_type)
                 if got is not None and (best is None or got[1] > best_saved):
                     best, best_saved = n, got[1]
             if best is None:
@@ -75,7 +98,7 @@ def reference(
         types = {n.node_id: n.gpu_type for n in free}
         parts = [(nid, len(idx)) for nid, idx in alloc.gpus]
         slowest = min((types[nid] for nid, _ in parts), key=lambda t: speed.get(t, 1.0))
-        got = _test(r, parts, speed, estimate, before, cost, cfg, slowest)
+        got = passes(r, parts, speed, estimate, before, cost, cfg, slowest)
         if got is None:
             continue
         return Move(r.job.job_id, alloc, cost, before, got[0], got[1])
