@@ -268,15 +268,21 @@ def choose_move(
             continue
         mine = set(own)
         milli = r.job.gpu_milli
+        # the classes with a node that holds it (own nodes not excluded yet), by its own
+        # time per unit of work there; a move passes only where that is at most
+        # (1 − min_gain) · before, so the classes beyond are never tested
+        ranked, holders = fn.ranked(estimate, speed, r.param_bytes, g, milli, allowed)
+        held = len(holders) > len(holders & mine)
+        limit = (1 - cfg.min_gain) * before
         best: list[int] | None = None  # the best class's nodes
-        best_first, best_saved, held = 0, 0.0, False
-        for k, (members, top_whole, top_most) in enumerate(fn.classes):
-            if top_whole < g and not (g == 1 and top_most >= milli):
-                continue  # no node of the class holds it
+        best_first, best_saved = 0, 0.0
+        for rate, k in ranked:
+            if rate > limit:
+                break
+            members = fn.classes[k][0]
             first = next((i for i in members if fn.holds(i, g, milli, allowed, mine)), None)
             if first is None:
                 continue
-            held = True
             est = fn.estimate(estimate, r.param_bytes, g, k, first)
             got = _test(r, [(fn.ids[first], g)], [est], speed, before, cost, cfg, fn.type[first])
             if got is None:
@@ -341,12 +347,19 @@ class _FreeNodes:
         groups: dict[Hashable, list[int]] = {}
         for i, n in enumerate(nodes):
             groups.setdefault(klass(n), []).append(i)
+        self.klass_of = [0] * len(nodes)  # node -> its class's index in `classes`
+        for k, m in enumerate(groups.values()):
+            for i in m:
+                self.klass_of[i] = k
         self.classes = [
             (m, max(self.whole[i] for i in m), max(self.most[i] for i in m))
             for m in groups.values()
         ]
         self._allowed: dict[frozenset[str], frozenset[str]] = {}
         self._est: dict[tuple[int, int, int], tuple[float, float]] = {}
+        self._ranked: dict[
+            tuple[int, int, int, frozenset[str]], tuple[list[tuple[float, int]], frozenset[int]]
+        ] = {}
 
     def estimate(
         self, estimate: Estimate, param_bytes: int, gpus: int, k: int, i: int
@@ -357,6 +370,36 @@ class _FreeNodes:
         got = self._est.get(key)
         if got is None:
             got = self._est[key] = estimate(param_bytes, gpus, self.ids[i], gpus)
+        return got
+
+    def ranked(
+        self,
+        estimate: Estimate,
+        speed: Mapping[str, float],
+        param_bytes: int,
+        gpus: int,
+        milli: int,
+        allowed: frozenset[str],
+    ) -> tuple[list[tuple[float, int]], frozenset[int]]:
+        """For a job of this size: (own time per unit of work, class) for every class
+        with a node that holds it (own nodes not excluded), fastest first; and the
+        nodes that hold it. Computed once per call for each size."""
+        key = (param_bytes, gpus, milli, allowed)
+        got = self._ranked.get(key)
+        if got is None:
+            none: set[int] = set()
+            holders = [
+                i for i in range(len(self.nodes)) if self.holds(i, gpus, milli, allowed, none)
+            ]
+            first: dict[int, int] = {}  # class -> its first node that holds the job
+            for i in holders:
+                first.setdefault(self.klass_of[i], i)
+            ranked = []
+            for k, i in first.items():
+                f = self.estimate(estimate, param_bytes, gpus, k, i)[0]
+                ranked.append((f / speed.get(self.type[i], 1.0), k))
+            ranked.sort()
+            got = self._ranked[key] = (ranked, frozenset(holders))
         return got
 
     def holds(self, i: int, gpus: int, milli: int, allowed: frozenset[str], mine: set[int]) -> bool:
