@@ -234,9 +234,10 @@ def choose_move(
     """The first candidate (longest elapsed first) worth moving, and where; or None.
 
     `estimate(param_bytes, gpus, node_id, take)` is OffloadView.estimate ((own
-    slowdown, Δ)); `klass(node)` the node's class (nodes of one class give every job
-    the same estimate: offload_term.py); `place(job, nodes)` the offload-aware
-    placer's answer for the job alone on `nodes`, or None if it finds no room.
+    slowdown, Δ)); `klass(node)` the node's class (nodes of one class are of one GPU
+    type and give every job the same estimate: offload_term.py); `place(job, nodes)`
+    the offload-aware placer's answer for the job alone on `nodes`, or None if it
+    finds no room.
 
     A job some free node holds whole goes to the class of the node where the move
     saves most (ties: the first node), placed there by `place` (which GPUs); a job
