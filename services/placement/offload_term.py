@@ -158,34 +158,12 @@ class OffloadAwarePlacer:
             got = self.place([job], free, speed).allocations
             return got[0] if got else None
 
-        size = {n.node_id: len(n.free_milli) for n in nodes}
-        cache: dict[tuple[object, ...], tuple[float, float]] = {}
-
-        def estimate(pbytes: int, gpus: int, node_id: str, take: int) -> tuple[float, float]:
-            # nodes of one type, size and signature give the same estimate (module doc)
-            key = (
-                pbytes,
-                gpus,
-                take,
-                size.get(node_id),
-                view.signature(node_id),
-                speed_key(node_id),
-            )
-            got = cache.get(key)
-            if got is None:
-                got = cache[key] = view.estimate(pbytes, gpus, node_id, take)
-            return got
-
-        types = {n.node_id: n.gpu_type for n in nodes}
-
-        def speed_key(node_id: str) -> str | None:
-            return types.get(node_id)
-
         def klass(n: NodeFree) -> Hashable:
             return (n.gpu_type, len(n.free_milli), view.signature(n.node_id))
 
+        # the view keeps its estimates by node signature (OffloadState.estimate)
         return choose_move(
-            running, nodes, speed, self.replace, estimate, place, klass, waiting, queue
+            running, nodes, speed, self.replace, view.estimate, place, klass, waiting, queue
         )
 
     def place(

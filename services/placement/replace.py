@@ -280,7 +280,7 @@ def choose_move(
         for rate, k in ranked:
             if rate > limit:
                 break
-            members = fn.classes[k][0]
+            members = fn.classes[k]
             first = next((i for i in members if fn.holds(i, g, milli, allowed, mine)), None)
             if first is None:
                 continue
@@ -305,13 +305,13 @@ def choose_move(
             own_rate = min(estimate(r.param_bytes, g, n.node_id, 1)[0] / speed.get(n.gpu_type, 1.0)
                            for n in free)  # fmt: skip
             saved = (before - own_rate + r.relief / r.speed) * cfg.expect * r.elapsed_s / before
-            if own_rate > (1 - cfg.min_gain) * before or saved < cfg.payback * cost:
+            if own_rate > limit or saved < cfg.payback * cost:
                 continue
             alloc = place(r.job, free)
         if alloc is None:
             continue
         parts = [(nid, len(idx)) for nid, idx in alloc.gpus]
-        slowest = min((fn.type_of[nid] for nid, _ in parts), key=lambda t: speed.get(t, 1.0))
+        slowest = min((fn.type[fn.pos[nid]] for nid, _ in parts), key=lambda t: speed.get(t, 1.0))
         ests = [estimate(r.param_bytes, g, nid, take) for nid, take in parts]
         got = _test(r, parts, ests, speed, before, cost, cfg, slowest)
         if got is None:
@@ -331,15 +331,13 @@ class _FreeNodes:
     """What `choose_move` reads of the free nodes, computed once per call: per node its
     whole free GPUs and the most free on one GPU, the whole free GPUs per type, and
     the nodes grouped by class (node order kept within and across classes, by first
-    member), each class with the most whole GPUs and the most free on one GPU of any
-    member (a class none of whose nodes could hold a job is passed over unread)."""
+    member); per job size, its estimate on each class and the classes ranked by it."""
 
     def __init__(self, nodes: Sequence[NodeFree], klass: Callable[[NodeFree], Hashable]) -> None:
         self.nodes = nodes
         self.ids = [n.node_id for n in nodes]
         self.type = [n.gpu_type for n in nodes]
         self.pos = {nid: i for i, nid in enumerate(self.ids)}
-        self.type_of = dict(zip(self.ids, self.type, strict=True))
         self.whole = [sum(1 for f in n.free_milli if f >= FULL_GPU) for n in nodes]
         self.most = [max(n.free_milli, default=0) for n in nodes]
         self.whole_by_type: dict[str, int] = {}
@@ -352,10 +350,7 @@ class _FreeNodes:
         for k, m in enumerate(groups.values()):
             for i in m:
                 self.klass_of[i] = k
-        self.classes = [
-            (m, max(self.whole[i] for i in m), max(self.most[i] for i in m))
-            for m in groups.values()
-        ]
+        self.classes = list(groups.values())  # each class's nodes, in node order
         self._allowed: dict[frozenset[str], frozenset[str]] = {}
         self._est: dict[tuple[int, int, int], tuple[float, float]] = {}
         self._ranked: dict[
