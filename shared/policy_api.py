@@ -52,6 +52,9 @@ class QueuedJob:
     weight: float = 1.0
     attained_gpu_s: float = 0.0  # GPU-seconds of service received so far (preempted jobs)
     runs: int = 0  # how many times it has started
+    project: str = ""  # group / account (JobSpec.project)
+    app: str = ""  # executable or job name (JobSpec.app)
+    time_limit_s: float | None = None  # requested wall time; None: not given
 
     @property
     def who(self) -> str:

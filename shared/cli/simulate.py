@@ -42,9 +42,16 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     """The flags `simulate` and `eval` share (trace, cluster, placement, seed)."""
     p.add_argument("--trace", required=True, help="trace file")
     p.add_argument(
-        "--format", required=True, help="philly, helios, alibaba2020, alibaba2023, rltune, jsonl"
+        "--format",
+        required=True,
+        help="philly, helios, alibaba2020, alibaba2023, rltune, jsonl, swf, alcf, itp",
     )
-    p.add_argument("--cluster", required=True, help="cluster YAML or openb node list CSV")
+    p.add_argument(
+        "--cluster",
+        default=None,
+        help="cluster YAML or openb node list CSV (required, but for --format swf: "
+        "default the SWF header's MaxNodes x MaxProcs / MaxNodes slots)",
+    )
     p.add_argument(
         "--reference",
         default=None,
@@ -334,7 +341,14 @@ def load_run_cluster(args: argparse.Namespace) -> ClusterSpec:
     """The `--cluster`, with `--reference` applied if given. A cluster of GPU types of
     different speeds that names no reference (an openb node list names none) runs the
     trace's durations as measured on a speed-1.0 GPU (a P100): said once on stderr."""
-    cluster = load_cluster(args.cluster)
+    if args.cluster is None:
+        if args.format != "swf":
+            raise UserError("--cluster is required (only --format swf has a default)")
+        from shared.traces.swf import swf_cluster
+
+        cluster = swf_cluster(args.trace)
+    else:
+        cluster = load_cluster(args.cluster)
     if args.reference is None:
         speeds = {speed_of(t, cluster.speed) for t in cluster.gpu_types}
         if cluster.reference is None and len(speeds) > 1:

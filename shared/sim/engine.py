@@ -357,7 +357,8 @@ class Simulator:
         milli = tj.gpu_milli if tj.num_gpus == 1 else FULL_GPU
         job = QueuedJob(
             seq, tj.job_id, tj.submit_s, tj.num_gpus, milli, frozenset(tj.gpu_types),
-            tj.user, tj.vc, tj.weight,
+            tj.user, tj.vc, tj.weight, project=tj.project, app=tj.app,
+            time_limit_s=tj.time_limit_s,
         )  # fmt: skip
         run = _Run(job, tj.duration_s if tj.duration_s is not None else 0.0)
         self.runs.append(run)

@@ -27,6 +27,9 @@ class TraceJob:
     model: str = ""
     param_bytes: int | None = None  # offload model size, where the trace knows it
     weight: float = 1.0  # the job's priority weight (JobSpec.weight)
+    project: str = ""  # group / account (JobSpec.project)
+    app: str = ""  # executable or job name (JobSpec.app)
+    time_limit_s: float | None = None  # requested wall time (JobSpec.time_limit_s); None: not given
 
 
 @dataclass
