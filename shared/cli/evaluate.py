@@ -19,7 +19,7 @@ from shared.cli.simulate import (
     sim_config,
 )
 from shared.errors import UserError
-from shared.traces import SkipStats
+from shared.traces import SkipStats, require_fields
 
 __all__ = ["register", "run"]
 
@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_run_cluster(args)
     stats = SkipStats()
     jobs = mark_offload(args, load_run_jobs(args, cluster, stats))
+    for policy in policies:
+        require_fields(policy.label, getattr(policy, "needs", ()), jobs, args.trace)
     config = sim_config(args)
     console = Console(stderr=True)
     runs: list[PolicyRun] = []

@@ -16,7 +16,7 @@ from shared.cluster import ClusterSpec, load_cluster
 from shared.errors import UserError
 from shared.placement_api import DISCIPLINES
 from shared.speeds import DEFAULT_SPEEDS, speed_of
-from shared.traces import SkipStats, TraceJob
+from shared.traces import SkipStats, TraceJob, require_fields
 
 if TYPE_CHECKING:
     from shared.sim import SimConfig
@@ -174,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
     placer = make_placer(args.placer, reproducible=True)
     stats = SkipStats()
     jobs = mark_offload(args, load_run_jobs(args, cluster, stats))
+    require_fields(policy.label, getattr(policy, "needs", ()), jobs, args.trace)
     with _LazyProgress(policy.label) as bar:
         result = simulate(jobs, cluster, policy, placer, sim_config(args), bar.tick)
     summary = result.summary()

@@ -208,7 +208,8 @@ class Simulator:
         self.releases: dict[int, Release] = {}
         self.head_id: str | None = None  # the head of the last round's window (EASY)
         self._reqs: dict[int, JobRequest] = {}  # waiting job -> its last window request
-        self._est: dict[tuple[str, int], float] = {}  # (who, GPUs) -> estimate until a finish
+        # (who, GPUs, requested time) -> estimate until a finish
+        self._est: dict[tuple[str, int, float | None], float] = {}
         self.node_type = {n.node_id: n.gpu_type for n in cluster.nodes}
         # a full collection scans every live job: only for placers that leave garbage cycles
         self._collect = bool(getattr(placer, "leaves_cycles", False))
@@ -551,8 +552,9 @@ class Simulator:
         return None
 
     def _estimate(self, j: QueuedJob) -> float:
-        """History's run-time estimate of `j`, once per (user, size) between finishes."""
-        key = (j.user or j.vc, j.num_gpus)  # QueuedJob.who, inline: called per candidate
+        """History's run-time estimate of `j`, once per (user, size, request) between
+        finishes."""
+        key = (j.user or j.vc, j.num_gpus, j.time_limit_s)  # QueuedJob.who, inline
         e = self._est.get(key)
         if e is None:
             e = self._est[key] = self.history.estimate(j)

@@ -7,9 +7,12 @@ reason, in a `SkipStats` it is handed. The simulator orders by submit time.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["SkipStats", "TraceJob"]
+from shared.errors import UserError
+
+__all__ = ["SkipStats", "TraceJob", "require_fields"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +49,14 @@ class SkipStats:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+
+def require_fields(label: str, needs: Iterable[str], jobs: Sequence[TraceJob], trace: str) -> None:
+    """UserError (one line) if no job of `jobs` carries one of the TraceJob fields a
+    policy `needs` (e.g. `sjf-req` reads `time_limit_s`, which Philly has none of)."""
+    lacking = [f for f in needs if not any(getattr(j, f) for j in jobs)]
+    if lacking:
+        raise UserError(
+            f"policy {label} needs {' and '.join(lacking)}, which no job of {trace} "
+            f"carries; choose another policy or a trace that has it"
+        )
