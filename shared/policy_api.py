@@ -20,6 +20,7 @@ return the top `k` by score (`shared.policy_features.encode`).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -91,11 +92,12 @@ class History:
     statistics the identity features read (`identity_stats`), and per user the last
     two run times, for Tsafrir et al.'s system-generated predictions (`predict`)."""
 
-    __slots__ = ("_all", "_group", "_ident", "_last", "_who")
+    __slots__ = ("_all", "_group", "_ident", "_last", "_sibs", "_who")
 
     DEFAULT_RUN_S = 3600.0  # the estimate before anything has finished
     SHORT_S = 600.0  # a "short" run, for `short_share`
     RECENT = 5  # runs in an identity's recent log-mean
+    SIBLING_S = 1800.0  # siblings: same-class jobs submitted within this of a job
 
     def __init__(self) -> None:
         # (who, gpus) -> [sum, count, sum of log10(1 + run), runs < SHORT_S, last run]
@@ -104,6 +106,8 @@ class History:
         self._all = [0.0, 0.0]  # every finished job: [sum, count]
         self._last: dict[str, list[float]] = {}  # user -> its last two runs, newest last
         self._ident: dict[tuple[str, str], _IdentityRuns] = {}  # (field, name) -> runs
+        # (who, gpus) -> (submit times sorted, log10(1 + run) in the same order)
+        self._sibs: dict[tuple[str, int], tuple[list[float], list[float]]] = {}
 
     def record(self, job: QueuedJob, run_s: float) -> None:
         """`job` finished after holding its GPUs for `run_s` seconds."""
@@ -124,6 +128,10 @@ class History:
             if len(last) > 2:
                 del last[0]
         log_run = math.log10(1.0 + run_s)
+        subs, logs = self._sibs.setdefault((job.who, job.num_gpus), ([], []))
+        at = bisect_right(subs, job.submit_s)
+        subs.insert(at, job.submit_s)
+        logs.insert(at, log_run)
         limit = job.time_limit_s
         for name in IDENTITY_FIELDS:
             value = getattr(job, name)
@@ -199,6 +207,20 @@ class History:
             return None
         ratio = st.ratio_sum / st.ratio_count if st.ratio_count else -1.0
         return float(st.count), sum(st.recent) / len(st.recent), ratio
+
+    def siblings(self, who: str, num_gpus: int, submit_s: float) -> tuple[int, float] | None:
+        """(how many, mean log10(1 + run s)) of the finished jobs of `who` with
+        `num_gpus` GPUs submitted within `SIBLING_S` of `submit_s` (a sweep's
+        siblings, docs/rl-ceiling.md); None if none has finished."""
+        found = self._sibs.get((who, num_gpus))
+        if found is None:
+            return None
+        subs, logs = found
+        lo = bisect_left(subs, submit_s - self.SIBLING_S)
+        hi = bisect_right(subs, submit_s + self.SIBLING_S)
+        if hi <= lo:
+            return None
+        return hi - lo, math.fsum(logs[lo:hi]) / (hi - lo)
 
     def finished(self, who: str) -> int:
         acc = self._who.get(who)
