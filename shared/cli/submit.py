@@ -40,6 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="")
     p.add_argument("--duration-hint", type=float, default=None, help="seconds")
     p.add_argument("--weight", type=float, default=1.0)
+    p.add_argument("--project", default="", help="group / account (Slurm's account)")
+    p.add_argument("--app", default="", help="executable or job name")
+    p.add_argument(
+        "--time-limit", type=float, default=None, help="requested wall time, seconds (--time)"
+    )
     p.add_argument("--kill", metavar="JOB_ID", help="ask the host running JOB_ID to stop it")
     p.add_argument("--reason", default="", help="why (with --kill; reported in its event)")
     p.add_argument("--wait", action="store_true", help="wait for each job's accept/reject")
@@ -105,6 +110,12 @@ def _specs_from_args(args: argparse.Namespace) -> tuple[list[JobSpec], list[str]
     }
     if args.duration_hint is not None:
         raw["duration_hint_s"] = args.duration_hint
+    if args.project:
+        raw["project"] = args.project
+    if args.app:
+        raw["app"] = args.app
+    if args.time_limit is not None:
+        raw["time_limit_s"] = args.time_limit
     try:
         return [decode_spec(msgspec.json.encode(raw))], []
     except Reject as rej:
