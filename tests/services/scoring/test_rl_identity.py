@@ -70,3 +70,19 @@ def test_identity_checkpoint_is_refused_on_a_trace_without_identity(tmp_path: Pa
     # a checkpoint trained on traces with and without identity says what it needs
     save_checkpoint(path, Checkpoint(net, no_app, meta={"needs": []}))
     assert simulate(PHILLY, "philly", "philly.yaml", f"rl:{path}").returncode == 0
+
+
+def test_trained_identity_checkpoint_needs_what_its_training_trace_carried(
+    tmp_path: Path,
+) -> None:
+    from shared.cli import main
+    from tests.shared.cli.test_train_cli import _train
+
+    argv = _train(tmp_path, "i.pt", "--iterations", "1", "--features", "identity")
+    assert main(argv) == 0
+    ckpt = load_checkpoint(tmp_path / "i.pt")
+    assert set(ckpt.features) >= set(IDENTITY_FEATURES)
+    # the training trace names users, but no project, app or requested time
+    assert ckpt.meta["needs"] == ["user"]
+    proc = simulate(PHILLY, "philly", "philly.yaml", f"rl:{tmp_path / 'i.pt'}")
+    assert proc.returncode == 2 and "needs user" in proc.stderr
