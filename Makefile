@@ -34,7 +34,7 @@ lint: install
 	$(BIN)/ruff format --check .
 
 typecheck: install
-	$(BIN)/mypy shared/ services/ offload_agent/ bench/ tests/
+	$(BIN)/mypy rltune/ shared/ services/ offload_agent/ bench/ tests/
 
 unit: install
 	$(BIN)/python -m pytest -q --durations=15

@@ -54,8 +54,8 @@ from bench.offload import (
 from offload_agent.engine import OffloadEngine
 from offload_agent.policies import COUNT_LOOKAHEAD, LOOKAHEAD, PREFETCH_AHEAD, PlanPolicy
 from services.profiler.planner import build_plan
-from shared.cli.common import write_json
 from shared.errors import UserError
+from shared.jsonfile import write_json
 
 __all__ = ["main"]
 

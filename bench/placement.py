@@ -39,9 +39,9 @@ from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpConfig, MilpPlacer
 from services.placement.objective import Scorer
 from services.placement.state import apply_allocations
-from shared.cli.common import write_json
 from shared.cluster import load_cluster
 from shared.errors import UserError
+from shared.jsonfile import write_json
 from shared.placement_api import FULL_GPU, JobRequest, NodeFree
 from shared.traces import SkipStats
 from shared.traces.alibaba2023 import read_alibaba2023

@@ -41,7 +41,7 @@ def _cli(settings: BusSettings, *args: str) -> subprocess.Popen[str]:
         "RLTUNE_TOPIC_PREFIX": settings.topic_prefix,
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", *args],
+        [sys.executable, "-m", "rltune", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

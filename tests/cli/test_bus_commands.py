@@ -23,7 +23,7 @@ def rltune(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args],
+        [sys.executable, "-m", "rltune", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

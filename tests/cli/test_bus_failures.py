@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from rltune import main
 from shared.broker import EmbeddedBroker, free_port
-from shared.cli import main
 from shared.config import BusSettings
 from tests.cli.test_bus_commands import rltune
 
@@ -91,7 +91,7 @@ def _children(pid: int) -> list[int]:
 def test_broker_command_fails_when_its_broker_dies() -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", "broker", "--port", str(port)],
+        [sys.executable, "-m", "rltune", "broker", "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from shared.cli.up import FIGURES, Services, _Progress, view
+from rltune.up import FIGURES, Services, _Progress, view
 from shared.config import BusSettings
 from shared.messages import MetricsSnapshot
 
@@ -53,7 +53,7 @@ def test_the_lag_is_said_only_past_what_snapshot_age_explains() -> None:
 def _services(extra: list[str]) -> list[str]:
     import argparse
 
-    from shared.cli.up import register
+    from rltune.up import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
@@ -75,7 +75,7 @@ def test_real_time_shares_the_replay_epoch_and_rounds_every_interval() -> None:
 def test_the_replay_declares_the_model_size_of_the_jobs_cluster_sim_marks() -> None:
     import argparse
 
-    from shared.cli.up import CLUSTER, SAMPLE, register, replay_jobs
+    from rltune.up import CLUSTER, SAMPLE, register, replay_jobs
     from shared.cluster import load_cluster
     from shared.replay import job_spec_of
     from shared.sim import load_jobs

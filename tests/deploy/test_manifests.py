@@ -19,9 +19,9 @@ import jsonschema
 import pytest
 import yaml
 
+from rltune.service import SERVICES, available
 from services.telemetry import prom as telemetry_prom
 from shared import prom
-from shared.cli.service import SERVICES, available
 from shared.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[2]

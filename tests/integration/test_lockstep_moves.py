@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from rltune import main
 from services.cluster_sim import rounds
 from services.placement import registry
 from services.placement.replace import ReplaceConfig
 from services.telemetry import service as telemetry
 from services.telemetry.windows import Telemetry
 from shared.bus import Producer, Record, read_back
-from shared.cli import main
 from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.messages import encode

@@ -150,7 +150,7 @@ def test_plain_and_offload_only_placers_issue_no_moves() -> None:
 def test_an_offload_placer_without_a_cluster_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from shared.cli import main
+    from rltune import main
 
     assert main(["service", "placement", "--placer", "milp+offload+replace"]) == 2
     err = capsys.readouterr().err

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import main
-from shared.cli.evaluate import jobs_file
+from rltune import main
+from rltune.evaluate import jobs_file
 from tests.paths import RLTUNE_TRACE
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 RLTUNE = RLTUNE_TRACE
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from aiokafka.errors import KafkaError
 
-from shared.cli.common import (
+from rltune.common import (
     add_bus_args,
     bus_settings,
     finite_or_null,

@@ -8,8 +8,8 @@ import re
 import sys
 from pathlib import Path
 
-from shared.cli.common import out_dir
-from shared.cli.simulate import (
+from rltune.common import out_dir
+from rltune.simulate import (
     add_run_args,
     check_outcome,
     interval_text,

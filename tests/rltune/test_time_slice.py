@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import main
+from rltune import main
 
 
 def _files(tmp: Path) -> tuple[Path, Path]:

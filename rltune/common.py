@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 from shared.config import BusSettings
 from shared.errors import UserError
+from shared.jsonfile import finite_or_null, write_json
+from shared.recipe import check_round_interval
 
 __all__ = [
     "add_bus_args",
@@ -99,42 +98,8 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def round_interval(seconds: float) -> float:
-    """`--round-interval` (simulate, eval, whatif, up, cluster-sim), checked: 0 or more."""
-    if not (seconds >= 0 and math.isfinite(seconds)):
-        raise UserError(f"--round-interval must be 0 or more seconds, got {seconds:g}")
-    return seconds
-
-
-def finite_or_null(data: dict[str, Any]) -> dict[str, Any]:
-    """`data` with its non-finite float values (NaN, e.g. no job finished, or an empty
-    size bucket's average), at any depth, as None, so that they are written as JSON
-    null: NaN and Infinity are not JSON, and strict parsers refuse the whole file."""
-    out = _finite(data)
-    assert isinstance(out, dict)
-    return out
-
-
-def _finite(v: Any) -> Any:
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_finite(x) for x in v]
-    return v
-
-
-def write_json(data: object, out: str, sort_keys: bool = False) -> None:
-    """`data` as indented JSON to the file `out`, or to stdout when `out` is "-";
-    non-finite numbers as null (`finite_or_null`), never as NaN."""
-    text = json.dumps(_finite(data), indent=2, sort_keys=sort_keys, allow_nan=False) + "\n"
-    if out == "-":
-        sys.stdout.write(text)
-        return
-    try:
-        Path(out).write_text(text)
-    except OSError as exc:
-        raise UserError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    """`--round-interval` (simulate, eval, whatif, up), checked: 0 or more."""
+    return check_round_interval(seconds)
 
 
 def out_dir(path: str) -> Path:

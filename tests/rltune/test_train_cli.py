@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from rltune import main
 from services.scoring.rl import load_checkpoint
-from shared.cli import main
 from shared.policy_features import HISTORY_FEATURES
 
 

@@ -19,9 +19,9 @@ import msgspec
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
+from rltune.common import add_bus_args, bus_settings, positive_float, run_async, unreachable
 from services.arrival.admission import decode_spec
 from shared.bus import SRC_HEADER, Producer, partitions_of
-from shared.cli.common import add_bus_args, bus_settings, positive_float, run_async, unreachable
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import JobSpec, KillRequest, Rejection, encode

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 import time
@@ -11,11 +10,13 @@ from collections import Counter
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
-from shared.cli import common
-from shared.cluster import ClusterSpec, load_cluster
+from shared import recipe as run_recipe
+from shared.cluster import ClusterSpec
 from shared.errors import UserError
+from shared.jsonfile import finite_or_null
+from shared.jsonfile import write_json as write_json_file
 from shared.placement_api import DISCIPLINES
-from shared.speeds import DEFAULT_SPEEDS, speed_of
+from shared.recipe import RunRecipe
 from shared.traces import SkipStats, TraceJob
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ __all__ = [
     "load_run_cluster",
     "load_run_jobs",
     "mark_offload",
+    "recipe_of",
     "register",
     "run",
     "run_settings",
@@ -158,19 +160,21 @@ def run(args: argparse.Namespace) -> int:
     from shared.sim.offload_jobs import describe_marking
     from shared.sim.share_jobs import describe_shares
 
-    sim_config(args)  # flags checked before the trace is read
+    recipe = recipe_of(args)
+    config = recipe.sim_config()  # flags checked before the trace is read
     if args.json and args.jobs_out and args.json == args.jobs_out:
         where = "stdout" if args.json == "-" else args.json
         raise UserError(f"--json and --jobs-out both write to {where}: give two places")
-    cluster = load_run_cluster(args)
+    cluster = run_recipe.load_run_cluster(recipe)
     policy = make_policy(args.policy)
     placer = make_placer(args.placer, reproducible=True)
     stats = SkipStats()
-    jobs = mark_offload(args, load_run_jobs(args, cluster, stats))
+    loaded = run_recipe.load_run_jobs(recipe, cluster, stats)
+    jobs = run_recipe.mark_offload(recipe, loaded.jobs)
     with _LazyProgress(policy.label) as bar:
-        result = simulate(jobs, cluster, policy, placer, sim_config(args), bar.tick)
+        result = simulate(jobs, cluster, policy, placer, config, bar.tick)
     summary = result.summary()
-    summary["settings"] = {"policy": args.policy, **run_settings(args)}
+    summary["settings"] = {"policy": args.policy, **recipe.settings(loaded.load_factor)}
     if args.offload_fraction > 0:
         summary["offload_marking"] = describe_marking(args.offload_fraction, args.seed)
     if args.share_fraction > 0:
@@ -222,33 +226,41 @@ def _util_text(summary: dict[str, object], jobs: list[TraceJob]) -> str:
     )
 
 
+def recipe_of(args: argparse.Namespace) -> RunRecipe:
+    """The run flags (`add_run_args`) as a recipe; a parser that offers only some of them
+    (a benchmark's) gets the recipe's defaults for the rest."""
+    defaults = RunRecipe(args.trace, args.format, args.cluster)
+    return RunRecipe(
+        trace=args.trace,
+        format=args.format,
+        cluster=args.cluster,
+        policy=getattr(args, "policy", None),
+        reference=getattr(args, "reference", defaults.reference),
+        seed=args.seed,
+        limit=getattr(args, "limit", defaults.limit),
+        since=getattr(args, "since", defaults.since),
+        until=getattr(args, "until", defaults.until),
+        load=getattr(args, "load", defaults.load),
+        load_basis=getattr(args, "load_basis", defaults.load_basis),
+        repeat=getattr(args, "repeat", defaults.repeat),
+        placer=getattr(args, "placer", defaults.placer),
+        window=getattr(args, "window", defaults.window),
+        preempt=getattr(args, "preempt", defaults.preempt),
+        discipline=getattr(args, "discipline", defaults.discipline),
+        round_interval_s=getattr(args, "round_interval", defaults.round_interval_s),
+        offload_fraction=getattr(args, "offload_fraction", defaults.offload_fraction),
+        share_fraction=getattr(args, "share_fraction", defaults.share_fraction),
+    )
+
+
 def mark_offload(args: argparse.Namespace, jobs: list[TraceJob]) -> list[TraceJob]:
     """`--offload-fraction`: mark jobs as offloading (seeded), saying how on stderr."""
-    from shared.sim.offload_jobs import describe_marking, mark_offloading
-
-    if not args.offload_fraction:
-        return jobs
-    marked = mark_offloading(jobs, args.offload_fraction, args.seed)
-    n = sum(1 for j in marked if j.param_bytes)
-    print(f"{describe_marking(args.offload_fraction, args.seed)}; {n} of {len(marked)} "
-          "jobs offload", file=sys.stderr)  # fmt: skip
-    return marked
+    return run_recipe.mark_offload(recipe_of(args), jobs)
 
 
 def sim_config(args: argparse.Namespace) -> SimConfig:
-    from shared.sim import SimConfig
-    from shared.sim.share_jobs import check_fraction
-
-    if args.window <= 0:
-        raise UserError(f"--window must be positive, got {args.window}")
-    check_fraction(getattr(args, "share_fraction", 0.0))  # benches that do not offer it
-    return SimConfig(
-        window=args.window,
-        seed=args.seed,
-        preempt=args.preempt,
-        discipline=args.discipline,
-        round_interval_s=common.round_interval(args.round_interval),
-    )
+    """The simulator's settings from the run flags, checked (one line)."""
+    return recipe_of(args).sim_config()
 
 
 def check_outcome(
@@ -331,122 +343,28 @@ class _LazyProgress:
 
 
 def load_run_cluster(args: argparse.Namespace) -> ClusterSpec:
-    """The `--cluster`, with `--reference` applied if given. A cluster of GPU types of
-    different speeds that names no reference (an openb node list names none) runs the
-    trace's durations as measured on a speed-1.0 GPU (a P100): said once on stderr."""
-    cluster = load_cluster(args.cluster)
-    if args.reference is None:
-        speeds = {speed_of(t, cluster.speed) for t in cluster.gpu_types}
-        if cluster.reference is None and len(speeds) > 1:
-            print(
-                f"note: {args.cluster} names no reference GPU type: the trace's durations "
-                "are taken as measured on a GPU of speed 1.0 (a P100); --reference TYPE "
-                "says otherwise",
-                file=sys.stderr,
-            )
-        return cluster
-    if args.reference not in cluster.speed and args.reference not in DEFAULT_SPEEDS:
-        raise UserError(f"--reference {args.reference!r}: no speed known for that GPU type")
-    return dataclasses.replace(cluster, reference=args.reference)
+    """The `--cluster`, with `--reference` applied if given (`shared.recipe`)."""
+    return run_recipe.load_run_cluster(recipe_of(args))
 
 
 def load_run_jobs(
     args: argparse.Namespace, cluster: ClusterSpec, stats: SkipStats
 ) -> list[TraceJob]:
-    """The trace's jobs submitted in [--since, --until), the first --limit of them."""
-    from shared.sim import load_jobs
-    from shared.traces._io import parse_time
-
-    bounds = []
-    for flag, text in (("--since", args.since), ("--until", args.until)):
-        try:
-            bounds.append(parse_time(text) if text else None)
-        except ValueError:
-            raise UserError(
-                f"{flag} {text!r}: give YYYY-MM-DD[ HH:MM:SS] (UTC) or seconds"
-            ) from None
-    since, until = bounds
-    if since is None and until is None:
-        jobs = load_jobs(args.trace, args.format, cluster, stats, args.limit)
-    else:
-        jobs = [
-            j
-            for j in load_jobs(args.trace, args.format, cluster, stats)
-            if (since is None or j.submit_s >= since) and (until is None or j.submit_s < until)
-        ]
-        if not jobs:
-            raise UserError(f"{args.trace}: no job submitted in [--since, --until)")
-        jobs = jobs[: args.limit] if args.limit is not None else jobs
-    return _compressed(args, cluster, _shares(args, jobs))
-
-
-def _shares(args: argparse.Namespace, jobs: list[TraceJob]) -> list[TraceJob]:
-    """`--share-fraction`: GPU shares (seeded), before compression so that `--load` is
-    the load of what runs; said on stderr."""
-    fraction = getattr(args, "share_fraction", 0.0)  # benches that do not offer it
-    if not fraction:
-        return jobs
-    from shared.sim.share_jobs import describe_shares, mark_shares
-
-    marked = mark_shares(jobs, fraction, args.seed)
-    n = sum(a.gpu_milli != b.gpu_milli for a, b in zip(jobs, marked, strict=True))
-    print(f"{describe_shares(fraction, args.seed)}; {n} of {len(marked)} jobs made shares",
-          file=sys.stderr)  # fmt: skip
-    return marked
-
-
-def _compressed(
-    args: argparse.Namespace, cluster: ClusterSpec, jobs: list[TraceJob]
-) -> list[TraceJob]:
-    """The jobs replayed `--repeat` times, their arrivals compressed to `--load` if given
-    (how, on stderr)."""
-    from shared.sim.load import compress_to_load, repeat, span_load
-
-    copies = getattr(args, "repeat", 1)
-    if copies != 1:
-        n = len(jobs)
-        jobs = repeat(jobs, copies)
-        print(f"--repeat {copies}: the {n} jobs replayed {copies} times", file=sys.stderr)
-    if getattr(args, "load", None) is None:
-        return jobs
-    basis = getattr(args, "load_basis", "offered")
-    out, factor = compress_to_load(jobs, cluster, args.load, basis)
-    args.load_factor = factor  # (for run_settings)
-    print(
-        f"--load {args.load} ({basis}): submission gaps divided by {factor:.4g}; of that "
-        f"demand, {span_load(out, cluster):.3f} x capacity falls inside the submission span",
-        file=sys.stderr,
-    )
-    return out
+    """The trace's jobs submitted in [--since, --until), the first --limit of them, made
+    shares, replayed and compressed as the flags say (`shared.recipe`); the factor the
+    gaps were divided by is kept in `args.load_factor` for `run_settings`."""
+    loaded = run_recipe.load_run_jobs(recipe_of(args), cluster, stats)
+    if loaded.load_factor is not None:
+        args.load_factor = loaded.load_factor
+    return loaded.jobs
 
 
 def run_settings(args: argparse.Namespace) -> dict[str, Any]:
     """What a run's figures depend on besides the policy, as the summary JSON's
-    `settings`: the trace and its selection, the cluster, placement, discipline, and
-    how arrivals were replayed and compressed (`load_factor`: gaps divided by it)."""
-    return {
-        "trace": args.trace,
-        "format": args.format,
-        "cluster": args.cluster,
-        "reference": args.reference,
-        "since": args.since or None,
-        "until": args.until or None,
-        "limit": args.limit,
-        "repeat": args.repeat,
-        "load": args.load,
-        "load_basis": args.load_basis if args.load is not None else None,
-        "load_factor": getattr(args, "load_factor", None),
-        "placer": args.placer,
-        "discipline": args.discipline,
-        "window": args.window,
-        "round_interval_s": args.round_interval,
-        "preempt": args.preempt,
-        "offload_fraction": args.offload_fraction,
-        "share_fraction": args.share_fraction,
-        "seed": args.seed,
-    }
+    `settings` (`RunRecipe.settings`)."""
+    return recipe_of(args).settings(getattr(args, "load_factor", None))
 
 
 def write_json(summary: dict[str, Any], out: str) -> None:
     """The summary as one JSON object (NaN, e.g. no job finished, written as null)."""
-    common.write_json(common.finite_or_null(summary), out)
+    write_json_file(finite_or_null(summary), out)

@@ -17,8 +17,8 @@ from aiokafka.errors import KafkaError
 from rich.console import Console
 from rich.table import Table
 
+from rltune.common import add_bus_args, bus_settings, run_async, unreachable
 from shared.bus import partitions_of, read_to_end
-from shared.cli.common import add_bus_args, bus_settings, run_async, unreachable
 from shared.config import BusSettings
 from shared.health import BROKER, quiet_aiokafka
 from shared.messages import MetricsSnapshot

@@ -16,7 +16,7 @@ from shared.errors import UserError
 
 __all__ = ["main"]
 
-# command name -> module under shared.cli that registers it
+# command name -> module under rltune that registers it
 COMMANDS = {
     "up": "up",
     "broker": "broker",
@@ -44,9 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for module in COMMANDS.values():
         try:
-            mod = importlib.import_module(f"shared.cli.{module}")
+            mod = importlib.import_module(f"rltune.{module}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"shared.cli.{module}":
+            if exc.name != f"rltune.{module}":
                 raise
             continue  # a command whose module is not built yet is simply absent
         mod.register(sub)

@@ -8,8 +8,8 @@ import contextlib
 import signal
 import sys
 
+from rltune.common import port_number, positive_int, run_async
 from shared.broker import EmbeddedBroker, ensure_topics
-from shared.cli.common import port_number, positive_int, run_async
 from shared.config import BusSettings
 
 

@@ -34,15 +34,15 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from shared.broker import EmbeddedBroker, _die_with_parent, ensure_topics, free_port
-from shared.bus import Producer, partitions_of
-from shared.cli.common import (
+from rltune.common import (
     port_number,
     positive_int,
     round_interval,
     run_async,
     write_json,
 )
+from shared.broker import EmbeddedBroker, _die_with_parent, ensure_topics, free_port
+from shared.bus import Producer, partitions_of
 from shared.cluster import ClusterSpec, load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
@@ -214,7 +214,7 @@ class Services:
             log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
             self._logs.append(log)
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "shared.cli", "service", name, *argv],
+                [sys.executable, "-m", "rltune", "service", name, *argv],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -18,8 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from shared.cli.common import finite_or_null, out_dir
-from shared.cli.simulate import (
+from rltune.common import finite_or_null, out_dir
+from rltune.simulate import (
     add_run_args,
     check_outcome,
     interval_text,
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     head = _preamble(args, stats, traces.factor)
     sys.stdout.write(head + table)
     if args.json:
-        from shared.cli.common import write_json
+        from rltune.common import write_json
 
         write_json(_json(args, runs, traces.factor), args.json)
     if out is not None:

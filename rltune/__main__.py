@@ -1,5 +1,5 @@
 import sys
 
-from shared.cli import main
+from rltune import main
 
 sys.exit(main())

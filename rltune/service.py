@@ -11,9 +11,9 @@ import os
 from collections.abc import Awaitable, Callable
 from types import ModuleType
 
+from rltune.common import add_bus_args, bus_settings, port_or_off, positive_float, run_async
 from shared.broker import wait_for_broker
 from shared.bus import stop_on_signals
-from shared.cli.common import add_bus_args, bus_settings, port_or_off, positive_float, run_async
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.prom import serve_http, track
@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def service_parser(name: str, module: ModuleType) -> argparse.ArgumentParser:
     """The flags of one service: the common ones, then its own (`add_args`). Built
     only for the service asked for, so no command imports every service."""
-    from shared.cli import _Parser
+    from rltune import _Parser
 
     p = _Parser(prog=f"rltune service {name}", description=(module.__doc__ or "").split("\n")[0])
     p.add_argument(

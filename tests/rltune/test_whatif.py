@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import main
+from rltune import main
 from shared.cluster import ClusterSpec, load_cluster, parse_cluster
 from shared.errors import UserError
 from shared.sim.load import offered_load, span_load
 from shared.whatif import Scenario, apply, parse_variant, scenario_jobs
 from tests.paths import PHILLY
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 HETERO = ROOT / "clusters" / "philly-hetero.yaml"
 SMALL = ROOT / "clusters" / "philly-hetero-small.yaml"  # every node group x 0.8, by hand
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import main
+from rltune import main
 from shared.metrics import SUMMARY_KEYS
 from tests.paths import RLTUNE_TRACE
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 PHILLY_HEAD = "timestamp,duration,num_gpus,gpu_time,cluster\n"
 
 
@@ -94,7 +94,7 @@ def test_bad_input_is_one_line_and_exit_2(
 
 def test_missing_flag_through_the_real_entry_point(files: dict[str, Path]) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "simulate", "--trace", str(files["trace"])],
+        [sys.executable, "-m", "rltune", "simulate", "--trace", str(files["trace"])],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -136,7 +136,7 @@ def test_identical_bytes_across_processes_and_hash_seeds(tmp_path: Path) -> None
         argv = ["simulate", "--trace", str(trace), "--format", "rltune", "--cluster", str(cluster)]
         argv += ["--policy", "drf", "--seed", "3", "--jobs-out", str(out), "--placer", "greedy"]
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        done = subprocess.run([sys.executable, "-m", "shared.cli", *argv], cwd=ROOT, env=env)
+        done = subprocess.run([sys.executable, "-m", "rltune", *argv], cwd=ROOT, env=env)
         assert done.returncode == 0
         outs.append(out.read_bytes())
     assert outs[0] == outs[1] and len(outs[0]) > 10_000
