@@ -10,8 +10,8 @@ from hypothesis import event, given, settings, target
 from hypothesis import strategies as st
 
 from offload_agent.device import ALIGN as DEVICE_ALIGN
-from offload_agent.policies import PlanPolicy
-from services.profiler.planner import (
+from shared.messages import PrefetchPlan, TensorProfile
+from shared.offload.planner import (
     ALIGN,
     LONE_FLOOR,
     MERGE,
@@ -24,7 +24,7 @@ from services.profiler.planner import (
     lone_params,
     step_group,
 )
-from shared.messages import PrefetchPlan, TensorProfile
+from shared.offload.policies import PlanPolicy
 
 KIB = 1024
 
@@ -318,7 +318,7 @@ def test_lru_layout_within_budget_and_enough_for_one_step(mults: list[int], frac
     tensors, at least the in-use floor's worth of buffers as large as the
     largest tensor that can be in use, every class served by a class at least
     as large that has buffers, and a budget below the floor refused."""
-    from services.profiler.planner import lru_layout
+    from shared.offload.planner import lru_layout
 
     classes = [ALIGN * m for m in mults]
     by_class = Counter(classes)
