@@ -189,7 +189,7 @@ def load_run_jobs(
 ) -> RunJobs:
     """The trace's jobs submitted in [since, until), the first `limit` of them, made
     shares, replayed and compressed as the recipe says."""
-    from shared.sim import load_jobs
+    from shared.sim.jobs_in import load_jobs
     from shared.traces._io import parse_time
 
     bounds = []

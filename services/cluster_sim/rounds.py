@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services.placement.registry import OFFLOAD_SUFFIX, REPLACE_SUFFIX
-from services.placement.replace import Move, QueuePlan, ReplaceConfig, RunningOffload
 from shared.cluster import ClusterSpec
 from shared.messages import (
     ExpectedRelease,
@@ -59,7 +58,9 @@ from shared.messages import (
 )
 from shared.placement_api import Allocation, JobRequest, NodeFree, PlacementResult, RoundContext
 from shared.policy_api import Observation, PolicyContext, QueuedJob
-from shared.sim.engine import SimConfig, Simulator, _Run
+from shared.sched.replacement import Move, QueuePlan, ReplaceConfig, RunningOffload
+from shared.sim.engine import SimConfig, Simulator
+from shared.sim.run import Run
 from shared.sim.state import Claim
 
 __all__ = ["BusSimulator", "Channel", "RemotePlacer", "RemotePolicy", "Rounds"]
@@ -383,12 +384,12 @@ class BusSimulator(Simulator):
     ) -> None:
         super().__init__(cluster, policy, placer, config)
         # the placement service wraps its placer in the order rule and the discipline
-        # (services.placement.ordered): the simulator asks it, not a wrapper of its own
+        # (shared.sched.ordered): the simulator asks it, not a wrapper of its own
         self.placer = placer  # type: ignore[assignment]
         self.rounds = policy.rounds
         self.rounds.sim = self
 
-    def _start(self, run: _Run, claim: Claim, now: float, alloc: Allocation) -> None:
+    def _start(self, run: Run, claim: Claim, now: float, alloc: Allocation) -> None:
         super()._start(run, claim, now, alloc)
         nodes = [self.state.node_ids[i] for i, _ in claim]
         self.rounds.pending.events.append(
@@ -420,7 +421,7 @@ class BusSimulator(Simulator):
                 time=now,
             ))  # fmt: skip
 
-    def _move(self, run: _Run, move: Move, now: float) -> bool:
+    def _move(self, run: Run, move: Move, now: float) -> bool:
         """Apply placement's move as in-process; the new segment goes out as `started`
         (a refused one as `rejected_placement`: the job runs on where it was)."""
         jid = run.job.job_id
@@ -434,7 +435,7 @@ class BusSimulator(Simulator):
         self.rounds.pending.events.append(JobEvent(jid, "started", now, nodes, run.nodes))
         return True
 
-    def preempt(self, run: _Run, now: float) -> None:
+    def preempt(self, run: Run, now: float) -> None:
         nodes = sorted({self.state.node_ids[i] for i, _ in run.claim})
         self.rounds.requeue = run.job.job_id
         try:
@@ -443,7 +444,7 @@ class BusSimulator(Simulator):
             self.rounds.requeue = None
         self.rounds.pending.events.append(JobEvent(run.job.job_id, "preempted", now, nodes))
 
-    def _finish(self, run: _Run, now: float) -> None:
+    def _finish(self, run: Run, now: float) -> None:
         nodes = sorted({self.state.node_ids[i] for i, _ in run.claim})
         super()._finish(run, now)
         self.rounds.pending.finished.append(run.job.job_id)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.placement.greedy import GreedyState
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
+from shared.sched.greedy import GreedyState
 from tests.services.placement.strategies import jobs, nodes
 
 

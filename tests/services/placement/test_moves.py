@@ -7,9 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from services.placement.ordered import OrderedPlacer
 from services.placement.registry import make_placer
-from services.placement.replace import ReplaceConfig, restart_cost_s
 from services.placement.rounds import PlacementState
 from shared.messages import (
     Job,
@@ -20,6 +18,8 @@ from shared.messages import (
     PlacementBatch,
     RoundRequest,
 )
+from shared.sched.ordered import OrderedPlacer
+from shared.sched.replacement import ReplaceConfig, restart_cost_s
 from tests.services.placement.test_replace import CLUSTER, GPT2XL, H, _slowdown
 
 CFG = ReplaceConfig(min_gain=0.1)

@@ -32,9 +32,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from services.placement.checker import inversions, violations
-from services.placement.greedy import GreedyState
-from services.placement.reservation import Reservation
 from shared.placement_api import (
     DISCIPLINES,
     FULL_GPU,
@@ -45,6 +42,9 @@ from shared.placement_api import (
     Placer,
     RoundContext,
 )
+from shared.sched.checker import inversions, violations
+from shared.sched.greedy import GreedyState
+from shared.sched.reservation import Reservation
 
 __all__ = ["OrderedPlacer", "choose"]
 

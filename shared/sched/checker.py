@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.placement.reservation import Reservation
 from shared.placement_api import (
     FULL_GPU,
     Allocation,
@@ -24,6 +23,7 @@ from shared.placement_api import (
     RoundContext,
     most_free_by_type,
 )
+from shared.sched.reservation import Reservation
 
 __all__ = ["inversions", "violations"]
 
