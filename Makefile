@@ -32,6 +32,7 @@ up: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: install
 	$(BIN)/mypy rltune/ shared/ services/ offload_agent/ bench/ tests/
