@@ -51,7 +51,7 @@ from shared.placement_api import DISCIPLINES
 from shared.replay import Paced, job_spec_of, paced
 from shared.traces import SkipStats, TraceJob
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "examples" / "philly-2000.jsonl"
 # Real time's default round interval (trace seconds): Slurm's default sched_interval.
 # A round over the bus costs tens of ms of wall time (score, then place), i.e. tens of

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.integration  # starts a broker in a subprocess
 def test_bench_bus_reports_three_paths_and_their_ratios(tmp_path: Path) -> None:
     out = tmp_path / "bus.json"
     r = subprocess.run(

@@ -18,7 +18,7 @@ import pytest
 from rltune import main
 from shared.broker import EmbeddedBroker, free_port
 from shared.config import BusSettings
-from tests.cli.test_bus_commands import rltune
+from tests.rltune.test_bus_commands import rltune
 
 NOTHING = "127.0.0.1:1"  # nothing listens on port 1
 
@@ -88,6 +88,7 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+@pytest.mark.integration  # starts a broker in a subprocess
 def test_broker_command_fails_when_its_broker_dies() -> None:
     port = free_port()
     proc = subprocess.Popen(

@@ -31,6 +31,7 @@ def rltune(
     )
 
 
+@pytest.mark.integration  # starts a broker in a subprocess
 def test_up_replays_the_sample_until_done(tmp_path: Path) -> None:
     """`up --until-done` (real time, each service its own process) schedules the
     whole sample slice and writes simulate's files: every job ran once, and the
