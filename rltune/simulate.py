@@ -17,6 +17,7 @@ from shared.jsonfile import finite_or_null
 from shared.jsonfile import write_json as write_json_file
 from shared.placement_api import DISCIPLINES
 from shared.recipe import RunRecipe
+from shared.sched.replacement import Replacing
 from shared.traces import SkipStats, TraceJob
 
 if TYPE_CHECKING:
@@ -161,25 +162,24 @@ def run(args: argparse.Namespace) -> int:
     from shared.sim.share_jobs import describe_shares
 
     recipe = recipe_of(args)
-    config = recipe.sim_config()  # flags checked before the trace is read
+    recipe.sim_config()  # flags checked before anything is read
     if args.json and args.jobs_out and args.json == args.jobs_out:
         where = "stdout" if args.json == "-" else args.json
         raise UserError(f"--json and --jobs-out both write to {where}: give two places")
-    cluster = run_recipe.load_run_cluster(recipe)
     policy = make_policy(args.policy)
     placer = make_placer(args.placer, reproducible=True)
     stats = SkipStats()
-    loaded = run_recipe.load_run_jobs(recipe, cluster, stats)
-    jobs = run_recipe.mark_offload(recipe, loaded.jobs)
+    inputs = run_recipe.build_inputs(recipe, stats)
+    cluster, jobs = inputs.cluster, inputs.jobs
     with _LazyProgress(policy.label) as bar:
-        result = simulate(jobs, cluster, policy, placer, config, bar.tick)
+        result = simulate(jobs, cluster, policy, placer, inputs.config, bar.tick)
     summary = result.summary()
-    summary["settings"] = {"policy": args.policy, **recipe.settings(loaded.load_factor)}
+    summary["settings"] = {"policy": args.policy, **recipe.settings(inputs.load_factor)}
     if args.offload_fraction > 0:
         summary["offload_marking"] = describe_marking(args.offload_fraction, args.seed)
     if args.share_fraction > 0:
         summary["share_marking"] = describe_shares(args.share_fraction, args.seed)
-    replace = getattr(placer, "replace", None)
+    replace = placer.replace if isinstance(placer, Replacing) else None
     if replace is not None:
         summary["offload_replace"] = replace.describe()
         print(f"{replace.describe()}; {result.replacements} moves", file=sys.stderr)
