@@ -53,7 +53,7 @@ from typing import Any
 
 import msgspec
 
-from services.cluster_sim.rounds import BusSimulator, RemotePlacer, RemotePolicy, Rounds
+from services.cluster_sim.rounds import RemotePlacer, RemotePolicy, Rounds, bus_simulator
 from shared.bus import (
     Outgoing,
     Producer,
@@ -490,7 +490,7 @@ async def serve(
         if conf.replay:
             channel.replay = {j.job_id: j for j in jobs}
         rounds = Rounds(channel, conf.window)
-        sim = BusSimulator(
+        sim = bus_simulator(
             cluster,
             RemotePolicy(conf.policy, time_invariant(conf.policy), rounds, _local(conf)),
             RemotePlacer(conf.placer, rounds),

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 from shared.placement_api import (
     DISCIPLINES,
@@ -46,7 +47,7 @@ from shared.sched.checker import inversions, violations
 from shared.sched.greedy import GreedyState
 from shared.sched.reservation import Reservation
 
-__all__ = ["OrderedPlacer", "choose"]
+__all__ = ["OrderedPlacer", "OrdersWindow", "choose"]
 
 
 def choose(
@@ -163,8 +164,38 @@ def _backfill(
     return None
 
 
+@runtime_checkable
+class OrdersWindow(Protocol):
+    """A placer that itself decides which window jobs start, by the order rule and a
+    discipline (`orders_window`): `OrderedPlacer`, or the placement service over the
+    bus. The simulator wraps any other placer in an `OrderedPlacer`."""
+
+    name: str
+    orders_window: bool
+
+    @property
+    def fallbacks(self) -> int:
+        """Rounds whose placement broke the order and were replaced."""
+        ...
+
+    @property
+    def cycles(self) -> int:
+        """Calls that left garbage cycles (a solver's model)."""
+        ...
+
+    def place(
+        self,
+        jobs: Sequence[JobRequest],
+        nodes: Sequence[NodeFree],
+        speed: Mapping[str, float],
+        ctx: RoundContext | None = None,
+    ) -> PlacementResult: ...
+
+
 class OrderedPlacer:
     """`inner` decides where; the window order and `discipline` decide which."""
+
+    orders_window = True
 
     def __init__(self, inner: Placer, discipline: str) -> None:
         if discipline not in DISCIPLINES:

@@ -54,7 +54,7 @@ from shared.placement_api import (
 )
 from shared.policy_api import History, Policy, QueuedJob, policy_context
 from shared.sched.checker import inversions
-from shared.sched.ordered import OrderedPlacer
+from shared.sched.ordered import OrderedPlacer, OrdersWindow
 from shared.sched.replacement import (
     LeavesCycles,
     Move,
@@ -66,6 +66,7 @@ from shared.sched.replacement import (
 )
 from shared.sim.admit import admit_reason
 from shared.sim.observe import SimObservation, WaitingIndex
+from shared.sim.observer import SimObserver
 from shared.sim.offload_state import OffloadRecord, OffloadState
 from shared.sim.preempt import Preemptor
 from shared.sim.run import Run
@@ -160,7 +161,15 @@ class Simulator:
         if not (config.round_interval_s >= 0 and math.isfinite(config.round_interval_s)):
             raise ValueError(f"round interval {config.round_interval_s} s: give 0 or more")
         inner = placer.inner if isinstance(placer, OrderedPlacer) else placer
-        self.placer = OrderedPlacer(inner, config.discipline)
+        # the order rule and the discipline: the simulator's own wrapper, unless the
+        # placer applies them itself (the placement service, over the bus); an OrderedPlacer
+        # handed in is made again for this run's discipline
+        self.placer: OrdersWindow
+        if isinstance(placer, OrdersWindow) and placer.orders_window and inner is placer:
+            self.placer = placer
+        else:
+            self.placer = OrderedPlacer(inner, config.discipline)
+        self.observers: list[SimObserver] = []  # told of starts, moves, finishes (observer.py)
         self.cluster, self.policy, self.config = cluster, policy, config
         self.easy = config.discipline == "easy"
         # running jobs' (start + estimate, seq) in order, and their releases (EASY)
@@ -543,6 +552,8 @@ class Simulator:
         if self._fifo is not None:
             self._fifo.pop(job.seq, None)
         self._begin(run, claim, now)
+        for o in self.observers:
+            o.started(run, now)
 
     def _begin(self, run: Run, claim: Claim, now: float) -> None:
         """A segment of a running job begins on `claim` (its GPUs already taken)."""
@@ -598,14 +609,18 @@ class Simulator:
             begin = max(now, run.restart_until)  # a moved job restores its checkpoint first
             run.finish_at = begin + max(run.work, 0.0) * self.ref_speed * run.factor / run.speed
             heapq.heappush(self.events, (run.finish_at, _FINISH, seq, run.epoch))
+        for o in self.observers:
+            o.rerated(seqs, now)
 
     def _finish(self, run: Run, now: float) -> None:
-        job = run.job
+        job, claim = run.job, run.claim
         self._stop(run, now)
         run.work = 0.0
         run.epoch += 1  # its pending threshold checks are stale now
         self.history.record(job, sum(s.finish_s - s.start_s for s in run.segments))
         self._est.clear()  # estimates learn from every finish
+        for o in self.observers:
+            o.finished(run, claim, now)
 
     def _stop(self, run: Run, now: float) -> None:
         """End the current segment of a running job and give back its GPUs."""
@@ -705,6 +720,8 @@ class Simulator:
             if claim is not None:
                 self.state.release(claim, job.gpu_milli)
             self.result.conflicts += 1
+            for o in self.observers:
+                o.moved(run, move, now, False)
             return False
         rel = self.releases.get(job.seq)
         self._stop(run, now)
@@ -716,10 +733,15 @@ class Simulator:
         self._begin(run, claim, now)
         self.result.replacements += 1
         self.settled = False  # the GPUs it left may start a waiting job
+        for o in self.observers:
+            o.moved(run, move, now, True)
         return True
 
     def preempt(self, run: Run, now: float) -> None:
         """Stop a running job and put it back in the queue with the work it has left."""
+        claim = run.claim
+        for o in self.observers:
+            o.preempting(run, now)
         if run.offload is None:
             run.work -= (now - run.seg_start) * run.speed / self.ref_speed
         self._stop(run, now)  # an offloading job's progress is banked there
@@ -727,6 +749,8 @@ class Simulator:
         self.result.preemptions += 1
         self._enqueue(run.job)
         self.settled = False
+        for o in self.observers:
+            o.preempted(run, claim, now)
 
     def _record(self, run: Run) -> JobRecord:
         j = run.job
