@@ -71,7 +71,7 @@ def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _env_names_read_by_code() -> set[str]:
     names: set[str] = set()
-    for pkg in ("shared", "services", "offload_agent"):
+    for pkg in ("rltune", "shared", "services", "offload_agent"):
         for path in (ROOT / pkg).rglob("*.py"):
             names |= set(re.findall(r"[\"'](RLTUNE_[A-Z0-9_]+)[\"']", path.read_text()))
     return names
