@@ -28,7 +28,7 @@ offloading jobs already there (Σ over them of f_after − f_before, per GPU of 
 x is the share of a GPU's throughput the placement loses. x is not capped: a
 heavy streamer (T5-3B on one P100: f = 2.2 alone) beside one other already has
 x > 1, and a cap at 1 made a node with one such neighbour cost the same as a
-node with five (docs/offload-placement-results.md, marking seeds 0-2: without the
+node with five (docs/results/offload-placement-results.md, marking seeds 0-2: without the
 cap the cut is 3 points larger at two seeds and 0.7 smaller at the third, and
 the jobs that do not offload are no longer slower at one). C joins T_j,t (the
 Scorer's per-job, per-type cost), so it is in the model, the warm start, the
