@@ -37,7 +37,8 @@ dearest class, C is a bonus (≤ 0) that never makes a job less worth starting
 than without the term (ordered.py chooses which jobs start, and the MILP's
 answer must start exactly those); only where it starts changes. WEIGHT = 16 job
 values per lost GPU makes the offload estimate outweigh the fragmentation
-differences between places (chosen on the README's tuning slices).
+differences between places (chosen on the tuning slices of
+docs/design/offload-scheduling.md, "Placement").
 
 Jobs of one window placed on one node share its bandwidth too. The whole-GPU
 slots of offloading single-node jobs are slot kinds of their own, one per job

@@ -30,7 +30,7 @@ job, not only the window the network ranks). None (the default): no bound.
 It bounds what the reward (a mean over jobs) does not see, the longest waits,
 which fall on the largest jobs. Applied to every job it is FIFO for every job
 past the bound, which on a loaded cluster is most of the queue (measured on the
-validation slice: bounded slowdown 2.7x, README); hence the size threshold.
+validation slice: bounded slowdown 2.7x, docs/results/rl.md); hence the size threshold.
 The recorded round (`Step`) holds only the jobs the network ranked, so PPO's
 log-probabilities are those of its own choices. `bound_scale="backlog"` scales the
 bound with the load the policy sees: `max_wait_s x (1 + waiting GPUs / cluster
