@@ -82,3 +82,13 @@ def test_relative_links_reach_a_file_and_a_heading(doc: Path) -> None:
                 f"{doc.relative_to(ROOT)}:{no}: {target} (no such heading in {dest.name})"
             )
     assert not broken, "\n".join(broken)
+
+
+def test_readme_is_a_front_page() -> None:
+    """At most 300 lines; its first screen (60 lines) names the submit topic and holds a
+    JobSpec (guides, design and results live in docs/)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move detail to docs/"
+    first = "\n".join(lines[:60])
+    assert "rltune.jobs.submit" in first
+    assert '"job_id": "train-42"' in first and '"num_gpus": 4' in first
