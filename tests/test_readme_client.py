@@ -1,4 +1,4 @@
-"""The README's client script, run as written (only the broker address and the topic
+"""The README's client script (kafka-python), run as written (only the broker address and the topic
 prefix changed) against the real broker: it publishes a JobSpec that the arrival
 service's own decoder accepts, keyed by its job id, and follows `jobs.events` until its
 job's `finished`, printing that job's events and no other job's."""
