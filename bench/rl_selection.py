@@ -1,5 +1,5 @@
 """Choosing a learned policy without looking at the held-out weeks
-(docs/rl-selection.md).
+(docs/results/rl-selection.md).
 
 Three fixed protocols, each a list of settings run over several orders of the jobs
 submitted in one second (`bench.tie_orders.shuffled`), MILP placement, `easy`:
@@ -38,9 +38,9 @@ from typing import cast
 import numpy as np
 
 from bench.tie_orders import TRACE, shuffled
+from rltune import simulate as cli
 from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
-from shared.cli import simulate as cli
 from shared.sim import simulate
 from shared.traces import SkipStats
 

@@ -1,5 +1,5 @@
 """How much a simulation's figures move with the order of jobs submitted in the
-same second (README, "Results: Philly after 2017-10-15").
+same second (docs/results/rl.md, "Held-out").
 
 A trace lists jobs submitted in one second in some order, and every policy breaks
 its ties by that order (the simulator's `seq`). This runs `simulate` over the same
@@ -24,10 +24,10 @@ from typing import cast
 
 import numpy as np
 
+from rltune import simulate as cli
 from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
 from services.scoring.rl.env import shuffle_ties
-from shared.cli import simulate as cli
 from shared.sim import simulate
 from shared.traces import SkipStats, TraceJob
 

@@ -306,7 +306,7 @@ class PrefetchPlan(Struct):
     prefetch: list[str]  # tensor ids in prefetch order
     window: int = 2
     # a streamed tensor uses the buffers of a streamed class at most this many
-    # times its own size (services/profiler/planner.py: stream_classes)
+    # times its own size (shared/offload/planner.py: stream_classes)
     merge: float = 1.34
 
 

@@ -53,7 +53,7 @@ from typing import Any
 
 import msgspec
 
-from services.cluster_sim.rounds import BusSimulator, RemotePlacer, RemotePolicy, Rounds
+from services.cluster_sim.rounds import RemotePlacer, RemotePolicy, Rounds, bus_simulator
 from shared.bus import (
     Outgoing,
     Producer,
@@ -63,10 +63,10 @@ from shared.bus import (
     read_back,
     run_service,
 )
-from shared.cli.common import round_interval
 from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
+from shared.jsonfile import finite_or_null, write_json
 from shared.messages import (
     JobEvent,
     NodeStatus,
@@ -77,9 +77,10 @@ from shared.messages import (
     encode,
 )
 from shared.placement_api import DISCIPLINES
+from shared.recipe import RunRecipe, check_round_interval
 from shared.reject import Reject
 from shared.replay import job_spec_of
-from shared.sim import SimConfig, write_jobs_csv
+from shared.sim import write_jobs_csv
 from shared.sim.offload_jobs import describe_marking, load_marked
 from shared.traces import SkipStats, TraceJob
 
@@ -114,8 +115,25 @@ class SimSettings:
     # None: when the first round is asked (`rltune up` passes its replay's start)
     epoch: float | None = None
 
+    def recipe(self) -> RunRecipe:
+        """The run as `rltune simulate` would describe it (the simulator's settings)."""
+        return RunRecipe(
+            trace=self.trace,
+            format=self.format,
+            cluster=self.cluster,
+            policy=self.policy,
+            seed=self.seed,
+            limit=self.limit,
+            placer=self.placer,
+            window=self.window,
+            preempt=self.preempt,
+            discipline=self.discipline,
+            round_interval_s=self.round_interval_s,
+            offload_fraction=self.offload_fraction,
+        )
+
     def run_settings(self) -> dict[str, object]:
-        """The summary JSON's `settings` (as simulate's, `shared.cli.simulate.run_settings`,
+        """The summary JSON's `settings` (as simulate's, `RunRecipe.settings`,
         for what this service has), plus the policy and how time ran."""
         return {
             "trace": self.trace,
@@ -193,7 +211,7 @@ def from_args(args: argparse.Namespace) -> SimSettings:
         raise UserError(f"--resend must be positive, got {args.resend}")
     if args.epoch is not None and not math.isfinite(args.epoch):
         raise UserError(f"--epoch must be a time in Unix seconds, got {args.epoch:g}")
-    round_interval(args.round_interval)
+    check_round_interval(args.round_interval)
     return SimSettings(
         trace=args.trace, format=args.format, cluster=args.cluster, policy=args.policy,
         placer=args.placer, limit=args.limit, window=args.window, seed=args.seed,
@@ -472,17 +490,11 @@ async def serve(
         if conf.replay:
             channel.replay = {j.job_id: j for j in jobs}
         rounds = Rounds(channel, conf.window)
-        sim = BusSimulator(
+        sim = bus_simulator(
             cluster,
             RemotePolicy(conf.policy, time_invariant(conf.policy), rounds, _local(conf)),
             RemotePlacer(conf.placer, rounds),
-            SimConfig(
-                window=conf.window,
-                seed=conf.seed,
-                discipline=conf.discipline,
-                preempt=conf.preempt,
-                round_interval_s=conf.round_interval_s,
-            ),
+            conf.recipe().sim_config(),
         )
         if ready is not None:
             ready.set()
@@ -509,9 +521,8 @@ async def serve(
             if conf.jobs_out:
                 write_jobs_csv(result.records, conf.jobs_out)
             if conf.json_out:
-                from shared.cli.simulate import write_json
-
-                write_json({**result.summary(), "settings": conf.run_settings()}, conf.json_out)
+                summary = {**result.summary(), "settings": conf.run_settings()}
+                write_json(finite_or_null(summary), conf.json_out)
             x = stats.extra
             log.info(
                 "done: %d rounds asked, %d recovered from the topics; %s",

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import msgspec
 
-from services.placement.ordered import OrderedPlacer
 from services.placement.registry import OFFLOAD_SUFFIX, make_placer
 from services.placement.rounds import PlacementState
 from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, run_service
@@ -44,6 +43,7 @@ from shared.messages import (
 from shared.placement_api import DISCIPLINES
 from shared.prom import SOLVE_SECONDS
 from shared.reject import Reject
+from shared.sched.ordered import OrderedPlacer
 
 __all__ = ["PlacementSettings", "add_args", "from_args", "serve"]
 

@@ -26,11 +26,11 @@ from multiprocessing.process import BaseProcess
 
 import msgspec
 
-from services.profiler.planner import Budgets, PlanError, build_plan
 from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, serve_service
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import PrefetchPlan, TensorProfile, encode
+from shared.offload.planner import Budgets, PlanError, build_plan
 from shared.reject import Reject
 
 __all__ = ["PlanWorker", "ProfileHandler", "plan_budget_s", "serve", "service_spec"]

@@ -19,9 +19,9 @@ import jsonschema
 import pytest
 import yaml
 
+from rltune.service import SERVICES, available
 from services.telemetry import prom as telemetry_prom
 from shared import prom
-from shared.cli.service import SERVICES, available
 from shared.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _env_names_read_by_code() -> set[str]:
     names: set[str] = set()
-    for pkg in ("shared", "services", "offload_agent"):
+    for pkg in ("rltune", "shared", "services", "offload_agent"):
         for path in (ROOT / pkg).rglob("*.py"):
             names |= set(re.findall(r"[\"'](RLTUNE_[A-Z0-9_]+)[\"']", path.read_text()))
     return names

@@ -13,11 +13,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from rltune import main
 from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
 from services.telemetry import service as telemetry
 from shared.bus import Producer, Record, read_back
-from shared.cli import main
 from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.messages import MetricsSnapshot, OffloadStats, Reward

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import msgspec
 
+from rltune import main
 from services.arrival import service as arrival
 from services.telemetry import service as telemetry
 from shared.bus import Record, read_back
-from shared.cli import main
 from shared.config import BusSettings
 from shared.messages import MetricsSnapshot
 from tests.integration.streaming import services, small_cluster
@@ -35,7 +35,7 @@ SPEEDUP = 1e6  # the slice's 189 simulated days in about 16 s of wall time
 
 
 def _spawn(bus: BusSettings, name: str, flags: list[str], log: Path) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "shared.cli", "service", name]
+    argv = [sys.executable, "-m", "rltune", "service", name]
     argv += ["--bootstrap", bus.bootstrap, "--topic-prefix", bus.topic_prefix, *flags]
     with open(log, "ab") as out:
         return subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)

@@ -20,7 +20,7 @@ from offload_agent.optim import AdamW
 from offload_agent.precision import LossScale
 from offload_agent.residency import Tier
 from offload_agent.strategies import specs_of
-from services.profiler.planner import build_plan
+from shared.offload.planner import build_plan
 from tests.offload_agent.hf import (
     DEVICE,
     Amp,
@@ -76,7 +76,7 @@ def make(
 
 
 def run(engine: OffloadEngine, loop: Loop, amp: Amp, steps: range | None = None) -> list[float]:
-    """The README's loop: autocast forward, `engine.scale(loss).backward()`."""
+    """The loop of docs/guide/offload.md: autocast forward, `engine.scale(loss).backward()`."""
     losses = []
     for step in steps or range(loop.steps):
         engine.set_lr(loop.lr(step))

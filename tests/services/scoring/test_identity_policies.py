@@ -117,7 +117,7 @@ def test_identity_stats_count_recent_log_mean_and_ratio() -> None:
 def test_sjf_req_on_a_trace_without_requests_is_one_line_exit_2(tmp_path: Path) -> None:
     cluster = Path(__file__).resolve().parents[3] / "clusters" / "philly.yaml"
     proc = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "simulate", "--trace", str(PHILLY), "--format",
+        [sys.executable, "-m", "rltune", "simulate", "--trace", str(PHILLY), "--format",
          "philly", "--cluster", str(cluster), "--policy", "sjf-req", "--limit", "50"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

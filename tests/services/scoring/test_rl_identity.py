@@ -46,7 +46,7 @@ def identity_checkpoint(tmp_path: Path) -> Path:
 
 def simulate(trace: Path, fmt: str, cluster: str, policy: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", "simulate", "--trace", str(trace), "--format", fmt,
+        [sys.executable, "-m", "rltune", "simulate", "--trace", str(trace), "--format", fmt,
          "--cluster", str(ROOT / "clusters" / cluster), "--policy", policy, "--limit", "60"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )  # fmt: skip
@@ -75,8 +75,8 @@ def test_identity_checkpoint_is_refused_on_a_trace_without_identity(tmp_path: Pa
 def test_trained_identity_checkpoint_needs_what_its_training_trace_carried(
     tmp_path: Path,
 ) -> None:
-    from shared.cli import main
-    from tests.shared.cli.test_train_cli import _train
+    from rltune import main
+    from tests.rltune.test_train_cli import _train
 
     argv = _train(tmp_path, "i.pt", "--iterations", "1", "--features", "identity")
     assert main(argv) == 0

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from bench.offload_calibration import with_profile
-from services.profiler.planner import Budgets
 from shared.messages import TensorProfile
+from shared.offload.planner import Budgets
 from shared.sim.offload_cost import (
     CALIBRATION_FILE,
     bench_traffic,
@@ -55,7 +55,7 @@ def test_replayed_bytes_match_what_the_engine_moved(name: str, strategy: str) ->
     assert moved == pytest.approx(run[strategy]["bytes_moved_per_step"], rel=0.05)
 
 
-DOCS = Path(__file__).parents[3] / "docs"
+DOCS = Path(__file__).parents[3] / "docs" / "results" / "data"
 H100 = DOCS / "offload-h100"
 
 
