@@ -60,6 +60,8 @@ from shared.bus import (
     Record,
     ServiceSpec,
     ServiceStats,
+    Stopped,
+    deliver,
     read_back,
     run_service,
 )
@@ -224,10 +226,6 @@ def time_invariant(policy: str) -> bool:
     return bool(getattr(cls, "time_invariant", False)) if cls is not None else False
 
 
-class Stopped(Exception):
-    """The service is stopping while the simulator waits for a round."""
-
-
 @dataclass
 class _Waits:
     score: dict[int, asyncio.Future[PriorityBatch]] = field(default_factory=dict)
@@ -330,8 +328,11 @@ class BusChannel:
 
     # on the event loop
     async def _publish(self, outs: list[Outgoing]) -> None:
-        await self.producer.publish([(o, []) for o in outs])
-        self.stats.published += len(outs)
+        """Through the bus's one retry loop: an outage of any length is waited out
+        (Stopped if the service stops first)."""
+        self.stats.published += await deliver(
+            self.producer, outs, self.stop, NAME, lambda o: (o, []), stats=self.stats
+        )
 
     async def _pace(self, now: float) -> None:
         if self.conf.lockstep:
