@@ -125,7 +125,7 @@ async def test_history_reading_policy_through_kills_in_lockstep(
     restarted; the per-job CSV is exactly `rltune simulate`'s. (Scoring's rebuild
     used to skip every job the events had already marked finished, so its history
     came back empty and later rounds ranked differently.)"""
-    limit = 150
+    limit = 100
     cluster = small_cluster(tmp_path)
     up_csv, up_json = tmp_path / "up.csv", tmp_path / "up.json"
     common = ["--cluster", str(cluster)]
@@ -144,7 +144,7 @@ async def test_history_reading_policy_through_kills_in_lockstep(
     runs = {"arrival": lambda stop: arrival.serve(bus, stop)}
     try:
         async with services(bus, runs):
-            kills = [("scoring", 40), ("placement", 80), ("scoring", 130), ("cluster-sim", 170)]
+            kills = [("scoring", 20), ("placement", 45), ("scoring", 70), ("cluster-sim", 95)]
             for name, after in kills:
                 await _kill_after(bus, procs[name], after)
                 procs[name] = _spawn(bus, name, flags[name], logs[name])
