@@ -438,7 +438,7 @@ class _Loop:
 
     def _consumer(self) -> AIOKafkaConsumer:
         return AIOKafkaConsumer(
-            bootstrap_servers=self.settings.bootstrap,
+            **self.settings.client_kwargs(),
             group_id=self.spec.group_id or f"{self.settings.topic_prefix}{self.spec.name}",
             client_id=self.spec.name,
             enable_auto_commit=False,
