@@ -199,13 +199,11 @@ async def test_forged_round_answers_are_refused_and_change_nothing(
     sim_csv = _simulate(tmp_path, cluster, "sjf-est", "greedy", 0.0, False).read_text()
     ids = [line.split(",")[0] for line in sim_csv.splitlines()[1:]]
     everyone = [(j, float(i)) for i, j in enumerate(ids)]
-    forged = [
-        (t.sched_placements, PlacementBatch(12, 0.0, [Assignment(ids[5], "v100-0", [0, 1, 2, 3])])),
-        (t.sched_priorities, PriorityBatch(13, 0.0, everyone, driven=True)),
-    ]
+    place = PlacementBatch(12, 0.0, [Assignment(ids[5], "v100-0", [0, 1, 2, 3])])
+    prio = PriorityBatch(13, 0.0, everyone, driven=True)
     async with Producer(bus) as p:
-        for topic, msg in forged:
-            await (await p.send(topic, str(msg.round_id), encode(msg)))
+        await (await p.send(t.sched_placements, "12", encode(place)))
+        await (await p.send(t.sched_priorities, "13", encode(prio)))
     runs = lockstep_runs(bus, cluster, "sjf-est", "greedy", LIMIT, tmp_path)
     async with services(bus, runs) as tasks:
         await asyncio.wait_for(tasks["cluster-sim"], 240)
