@@ -552,7 +552,9 @@ def _run(
                 out[s] = _ds_summary(engine, measured[s])
             else:
                 out[s] = _summary(engine, measured[s])
-            out[s]["gpu_resident_bytes"], out[s]["host_rss_bytes"] = memory[s]
+            kept, out[s]["host_rss_bytes"] = memory[s]
+            # below zero where building it freed memory an earlier engine held: unknown
+            out[s]["gpu_resident_bytes"] = kept if kept >= 0 else None
             peaks = measured[s].gpu_step_peak
             out[s]["gpu_step_peak_bytes"] = max(peaks) if peaks else None
             if s == "tencache":
@@ -751,7 +753,8 @@ def _table(result: dict[str, Any], link: dict[str, Any]) -> Table:
             "-" if ds else f"{r['peak_host_bytes'] / 1e6:.0f}",
             f"{r['plan_window']} / {r['fetch_ahead']}" if s in ("fixed", "tencache") else "-",
             "-" if peak is None else
-            f"{r['gpu_resident_bytes'] / 1e6:.0f} + {peak / 1e6:.0f}",
+            ("?" if r["gpu_resident_bytes"] is None else f"{r['gpu_resident_bytes'] / 1e6:.0f}")
+            + f" + {peak / 1e6:.0f}",
             f"{r['host_rss_bytes'] / 1e6:.0f}",
             f"no, rel {diff['max_rel']:.1e}" if ds and diff["max_abs"] else
             str(result["losses_identical_to_none"][s]),
