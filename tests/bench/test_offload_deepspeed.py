@@ -104,7 +104,9 @@ def test_strategies_are_checked_in_one_line(
 
 
 def _deepspeed() -> None:
-    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: make deepspeed-check")
+    pytest.importorskip(
+        "deepspeed", reason="DeepSpeed is not installed: make deepspeed-check", exc_type=ImportError
+    )
     pytest.importorskip("transformers")
     if shutil.which("c++") is None:
         pytest.skip("DeepSpeed JIT-compiles its CPU AdamW: no C++ compiler here")
