@@ -56,7 +56,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from bench.offload_deepspeed import DEEPSPEED_STRATEGIES, DeepSpeedRun
+from bench.offload_deepspeed import DEEPSPEED_STRATEGIES, DeepSpeedRun, available
 from offload_agent.device import CpuDevice, Device, deterministic_cuda, select_device
 from offload_agent.engine import EngineConfig, OffloadEngine
 from offload_agent.link import LinkEmulation
@@ -153,8 +153,6 @@ def _strategies(a: BenchArgs) -> tuple[str, ...]:
             "--strategies must include none and tencache (the reference and the engine)"
         )
     if set(asked) & set(DEEPSPEED_STRATEGIES):
-        from bench.offload_deepspeed import available
-
         why = available()
         if why is not None:
             raise UserError(

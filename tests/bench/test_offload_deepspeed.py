@@ -87,11 +87,11 @@ def test_loss_diff_by_hand() -> None:
 def test_strategies_are_checked_in_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import bench.offload_deepspeed as bd
+    import bench.offload as bo
 
     assert main(["bench", "offload", "--strategies", "none,tencache,zero"]) == 2
     assert main(["bench", "offload", "--strategies", "none,lru"]) == 2
-    monkeypatch.setattr(bd, "available", lambda: "DeepSpeed is not importable (ImportError: x)")
+    monkeypatch.setattr(bo, "available", lambda: "DeepSpeed is not importable (ImportError: x)")
     assert main(["bench", "offload", "--strategies", "none,tencache,deepspeed"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3
@@ -138,6 +138,25 @@ def test_the_bench_runs_deepspeed_beside_the_engine_and_reports_its_loss_gap(
     assert gap < 1e-5  # rounding of a different AdamW kernel, not another training run
     assert g["losses_identical_to_none"]["tencache"]
     assert list(tmp_path.iterdir()) == [out]  # its swap folder is gone
+
+
+def test_zero_infinity_on_nvme_runs_in_the_bench_where_libaio_is_there(tmp_path: Path) -> None:
+    """`deepspeed` (NVMe): its swap files in the bench's swap folder, gone after."""
+    _deepspeed()
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if not AsyncIOBuilder().is_compatible():
+        pytest.skip("DeepSpeed's async_io cannot build here: libaio's headers are missing")
+    out = tmp_path / "offload.json"
+    argv = ["bench", "offload", "--device", "cpu", "--archs", "gpt2", "--dim", "64",
+            "--layers", "2", "--vocab", "512", "--seq", "16", "--batch", "2", "--steps", "1",
+            "--repeats", "1", "--warmup", "1", "--strategies", "none,tencache,deepspeed",
+            "--nvme-dir", str(tmp_path), "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    g = json.loads(out.read_text())["gpt2"]
+    assert g["deepspeed"]["zero3"]["offload"] == "nvme"
+    assert g["loss_diff_vs_none"]["deepspeed"]["max_rel"] < 1e-5
+    assert list(tmp_path.iterdir()) == [out]
 
 
 def test_with_torch_adamw_zero3_offload_matches_plain_pytorch_bit_for_bit() -> None:
