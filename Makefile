@@ -34,10 +34,11 @@ up: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 typecheck: install
-	$(BIN)/mypy shared/ services/ offload_agent/ bench/ tests/
+	$(BIN)/mypy rltune/ shared/ services/ offload_agent/ bench/ tests/
 
 unit: install
 	$(BIN)/python -m pytest -q --durations=15

@@ -66,9 +66,9 @@ from offload_agent.optim import AdamW
 from offload_agent.residency import Tier
 from offload_agent.stats import percentile
 from offload_agent.strategies import STRATEGIES
-from services.profiler.planner import build_plan
-from shared.cli.common import write_json
 from shared.errors import UserError
+from shared.jsonfile import write_json
+from shared.offload.planner import build_plan
 from shared.sim.offload_cost import TOKENS_PER_GPU_STEP
 
 __all__ = ["main"]
