@@ -16,7 +16,7 @@ import pytest
 from bench.offload import loss_diff
 from bench.offload_deepspeed import ZeroKnobs, zero3_config, zero3_knobs
 from offload_agent.optim import AdamW
-from shared.cli import main
+from rltune import main
 
 
 def test_the_budget_is_split_over_live_prefetch_persistent_and_gradient_buckets() -> None:
