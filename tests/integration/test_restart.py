@@ -26,6 +26,7 @@ from services.telemetry import service as telemetry
 from shared.bus import Record, read_back
 from shared.config import BusSettings
 from shared.messages import MetricsSnapshot
+from tests.integration import lockstep_soak
 from tests.integration.streaming import services, small_cluster
 from tests.paths import PHILLY, TOOLS
 
@@ -161,3 +162,12 @@ async def test_history_reading_policy_through_kills_in_lockstep(
     got, want = up_csv.read_text().splitlines(), expected.read_text().splitlines()
     assert len(got) == limit + 1
     assert got == want
+
+
+async def test_lockstep_soak_small(bus: BusSettings, tmp_path: Path) -> None:
+    """The soak (tests/integration/lockstep_soak.py) at CI size: 80 jobs, a random
+    service SIGKILLed every 6 s (`python -m tests.integration.lockstep_soak` runs
+    5,000 jobs with a kill every 30 s)."""
+    r = await lockstep_soak.soak(bus, tmp_path, jobs=80, kill_every_s=6.0, seed=3, deadline_s=480)
+    assert sum(r.kills.values()) >= 3
+    assert r.checker_ok and r.same_as_simulate, r

@@ -10,10 +10,10 @@ import msgspec
 import uvloop
 
 from services.profiler import service as profiler
-from services.profiler.planner import Budgets
 from shared.bus import Producer, Record, read_back
 from shared.config import BusSettings
 from shared.messages import PrefetchPlan, Rejection, TensorProfile, encode
+from shared.offload.planner import Budgets
 
 GOOD = TensorProfile(
     job_id="good-1",
