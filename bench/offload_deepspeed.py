@@ -69,6 +69,7 @@ __all__ = [
     "DeepSpeedRun",
     "ZeroKnobs",
     "available",
+    "lenient",
     "start_distributed",
     "zero3_config",
     "zero3_knobs",
@@ -192,6 +193,25 @@ def zero3_config(
     }
 
 
+@contextmanager
+def lenient() -> Iterator[None]:
+    """Where deterministic kernels are required (`deterministic_cuda`), an op without
+    one warns instead of failing while DeepSpeed runs; the engine's steps, outside,
+    keep the strict setting (under warnings only, some ops, e.g. memory-efficient
+    attention's backward, fall back to their non-deterministic kernels)."""
+    strict = (
+        torch.are_deterministic_algorithms_enabled()
+        and not torch.is_deterministic_algorithms_warn_only_enabled()
+    )
+    if strict:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        if strict:
+            torch.use_deterministic_algorithms(True)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -283,9 +303,10 @@ class DeepSpeedRun:
             for g in param_groups(model, optim)
             if g.params
         ]
-        self.engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=groups, config=self.ds_config
-        )
+        with lenient():
+            self.engine, *_ = deepspeed.initialize(
+                model=model, model_parameters=groups, config=self.ds_config
+            )
         self.model: nn.Module = self.engine
         self.config = _Config(strategy)
         self.cache = _Drain(device)
@@ -295,9 +316,10 @@ class DeepSpeedRun:
 
     @contextmanager
     def step(self) -> Iterator[None]:
-        yield
-        self.engine.step()
-        self.cache.drain()
+        with lenient():
+            yield
+            self.engine.step()
+            self.cache.drain()
 
     def close(self) -> None:
         self.engine.destroy()

@@ -100,6 +100,36 @@ def test_strategies_are_checked_in_one_line(
     assert "not importable" in err[2] and "pip install -e .[deepspeed]" in err[2]
 
 
+def test_deepspeed_runs_under_warnings_and_the_engine_stays_strict() -> None:
+    """On CUDA the bench requires deterministic kernels; DeepSpeed's steps relax that
+    to warnings (`lenient`) and give the strict setting back, even on an error."""
+    import torch
+
+    from bench.offload_deepspeed import lenient
+
+    def state() -> tuple[bool, bool]:
+        return (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+
+    before = state()
+    try:
+        torch.use_deterministic_algorithms(True)
+        with lenient():
+            assert state() == (True, True)
+        assert state() == (True, False)
+        with pytest.raises(KeyError), lenient():
+            raise KeyError("a failed step")
+        assert state() == (True, False)
+        torch.use_deterministic_algorithms(False)
+        with lenient():
+            assert state() == (False, False)  # nothing to relax
+        assert state() == (False, False)
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 # ---- with DeepSpeed installed: its CPU accelerator --------------------------
 
 
