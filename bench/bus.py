@@ -61,7 +61,7 @@ async def _pipe(
     settings: BusSettings, src: str, dst: str, payloads: list[tuple[str, bytes]]
 ) -> float:
     """Seconds from the first send to `src` until len(payloads) messages were read from `dst`."""
-    c = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False)
+    c = AIOKafkaConsumer(**settings.client_kwargs(), enable_auto_commit=False)
     await c.start()
     try:
         parts = await partitions_of(c, [dst])

@@ -71,7 +71,7 @@ def table(latest: dict[str, MetricsSnapshot]) -> Table:
 
 async def _read(settings: BusSettings, follow: bool, as_json: bool) -> None:
     console = Console()
-    c = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False)
+    c = AIOKafkaConsumer(**settings.client_kwargs(), enable_auto_commit=False)
     try:
         await c.start()
     except (KafkaError, OSError) as exc:

@@ -145,7 +145,7 @@ async def _publish(
     """Send the specs; with `wait`, the answer to each of these very messages (matched by
     the position each was written at, which every answer names in its SRC_HEADER)."""
     t = settings.topics
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap) if wait else None
+    consumer = AIOKafkaConsumer(**settings.client_kwargs()) if wait else None
     try:
         try:
             if consumer is not None:  # positions read before sending: answers come after

@@ -348,7 +348,7 @@ async def _replay(
 
 async def _follow_metrics(settings: BusSettings, progress: _Progress, stop: asyncio.Event) -> None:
     dec = msgspec.json.Decoder(MetricsSnapshot)
-    c = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False)
+    c = AIOKafkaConsumer(**settings.client_kwargs(), enable_auto_commit=False)
     await c.start()
     try:
         parts = await partitions_of(c, [settings.topics.metrics])

@@ -60,6 +60,8 @@ from shared.bus import (
     Record,
     ServiceSpec,
     ServiceStats,
+    Stopped,
+    deliver,
     read_back,
     run_service,
 )
@@ -242,10 +244,6 @@ def time_invariant(policy: str) -> bool:
     return bool(getattr(cls, "time_invariant", False)) if cls is not None else False
 
 
-class Stopped(Exception):
-    """The service is stopping while the simulator waits for a round."""
-
-
 @dataclass
 class _Waits:
     score: dict[int, asyncio.Future[PriorityBatch]] = field(default_factory=dict)
@@ -278,6 +276,10 @@ class BusChannel:
         self.known: dict[str, dict[int, Any]] = {"score": {}, "place": {}}
         self.submitted: set[str] = set()  # job ids already on jobs.submit (read back)
         self.asked = -1  # the last round asked (or answered from what was read back)
+        # rounds a previous run of this service asked (read back from sched.rounds): an
+        # answer to one of those may come before this run asks it again; to any other
+        # round not asked yet, it is refused
+        self.requested: dict[str, set[int]] = {"score": set(), "place": set()}
 
     def recover(self, rec: Record) -> None:
         """A record read back at start (see the module docstring, "Restart")."""
@@ -291,6 +293,7 @@ class BusChannel:
                 self.known["place"][place.round_id] = place
             elif rec.topic == self.t.sched_rounds:
                 req = msgspec.json.decode(rec.value or b"", type=RoundRequest)
+                self.requested["score" if req.phase == "score" else "place"].add(req.round_id)
                 if self.t0 is None and req.phase == "score" and rec.timestamp_ms > 0:
                     ago = time.time() - rec.timestamp_ms / 1e3  # wall clock: the broker's
                     self.t0 = (req.time, time.monotonic() - ago)
@@ -348,8 +351,11 @@ class BusChannel:
 
     # on the event loop
     async def _publish(self, outs: list[Outgoing]) -> None:
-        await self.producer.publish([(o, []) for o in outs])
-        self.stats.published += len(outs)
+        """Through the bus's one retry loop: an outage of any length is waited out
+        (Stopped if the service stops first)."""
+        self.stats.published += await deliver(
+            self.producer, outs, self.stop, NAME, lambda o: (o, []), stats=self.stats
+        )
 
     async def _pace(self, now: float) -> None:
         if self.conf.lockstep:
@@ -366,6 +372,12 @@ class BusChannel:
         self.asked = max(self.asked, req.round_id)
         phase = "score" if req.phase == "score" else "place"  # replace: answered as place
         known = self.known[phase].pop(req.round_id, None)
+        if known is not None and req.round_id not in self.requested[phase]:
+            # on the topic before any run of this service asked that round: not an answer
+            log.warning("round %d (%s): ignored an answer read back for a round never asked",
+                        req.round_id, phase)  # fmt: skip
+            self.stats.extra["answers_never_asked"] += 1
+            known = None
         if known is not None:  # answered before a restart: everything is on the topics
             self.stats.extra["rounds_recovered"] += 1
             return known
@@ -403,14 +415,26 @@ class BusChannel:
         return fut.result()
 
     def answer(self, rid: int, phase: str, value: Any) -> None:
+        """Take an answer to round `rid`: the first to a round asked and waiting, or
+        (restarting) to a round a previous run asked; a repeat (a resend's second
+        answer, or one already read back) is counted and dropped. An answer to a round
+        never asked is refused (Reject: to the dead-letter topic), so a forged batch
+        cannot slip into a round before it is asked."""
         waits = self.waits.score if phase == "score" else self.waits.place
         fut = waits.get(rid)
         if fut is not None and not fut.done():
             fut.set_result(value)
-        else:  # a resend's second answer, or (restarting) an answer not yet asked for
-            self.stats.extra["answers_unasked"] += 1
-            if rid > self.asked:
-                self.known[phase][rid] = value
+        elif rid <= self.asked or (rid in self.requested[phase] and rid in self.known[phase]):
+            self.stats.extra["answers_repeated"] += 1
+        elif rid in self.requested[phase]:
+            self.stats.extra["answers_before_asked"] += 1
+            self.known[phase][rid] = value
+        else:
+            what = "priorities" if phase == "score" else "placements"
+            raise Reject(
+                f"{what} for round {rid}, which was never asked (the last asked is {self.asked})",
+                kind="unasked",
+            )
 
 
 class Handler:
