@@ -98,6 +98,9 @@ class History:
     SHORT_S = 600.0  # a "short" run, for `short_share`
     RECENT = 5  # runs in an identity's recent log-mean
     SIBLING_S = 1800.0  # siblings: same-class jobs submitted within this of a job
+    # finished jobs kept per class for `siblings`, the earliest submitted dropped first:
+    # memory stays bounded in a scoring service that runs for months
+    SIBLINGS_KEPT = 4096
 
     def __init__(self) -> None:
         # (who, gpus) -> [sum, count, sum of log10(1 + run), runs < SHORT_S, last run]
@@ -132,6 +135,8 @@ class History:
         at = bisect_right(subs, job.submit_s)
         subs.insert(at, job.submit_s)
         logs.insert(at, log_run)
+        if len(subs) > self.SIBLINGS_KEPT:  # bounded in a long-running service
+            del subs[0], logs[0]
         limit = job.time_limit_s
         for name in IDENTITY_FIELDS:
             value = getattr(job, name)

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Iterator
 
 import numpy as np
+import pytest
 
 from services.placement.registry import make_placer
 from services.scoring.policies.fifo import Fifo
@@ -120,3 +121,18 @@ def test_served_encoder_equals_the_per_job_reference_with_identity() -> None:
 
 def test_feature_needs_name_only_identity_features() -> None:
     assert set(FEATURE_NEEDS) <= set(IDENTITY_FEATURES)
+
+
+def test_sibling_history_is_bounded_and_drops_the_earliest() -> None:
+    """A scoring service runs for months: each class keeps `SIBLINGS_KEPT` finished
+    jobs for the sibling signal, the earliest submitted dropped first."""
+    from shared.policy_api import History
+
+    h = History()
+    n = History.SIBLINGS_KEPT + 10
+    for i in range(n):
+        h.record(QueuedJob(i, f"j{i}", float(i) * 10, 1, user="u"), 99.0)
+    assert h.siblings("u", 1, -1750.0) is None  # only the first ten were this close: gone
+    count, mean = h.siblings("u", 1, 10.0 * (n - 1)) or (0, 0.0)
+    assert count == 181  # submitted within 1,800 s: the last 181 (every 10 s)
+    assert mean == pytest.approx(2.0)  # log10(1 + 99)
