@@ -87,3 +87,42 @@ async def test_offload_stats_of_running_jobs_reach_the_reward(bus: BusSettings) 
     assert len(reasons) == 4
     for field in ("$.hit_rate", "$.migration_ms_p99", "$.gpus", "$.free_gpus"):
         assert sum(field in r for r in reasons) == 1, (field, reasons)
+
+
+async def test_nothing_is_published_before_the_state_is_rebuilt(bus: BusSettings) -> None:
+    """A (re)started telemetry first reads the topics back; until then its windows
+    are empty, and a snapshot of zeros or a reward over no jobs would be taken for
+    the run's (scoring --learn trains on rewards). Every snapshot it publishes
+    counts the 30 jobs already finished, and every reward is over them."""
+    t = bus.topics
+    async with Producer(bus) as p:
+        for i in range(30):
+            jid = f"done-{i}"
+            for topic, msg in [
+                (t.jobs_accepted, Job(jid, 1, float(i))),
+                (t.jobs_events, JobEvent(jid, "started", i + 5.0, ["n0"], "n0:0")),
+                (t.jobs_events, JobEvent(jid, "finished", i + 65.0, ["n0"])),
+            ]:
+                await p.send(topic, jid, encode(msg))
+        await p.flush()
+    conf = telemetry.TelemetrySettings(interval_s=0.05, window_s=1e9)
+    snaps: list[Record] = []
+    async with services(bus, {"telemetry": lambda stop: telemetry.serve(bus, stop, conf=conf)}):
+        for _ in range(150):  # until it has published a few rewards
+            await asyncio.sleep(0.2)
+            snaps.clear()
+            await read_back(bus, [t.metrics, t.rl_rewards], snaps.append)
+            if sum(r.topic == t.rl_rewards for r in snaps) >= 5:
+                break
+    decoded = [
+        msgspec.json.decode(r.value or b"", type=MetricsSnapshot)
+        for r in snaps
+        if r.topic == t.metrics
+    ]
+    mine = [s for s in decoded if s.source.startswith("telemetry.")]  # not its service health
+    assert mine and all(s.jobs == 30 for s in mine), sorted({s.jobs for s in mine})
+    rewards = [
+        msgspec.json.decode(r.value or b"", type=Reward) for r in snaps if r.topic == t.rl_rewards
+    ]
+    assert rewards and all(r.parts["jobs"] == 30 for r in rewards)
+    assert all(r.parts["avg_bsld"] == 65 / 60 for r in rewards)  # each: (finish - submit) / run
