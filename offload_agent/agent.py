@@ -10,7 +10,8 @@ Relays between the training processes on this host (a Unix socket, see
 * a `NodeStatus` on `cluster.nodes` at start, every `status_interval_s` and
   whenever a job starts or ends here: from pynvml where the host has GPUs
   (`source` "pynvml"), else from the configured inventory
-  (`RLTUNE_NODE_GPU_TYPE`, `RLTUNE_NODE_GPUS`; `source` "inventory"), with the
+  (`RLTUNE_NODE_GPU_TYPE`, `RLTUNE_NODE_GPUS`; `source` "inventory"; with
+  `RLTUNE_NODE_EMULATE=1` the inventory even on a GPU host), with the
   GPUs its running jobs hold taken off the free ones;
 * `jobs.kill` (`KillRequest`, public) → a job running here is stopped: SIGTERM to
   its process group, SIGKILL after `kill_grace_s`; its exit is reported `failed`
@@ -21,7 +22,10 @@ Relays between the training processes on this host (a Unix socket, see
   by the scoring service.)
 * `sched.placements` for this node → the job's command (from `jobs.accepted`)
   started on its GPUs, `JobEvent`s on `jobs.events` (see `offload_agent.jobs`);
-  each job swaps under `RLTUNE_SWAP_DIR`/<job>, removed when it exits.
+  each job swaps under `RLTUNE_SWAP_DIR`/<job>, removed when it exits, and writes
+  its stdout / stderr to `RLTUNE_JOB_LOGS`/<job>.out / .err (default
+  <tmp>/rltune-jobs/<node>); a failed job's event carries its exit code and the
+  last lines of its stderr; a command that cannot start is `failed` with the reason.
   Bad messages on those two topics are counted and ignored (their producers'
   consumers own the dead-letter topics).
 
@@ -37,6 +41,7 @@ import logging
 import os
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -77,6 +82,8 @@ class AgentConfig:
     swap_root: Path | None = None  # jobs started here swap under it (RLTUNE_SWAP_DIR)
     inventory: tuple[str, int] | None = None  # (GPU type, GPUs) for a host without pynvml
     kill_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long (a kill on request)
+    job_logs: Path | None = None  # each job's stdout / stderr (RLTUNE_JOB_LOGS)
+    emulate: bool = False  # the inventory even where pynvml sees GPUs (RLTUNE_NODE_EMULATE=1)
 
     @classmethod
     def from_env(cls) -> AgentConfig:
@@ -87,7 +94,19 @@ class AgentConfig:
             if not count.isdigit() or not 0 < int(count) <= 1024:
                 raise UserError(f"RLTUNE_NODE_GPUS={count!r} must be a number of GPUs (1-1024)")
             inventory = (os.environ.get("RLTUNE_NODE_GPU_TYPE") or "GPU", int(count))
-        return cls(ipc.socket_path(), node, swap_root=swap_dir(), inventory=inventory)
+        logs = os.environ.get("RLTUNE_JOB_LOGS")
+        job_logs = Path(logs) if logs else Path(tempfile.gettempdir()) / "rltune-jobs" / node
+        emulate = os.environ.get("RLTUNE_NODE_EMULATE", "") not in ("", "0")
+        if emulate and inventory is None:
+            raise UserError("RLTUNE_NODE_EMULATE needs RLTUNE_NODE_GPUS (the emulated GPUs)")
+        return cls(
+            ipc.socket_path(),
+            node,
+            swap_root=swap_dir(),
+            inventory=inventory,
+            job_logs=job_logs,
+            emulate=emulate,
+        )
 
 
 @dataclass
@@ -109,7 +128,9 @@ class HostAgent:
         self.stats = stats
         self.jobs: dict[str, _Conn] = {}
         env = {**os.environ, "RLTUNE_OFFLOAD_SOCKET": str(config.socket_path)}
-        self.runner = JobRunner(config.node_id, launch, env, swap_root=config.swap_root)
+        self.runner = JobRunner(
+            config.node_id, launch, env, swap_root=config.swap_root, logs=config.job_logs
+        )
         if config.inventory is not None:
             self.runner.gpus = config.inventory[1]
         self.watchers: set[asyncio.Task[None]] = set()
@@ -159,7 +180,7 @@ class HostAgent:
                 ev = self._event.decode(rec.value or b"")
                 if ev.kind == "started" and self.config.node_id in ev.node_ids:
                     self.runner.started.add(ev.job_id)
-                elif ev.kind == "failed" and ev.job_id not in self.runner.started:
+                elif ev.kind in ("failed", "cancelled") and ev.job_id not in self.runner.started:
                     self.runner.forbid(ev.job_id, ev.detail, ev.time)  # ended unstarted
 
     def _learn(self, rec: Record) -> tuple[list[JobEvent], list[Started]]:
@@ -266,7 +287,7 @@ class HostAgent:
         """This host now: pynvml where there is a GPU, else the configured inventory
         (None when it has neither); GPUs held by jobs started here are not free."""
         busy = self.runner.busy
-        status = node_status(self.config.node_id)
+        status = None if self.config.emulate else node_status(self.config.node_id)
         if status is not None:
             self.runner.gpus = status.gpus
             return msgspec.structs.replace(

@@ -5,8 +5,11 @@ The agent learns each job's command from `jobs.accepted` and, when a
 `CUDA_VISIBLE_DEVICES` set to them (plus `RLTUNE_JOB_ID`, the agent's
 socket, so the 10Cache engine inside can find its agent, and
 `RLTUNE_SWAP_DIR`, the job's own directory under the node's swap root). It
-answers with a `started` event, or `failed` when the command cannot start; `finished` /
-`failed` follow when the process exits. A placement can arrive before the
+answers with a `started` event, or `failed` when the command cannot start (not found,
+not executable: the reason in `detail`); `finished` (exit code 0) / `failed` follow
+when the process exits, with `exit_code` set and, with `logs` set, the last lines the
+command wrote on stderr in `detail` (its stdout and stderr are kept in
+`logs`/<job>.out and .err). A placement can arrive before the
 job's accepted record (they are different topics): it waits, and the job
 starts when its command is learned. A job already started here is not started
 again (redelivered placements). A job killed before it started here (`forbid`: a
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -40,6 +44,8 @@ from shared.messages import Job, JobEvent, PlacementBatch
 
 __all__ = ["FORBIDDEN_KEPT", "JobRunner", "Started"]
 
+STDERR_TAIL_LINES = 5  # of a failed command's stderr, in its event's detail
+STDERR_TAIL_BYTES = 4096
 FORBIDDEN_KEPT = 10_000  # jobs killed before they started here, remembered (the newest)
 # a host agent does not checkpoint and restart a running training process, so it refuses
 # every MoveOrder (PlacementBatch.moves) whose new place begins on its node: placement
@@ -69,6 +75,7 @@ class JobRunner:
     running: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     killing: dict[str, str] = field(default_factory=dict)  # job -> why it is being killed
     forbidden: OrderedDict[str, str] = field(default_factory=OrderedDict)  # never start: why
+    logs: Path | None = None  # each job's stdout / stderr go to logs/<job>.out / .err
 
     def learn(self, job: Job, now: float) -> tuple[list[JobEvent], list[Started]]:
         """Remember a job's command; start it if it was already placed here."""
@@ -169,14 +176,40 @@ class JobRunner:
         if self.swap_root is not None:
             env[SWAP_DIR_ENV] = str(job_swap_dir(self.swap_root, job_id))
         try:
-            proc = self.launch(command, gpus, env=env)
+            if self.logs is None:
+                proc = self.launch(command, gpus, env=env)
+            else:
+                out, err = self.log_paths(job_id)
+                self.logs.mkdir(parents=True, exist_ok=True)
+                with open(out, "ab") as stdout, open(err, "wb") as stderr:
+                    proc = self.launch(command, gpus, env=env, stdout=stdout, stderr=stderr)
         except OSError as exc:
             self.free(job_id)
-            return JobEvent(job_id, "failed", now, [self.node_id], f"cannot start: {exc}"), None
+            why = f"cannot start {command[0]!r}: {exc.strerror or exc}"
+            return JobEvent(job_id, "failed", now, [self.node_id], why), None
         gpu_list = ",".join(map(str, gpus))
         return JobEvent(
             job_id, "started", now, [self.node_id], f"pid {proc.pid} gpus {gpu_list}"
         ), proc
+
+    def log_paths(self, job_id: str) -> tuple[Path, Path]:
+        """Where a job's stdout and stderr go (with `logs` set)."""
+        assert self.logs is not None
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", job_id).lstrip(".") or "_"
+        return self.logs / f"{name}.out", self.logs / f"{name}.err"
+
+    def stderr_tail(self, job_id: str) -> str:
+        """The last lines a job wrote on stderr ("" without `logs`, or none written)."""
+        if self.logs is None:
+            return ""
+        try:
+            with open(self.log_paths(job_id)[1], "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - STDERR_TAIL_BYTES))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+        return "\n".join(lines[-STDERR_TAIL_LINES:])
 
     def remove_swap(self, job_id: str) -> None:
         """Delete an ended job's swap directory (blocking: run it off the event loop).
@@ -201,13 +234,18 @@ class JobRunner:
         return True
 
     def exited(self, job_id: str, returncode: int, now: float) -> JobEvent:
+        """The event of a job's process that exited with `returncode` (negative: killed
+        by that signal); a failed one's detail ends with its last stderr lines."""
         self.free(job_id)
         self.running.pop(job_id, None)
         detail = f"exit code {returncode}"
+        node = [self.node_id]
         if job_id in self.killing:
             why = self.killing.pop(job_id)
             detail = f"killed on request{f' ({why})' if why else ''}; {detail}"
-            return JobEvent(job_id, "failed", now, [self.node_id], detail)
+            return JobEvent(job_id, "failed", now, node, detail, exit_code=returncode)
         if returncode == 0:
-            return JobEvent(job_id, "finished", now, [self.node_id], detail)
-        return JobEvent(job_id, "failed", now, [self.node_id], detail)
+            return JobEvent(job_id, "finished", now, node, detail, exit_code=0)
+        tail = self.stderr_tail(job_id)
+        detail += f"; stderr:\n{tail}" if tail else ""
+        return JobEvent(job_id, "failed", now, node, detail, exit_code=returncode)

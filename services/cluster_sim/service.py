@@ -78,7 +78,7 @@ from shared.messages import (
 )
 from shared.placement_api import DISCIPLINES
 from shared.reject import Reject
-from shared.replay import job_spec_of
+from shared.replay import REPLAY_HEADERS, job_spec_of
 from shared.sim import SimConfig, write_jobs_csv
 from shared.sim.offload_jobs import describe_marking, load_marked
 from shared.traces import SkipStats, TraceJob
@@ -330,7 +330,11 @@ class BusChannel:
 
     # on the event loop
     async def _publish(self, outs: list[Outgoing]) -> None:
-        await self.producer.publish([(o, []) for o in outs])
+        # the trace's own jobs, marked as a replay's (the arrival service tells them apart)
+        replayed = self.t.jobs_submit
+        await self.producer.publish(
+            [(o, list(REPLAY_HEADERS) if o.topic == replayed else []) for o in outs]
+        )
         self.stats.published += len(outs)
 
     async def _pace(self, now: float) -> None:

@@ -110,7 +110,7 @@ class Telemetry:
                 js.done = True
                 js.failed = ev.kind == "failed"
                 self.finished_at.append((ev.time, ev.job_id))
-        elif ev.kind == "failed" and js.open_start is None:  # killed while it waited
+        elif ev.kind in ("failed", "cancelled") and js.open_start is None:  # never ran
             js.done = js.failed = True
             self.counts["cancelled"] += 1
         elif ev.kind == "rejected_placement":

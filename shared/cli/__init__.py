@@ -28,6 +28,7 @@ COMMANDS = {
     "eval": "evaluate",
     "bench": "bench",
     "why": "why",
+    "jobs": "jobs",
     "whatif": "whatif",
 }
 

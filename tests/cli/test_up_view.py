@@ -57,7 +57,10 @@ def _services(extra: list[str]) -> list[str]:
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    args = parser.parse_args(["up", *extra])
+    from shared.cli.up import SAMPLE
+
+    args = parser.parse_args(["up", "--trace", str(SAMPLE), *extra])
+    args.format, args.cluster, args.speedup = "jsonl", "c.yaml", 1000.0
     args.round_interval = 60.0 if args.round_interval is None else args.round_interval
     args.epoch = 1_700_000_000.25
     settings = BusSettings.resolve("127.0.0.1:1", "t-")
@@ -84,7 +87,10 @@ def test_the_replay_declares_the_model_size_of_the_jobs_cluster_sim_marks() -> N
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    args = parser.parse_args(["up", "--offload-fraction", "0.3", "--seed", "4", "--limit", "400"])
+    args = parser.parse_args(
+        ["up", "--trace", str(SAMPLE), "--offload-fraction", "0.3", "--seed", "4", "--limit", "400"]
+    )
+    args.format = "jsonl"
     cluster = load_cluster(CLUSTER)
     got = replay_jobs(args, cluster, SkipStats())
     # cluster-sim's own marking (services/cluster_sim/service.py: serve)
@@ -93,5 +99,6 @@ def test_the_replay_declares_the_model_size_of_the_jobs_cluster_sim_marks() -> N
     assert 80 < len(want) < 160
     specs = [job_spec_of(j) for j in got]
     assert {s.job_id: s.offload.param_bytes for s in specs if s.offload is not None} == want
-    plain = parser.parse_args(["up", "--limit", "400"])
+    plain = parser.parse_args(["up", "--trace", str(SAMPLE), "--limit", "400"])
+    plain.format, plain.offload_fraction = "jsonl", 0.0
     assert all(job_spec_of(j).offload is None for j in replay_jobs(plain, cluster, SkipStats()))
