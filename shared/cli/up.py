@@ -259,6 +259,7 @@ def run_local(args: argparse.Namespace) -> int:
             + ("" if broker.bootstrap.endswith(":9092") else f" --bootstrap {broker.bootstrap}")
             + "\nlist jobs:  rltune jobs",
             highlight=False,
+            soft_wrap=True,
         )
         procs = Services(settings, args, logs)
         try:
