@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -10,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from offload_agent.device import ALIGN, CpuDevice
+from offload_agent.jobs import JobRunner
 from offload_agent.launcher import Gpu, gpu_inventory, launch, node_status
+from shared.messages import Assignment, Job, PlacementBatch
 
 
 def test_no_gpu_means_no_node_status() -> None:
@@ -187,3 +190,48 @@ def test_a_move_is_refused_by_its_new_nodes_agent_and_the_job_runs_on() -> None:
     assert st.free_round(4, 8 * H + 2, [(mv.job_id, 1.0)]).assignments == []
     st.event(ev)  # a redelivered refusal changes nothing
     assert mv.job_id in st.offload.running
+
+
+def test_a_commands_exit_code_and_last_stderr_lines_come_back(tmp_path: Path) -> None:
+    """Real processes: finished with exit code 0, failed with the code and the last five
+    lines of stderr, killed by a signal with its negative number, a command that cannot
+    start failed with the reason (and its GPUs freed); stdout kept in the job's log."""
+    runner = JobRunner("n1", launch, {"PATH": os.environ["PATH"]}, gpus=4, logs=tmp_path / "j")
+    lines = "; ".join(f"print('line {i}', file=sys.stderr)" for i in range(8))
+    jobs = {
+        "ok": [sys.executable, "-c", "print('to stdout')"],
+        "bad": [sys.executable, "-c", f"import sys; {lines}; sys.exit(7)"],
+        "sig": [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"],
+        "missing": [str(tmp_path / "nope")],
+    }
+    script = tmp_path / "plain.sh"
+    script.write_text("#!/bin/sh\n")
+    jobs["noexec"] = [str(script)]
+    for i, (job_id, cmd) in enumerate(jobs.items()):
+        runner.learn(Job(job_id, 1, 0.0, command=cmd), 0.0)
+        events, procs = runner.place(
+            PlacementBatch(i, 0.0, [Assignment(job_id, "n1", [i % 4])]), 1.0
+        )
+        (ev,) = events
+        if job_id in ("missing", "noexec"):
+            assert ev.kind == "failed" and not procs and ev.exit_code is None
+            continue
+        (p,) = procs
+        end = runner.exited(job_id, p.process.wait(30), 2.0)
+        jobs[job_id] = [end.kind, end.detail, str(end.exit_code)]
+    assert jobs["ok"] == ["finished", "exit code 0", "0"]
+    tail = "\n".join(f"line {i}" for i in range(3, 8))
+    assert jobs["bad"] == ["failed", f"exit code 7; stderr:\n{tail}", "7"]
+    assert jobs["sig"] == ["failed", "exit code -15", "-15"]
+    out, _ = runner.log_paths("ok")
+    assert out.read_text() == "to stdout\n"
+    assert runner.busy == {}  # every GPU back, the failed starts' included
+
+
+def test_a_command_that_cannot_start_says_why() -> None:
+    runner = JobRunner("n1", launch, {"PATH": "/usr/bin"}, gpus=2)
+    runner.learn(Job("j", 1, 0.0, command=["/no/such/trainer", "--x"]), 0.0)
+    (ev,), procs = runner.place(PlacementBatch(0, 0.0, [Assignment("j", "n1", [1])]), 1.0)
+    assert not procs and (ev.kind, ev.node_ids) == ("failed", ["n1"])
+    assert ev.detail == "cannot start '/no/such/trainer': No such file or directory"
+    assert runner.busy == {}

@@ -15,7 +15,7 @@ def test_a_job_killed_while_queued_is_failed_with_no_jct() -> None:
     t.event(JobEvent("ran", "started", 10.0, ["h"]))
     c = t.counters()
     assert (c["waiting"], c["running"], c["done"], c["failed"]) == (1, 1, 0, 0)
-    t.event(JobEvent("killed", "failed", 20.0, [], "killed while queued"))
+    t.event(JobEvent("killed", "cancelled", 20.0, [], "killed while queued"))
     t.event(JobEvent("ran", "finished", 40.0, ["h"]))
     t.event(JobEvent("killed", "failed", 41.0, ["h"], "killed before it started"))  # again
     c = t.counters()
