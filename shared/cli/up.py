@@ -554,7 +554,9 @@ def view(latest: dict[str, MetricsSnapshot], rounds_per_s: float, head: str = ""
         rt = f"  round trip p50 {sim.counters['round_p50_ms']:.0f} ms"
     t.add_row(
         "rounds / placement",
-        f"{c.get('rounds', 0):.0f} rounds  {rounds_per_s:.1f}/s  solve p50 "
+        f"{c.get('rounds', 0):.0f} rounds  "
+        + (f"{rounds_per_s:.1f}/s" if rounds_per_s > 0 else "none in the last seconds")
+        + "  solve p50 "
         f"{c.get('placement_solve_p50_ms', 0):.1f} ms  p99 "
         f"{c.get('placement_solve_p99_ms', 0):.1f} ms" + rt,
     )
