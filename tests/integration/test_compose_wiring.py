@@ -9,7 +9,6 @@ stock Kafka client publishes then runs on one of its agents, as after
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -24,8 +23,8 @@ import pytest
 import yaml
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from shared.broker import EmbeddedBroker, ensure_topics, free_port
-from shared.config import BusSettings
+from shared.broker import EmbeddedBroker, free_port
+from shared.topics import Topics
 
 pytestmark = [
     pytest.mark.integration,
@@ -71,12 +70,27 @@ def test_compose_runs_a_published_job_on_its_agents(broker: EmbeddedBroker, tmp_
     host_env = {"RLTUNE_TOPIC_PREFIX": prefix, "GRAFANA_ADMIN_PASSWORD": "x"}
     doc = resolve(yaml.safe_load(COMPOSE.read_text()), host_env)
     services = doc["services"]
-    # the topics kafka-init creates (and no others: the broker makes none by itself here)
-    init = services["kafka-init"]
-    settings = BusSettings(bootstrap=broker.bootstrap, topic_prefix=prefix)
-    asyncio.run(ensure_topics(settings, [init["environment"]["RLTUNE_TOPIC_PREFIX"] + s
-                                         for s in init["command"]]))  # fmt: skip
     kafka_host, kafka_port = broker.bootstrap.rsplit(":", 1)
+    # kafka-init, as compose runs it (its entrypoint and command), creates the topics
+    init = services["kafka-init"]
+    entry = [str(a) for a in init["entrypoint"]]
+    assert entry[0] == "python" and init["depends_on"]["kafka"]["condition"] == "service_healthy"
+    env = {str(k): str(v) for k, v in init["environment"].items()}
+    assert env["RLTUNE_BOOTSTRAP_SERVERS"] == "kafka:19092"
+    env["RLTUNE_BOOTSTRAP_SERVERS"] = broker.bootstrap
+    made = subprocess.run(
+        [sys.executable, *entry[1:], *map(str, init["command"])],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert made.returncode == 0, made.stderr
+    listing = KafkaConsumer(bootstrap_servers=broker.bootstrap)
+    have = {t for t in listing.topics() if t.startswith(prefix)}
+    listing.close()
+    assert have == set(Topics(prefix).all())  # every topic, in one step
     procs: list[subprocess.Popen[bytes]] = []
     ports: dict[str, int] = {}
     try:
