@@ -437,6 +437,28 @@ class _Progress:
             return ""
         return f", cluster clock {behind / 3600:.1f} h behind the replay"
 
+    def over(self) -> bool:
+        """The replay is over: every job submitted, and telemetry counts each one ended
+        with nothing waiting or running."""
+        tel = self.latest.get(FIGURES)
+        if not self.done_replay or tel is None:
+            return False
+        c = tel.counters
+        idle = c.get("waiting", 0) == 0 and c.get("running", 0) == 0 and c.get("ahead", 0) == 0
+        return idle and c.get("done", 0) >= self.submitted
+
+    def head(self, sim_done: bool = False) -> str:
+        """The view's title: what runs, for how long (wall time), and a replay's state."""
+        wall = f"{time.monotonic() - self.started:.0f} s"
+        if self.live:
+            return f"{self.live}, up {wall}"
+        if sim_done or self.over():
+            return (
+                f"replay over: all {self.submitted} jobs ended, {wall}; the cluster is idle "
+                "(Ctrl-C stops)"
+            )
+        return f"replay {self.submitted}/{self.total} submitted, {wall}" + self.lag()
+
     def rounds_per_s(self) -> float:
         if len(self.rounds) < 2 or self.rounds[-1][0] <= self.rounds[0][0]:
             return 0.0
@@ -621,12 +643,7 @@ async def _display(
         return until_done and procs.sim_done()
 
     def head() -> str:
-        wall = f"{time.monotonic() - progress.started:.0f} s"
-        if progress.live:
-            return f"{progress.live}, up {wall}"
-        if progress.done_replay and procs.sim_done():
-            return f"replay over: {progress.submitted}/{progress.total} submitted, {wall}"
-        return f"replay {progress.submitted}/{progress.total} submitted, {wall}" + progress.lag()
+        return progress.head(procs.sim_done())
 
     if console.is_terminal:
         with Live(
