@@ -29,15 +29,17 @@ a running process, and placement then keeps the job where it runs.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
 import signal
 import subprocess
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from offload_agent.nvme import SWAP_DIR_ENV, job_swap_dir
 from shared.messages import Job, JobEvent, PlacementBatch
@@ -53,6 +55,7 @@ FORBIDDEN_KEPT = 10_000  # jobs killed before they started here, remembered (the
 MOVE_REFUSED = "move: not applied on hosts (no checkpoint and restart of a running process)"
 
 Launch = Callable[..., subprocess.Popen[bytes]]
+log = logging.getLogger("rltune.offload_agent")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,13 +179,8 @@ class JobRunner:
         if self.swap_root is not None:
             env[SWAP_DIR_ENV] = str(job_swap_dir(self.swap_root, job_id))
         try:
-            if self.logs is None:
-                proc = self.launch(command, gpus, env=env)
-            else:
-                out, err = self.log_paths(job_id)
-                self.logs.mkdir(parents=True, exist_ok=True)
-                with open(out, "ab") as stdout, open(err, "wb") as stderr:
-                    proc = self.launch(command, gpus, env=env, stdout=stdout, stderr=stderr)
+            with self._outputs(job_id) as outputs:
+                proc = self.launch(command, gpus, env=env, **outputs)
         except OSError as exc:
             self.free(job_id)
             why = f"cannot start {command[0]!r}: {exc.strerror or exc}"
@@ -191,6 +189,24 @@ class JobRunner:
         return JobEvent(
             job_id, "started", now, [self.node_id], f"pid {proc.pid} gpus {gpu_list}"
         ), proc
+
+    @contextlib.contextmanager
+    def _outputs(self, job_id: str) -> Iterator[dict[str, IO[bytes]]]:
+        """A job's stdout / stderr files, open while it is launched ({} without `logs`,
+        or when they cannot be written: the job then writes where the agent does)."""
+        if self.logs is None:
+            yield {}
+            return
+        out, err = self.log_paths(job_id)
+        try:
+            self.logs.mkdir(parents=True, exist_ok=True)
+            stdout, stderr = open(out, "ab"), open(err, "wb")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            log.warning("job %s: no log files in %s (%s)", job_id, self.logs, exc)
+            yield {}
+            return
+        with stdout, stderr:
+            yield {"stdout": stdout, "stderr": stderr}
 
     def log_paths(self, job_id: str) -> tuple[Path, Path]:
         """Where a job's stdout and stderr go (with `logs` set)."""

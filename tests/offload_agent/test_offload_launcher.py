@@ -235,3 +235,14 @@ def test_a_command_that_cannot_start_says_why() -> None:
     assert not procs and (ev.kind, ev.node_ids) == ("failed", ["n1"])
     assert ev.detail == "cannot start '/no/such/trainer': No such file or directory"
     assert runner.busy == {}
+
+
+def test_a_log_folder_that_cannot_be_written_does_not_stop_the_job(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the log folder should be
+    runner = JobRunner("n1", launch, {"PATH": "/usr/bin"}, gpus=1, logs=blocker / "jobs")
+    runner.learn(Job("j", 1, 0.0, command=[sys.executable, "-c", "raise SystemExit(2)"]), 0.0)
+    (ev,), (p,) = runner.place(PlacementBatch(0, 0.0, [Assignment("j", "n1", [0])]), 1.0)
+    assert ev.kind == "started"
+    end = runner.exited("j", p.process.wait(30), 2.0)
+    assert (end.kind, end.detail, end.exit_code) == ("failed", "exit code 2", 2)
