@@ -80,8 +80,8 @@ LOCAL_GPU_TYPE = "GPU"
 NOT_GIVEN = (None, False)
 # flags of a replay alone: with no --trace each is a mistake, said in one line
 REPLAY_ONLY = (
-    "format", "limit", "speedup", "lockstep", "round_interval", "offload_fraction", "preempt",
-    "until_done", "json", "jobs_out",
+    "cluster", "format", "limit", "speedup", "lockstep", "round_interval", "offload_fraction",
+    "preempt", "until_done", "json", "jobs_out",
 )  # fmt: skip
 STOP_GRACE_S = 10.0
 FIGURES = "telemetry.all"  # the source of telemetry's figures over every finished job
@@ -103,7 +103,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cluster",
         default=None,
-        help="cluster spec (default: with --trace philly.yaml; without, the hosts as they report)",
+        help="cluster spec of a replay (default philly.yaml); the local cluster is its hosts "
+        "as they report",
     )
     p.add_argument(
         "--hosts",
@@ -228,13 +229,16 @@ def run_local(args: argparse.Namespace) -> int:
             f"{', '.join(given)} go with --trace (a replay); without it `up` runs a local "
             "cluster for the jobs users publish"
         )
-    from services.placement.registry import make_placer
+    from services.placement.registry import OFFLOAD_SUFFIX, make_placer
     from services.scoring.policies import make_policy
 
     make_policy(args.policy)
     make_placer(args.placer)
-    if args.cluster is not None:
-        load_cluster(args.cluster)
+    if OFFLOAD_SUFFIX in args.placer:
+        raise UserError(
+            f"--placer {args.placer} reads node bandwidths from a cluster file, which goes "
+            "with --trace; the local cluster is its hosts as they report"
+        )
     real = [] if args.hosts or args.gpus else _real_gpus()
     if real:
         args.hosts, args.gpus, args.gpu_type = 1, len(real), real[0]
@@ -336,14 +340,14 @@ class Services:
         }  # fmt: skip
 
     def _local(self, bus: list[str], args: argparse.Namespace) -> None:
-        """The local cluster: the scheduler's services and one host agent per host."""
-        common = ["--cluster", str(args.cluster)] if args.cluster else []
+        """The local cluster: the scheduler's services and one host agent per host (the
+        cluster is the hosts as they report: no cluster file)."""
         self.argv = {
             "arrival": bus,
             "telemetry": bus,
-            "scoring": bus + common + ["--policy", args.policy, "--rounds", "free"]
-            + ["--window", str(args.window), "--seed", str(args.seed)],
-            "placement": bus + common + ["--placer", args.placer, "--discipline", args.discipline],
+            "scoring": [*bus, "--policy", args.policy, "--rounds", "free",
+                        "--window", str(args.window), "--seed", str(args.seed)],
+            "placement": [*bus, "--placer", args.placer, "--discipline", args.discipline],
             "profiler": bus,
         }  # fmt: skip
         for i in range(args.hosts):

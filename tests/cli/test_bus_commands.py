@@ -101,6 +101,8 @@ async def test_submit_wait_and_metrics(
         (["up", "--speedup", "10", "--until-done"], "--speedup, --until-done go with --trace"),
         (["up", "--trace", SAMPLE, "--hosts", "3"], "--hosts and --gpus size the local"),
         (["up", "--gpus", "0"], "not a positive"),
+        (["up", "--cluster", "clusters/philly.yaml"], "--cluster go with --trace"),
+        (["up", "--placer", "milp+offload"], "goes with --trace"),
         (["submit", "--job-id", "x", "--num-gpus", "1", "--command", "a 'b"], "--command"),
         (["submit", "--job-id", "x", "--num-gpus", "1", "--command", " "], "--command is empty"),
         (["submit", "--job-id", "x", "--num-gpus", "1", "--wait", "done"], "invalid choice"),
