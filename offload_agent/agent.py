@@ -20,6 +20,8 @@ Relays between the training processes on this host (a Unix socket, see
   later, it is answered `failed`, "killed before it started"); one that does not
   decode goes to `jobs.rejected`. (A job still waiting in the queue is taken out
   by the scoring service.)
+* `jobs.events`: a `failed` event from another node for a job that also runs here
+  stops it here (a job given several nodes runs or fails as one);
 * `sched.placements` for this node → the job's command (from `jobs.accepted`)
   started on its GPUs, `JobEvent`s on `jobs.events` (see `offload_agent.jobs`);
   each job swaps under `RLTUNE_SWAP_DIR`/<job>, removed when it exits, and writes
@@ -148,7 +150,24 @@ class HostAgent:
             return self._started(*self._learn(rec))
         if rec.topic == self.topics.jobs_kill:
             return self.on_kill(rec)
+        if rec.topic == self.topics.jobs_events:
+            return self.on_event(rec)
         return self.on_placements(rec)
+
+    def on_event(self, rec: Record) -> Sequence[Outgoing]:
+        """A job's process failed on another node: stop its process here (a gang)."""
+        try:
+            ev = self._event.decode(rec.value or b"")
+        except msgspec.MsgspecError:
+            self.stats.extra["ignored_bad_event"] += 1  # telemetry dead-letters it
+            return ()
+        if self.runner.stop_sibling(ev):
+            self.stats.extra["stopped_with_sibling"] += 1
+            log.info("stopping %s: its process on %s failed", ev.job_id, ev.node_ids)
+            task = asyncio.create_task(self._escalate(ev.job_id))
+            self.watchers.add(task)
+            task.add_done_callback(self.watchers.discard)
+        return ()
 
     def on_kill(self, rec: Record) -> Sequence[Outgoing]:
         try:
@@ -332,10 +351,11 @@ async def serve(
         server = await asyncio.start_unix_server(agent.handle_client, path=str(config.socket_path))
         status = asyncio.create_task(agent.publish_status(stop))
         t = settings.topics
+        topics = [t.offload_plans, t.jobs_accepted, t.sched_placements, t.jobs_kill]
         spec = ServiceSpec(
             name=f"{NAME}.{config.node_id}",  # per node: each answers its own share
             group_id=group_id or f"{t.prefix}{NAME}.{config.node_id}",
-            topics=[t.offload_plans, t.jobs_accepted, t.sched_placements, t.jobs_kill],
+            topics=[*topics, t.jobs_events],
             handle=agent.on_record,
             replay_topics=[t.jobs_accepted, t.jobs_events],
             replay=agent.replay,

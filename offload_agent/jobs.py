@@ -3,8 +3,13 @@
 The agent learns each job's command from `jobs.accepted` and, when a
 `PlacementBatch` gives GPUs of this node to a job, starts the command with
 `CUDA_VISIBLE_DEVICES` set to them (plus `RLTUNE_JOB_ID`, the agent's
-socket, so the 10Cache engine inside can find its agent, and
-`RLTUNE_SWAP_DIR`, the job's own directory under the node's swap root). It
+socket, so the 10Cache engine inside can find its agent,
+`RLTUNE_SWAP_DIR`, the job's own directory under the node's swap root,
+`RLTUNE_NODE_ID`, this node, and `RLTUNE_JOB_NODES`, every node the job was
+given, comma-separated, as Slurm's SLURM_JOB_NODELIST: a job on several nodes
+runs its command on each, and each process can tell its place from these).
+When the job's process on another node fails, the one here is stopped
+(`stop_sibling`): a gang runs together or not at all. It
 answers with a `started` event, or `failed` when the command cannot start (not found,
 not executable: the reason in `detail`); `finished` (exit code 0) / `failed` follow
 when the process exits, with `exit_code` set and, with `logs` set, the last lines the
@@ -79,6 +84,8 @@ class JobRunner:
     killing: dict[str, str] = field(default_factory=dict)  # job -> why it is being killed
     forbidden: OrderedDict[str, str] = field(default_factory=OrderedDict)  # never start: why
     logs: Path | None = None  # each job's stdout / stderr go to logs/<job>.out / .err
+    nodes: dict[str, list[str]] = field(default_factory=dict)  # job -> every node it was given
+    stopping: dict[str, str] = field(default_factory=dict)  # job -> why (a sibling failed)
 
     def learn(self, job: Job, now: float) -> tuple[list[JobEvent], list[Started]]:
         """Remember a job's command; start it if it was already placed here."""
@@ -95,9 +102,13 @@ class JobRunner:
         """Start this node's share of every assignment; the events to publish now."""
         todo = []
         refused: list[JobEvent] = []
+        given: dict[str, list[str]] = {}
+        for a in batch.assignments:
+            given.setdefault(a.job_id, []).append(a.node_id)
         for a in batch.assignments:
             if a.node_id != self.node_id or a.job_id in self.started:
                 continue
+            self.nodes[a.job_id] = given[a.job_id]
             if a.job_id in self.forbidden:
                 self.started.add(a.job_id)  # (a redelivery is not answered twice)
                 refused.append(self._killed_before_start(a.job_id, now))
@@ -175,7 +186,13 @@ class JobRunner:
         self, job_id: str, gpus: Sequence[int], now: float
     ) -> tuple[JobEvent, subprocess.Popen[bytes] | None]:
         command = self.commands[job_id]
-        env = {**self.env, "RLTUNE_JOB_ID": job_id}
+        nodes = ",".join(self.nodes.get(job_id) or [self.node_id])
+        env = {
+            **self.env,
+            "RLTUNE_JOB_ID": job_id,
+            "RLTUNE_NODE_ID": self.node_id,
+            "RLTUNE_JOB_NODES": nodes,
+        }
         if self.swap_root is not None:
             env[SWAP_DIR_ENV] = str(job_swap_dir(self.swap_root, job_id))
         try:
@@ -249,13 +266,35 @@ class JobRunner:
                 proc.send_signal(sig)  # not a group leader: the process alone
         return True
 
+    def stop_sibling(self, event: JobEvent) -> bool:
+        """`event` says the job's process on another node failed: stop the one running
+        here (SIGTERM to its group; True if there was one). Its exit is then `failed`,
+        "stopped: its process on <node> failed"."""
+        if event.kind != "failed" or self.node_id in event.node_ids:
+            return False
+        if event.job_id in self.killing or event.job_id in self.stopping:
+            return False  # (already on its way out)
+        if not self.kill(event.job_id, ""):
+            return False
+        self.killing.pop(event.job_id, None)
+        where = ", ".join(event.node_ids) or "another node"
+        self.stopping[event.job_id] = f"its process on {where} failed"
+        return True
+
     def exited(self, job_id: str, returncode: int, now: float) -> JobEvent:
         """The event of a job's process that exited with `returncode` (negative: killed
         by that signal); a failed one's detail ends with its last stderr lines."""
         self.free(job_id)
         self.running.pop(job_id, None)
+        self.nodes.pop(job_id, None)
         detail = f"exit code {returncode}"
         node = [self.node_id]
+        if job_id in self.stopping:
+            why = self.stopping.pop(job_id)
+            self.killing.pop(job_id, None)  # (the SIGKILL that may have followed)
+            return JobEvent(
+                job_id, "failed", now, node, f"stopped: {why}; {detail}", exit_code=returncode
+            )
         if job_id in self.killing:
             why = self.killing.pop(job_id)
             detail = f"killed on request{f' ({why})' if why else ''}; {detail}"

@@ -169,6 +169,24 @@ def test_published_jobs_run_fail_and_are_killed_on_the_local_cluster(
         "host-1",
     ]
 
+    # a gang: a job on both hosts runs its command on each; when one fails, the other
+    # is stopped (not left holding its GPUs)
+    gang = _py(
+        "import os, sys, time; node = os.environ['RLTUNE_NODE_ID']; "
+        f"open({str(tmp_path)!r} + '/gang-' + node, 'w').write(os.environ['RLTUNE_JOB_NODES']); "
+        "sys.exit(3) if node == 'host-1' else time.sleep(300)"
+    )
+    local.publish({"job_id": "gang", "num_gpus": 8, "command": gang})
+    deadline = time.monotonic() + 120
+    while len([e for e in local.events("gang") if e["kind"] == "failed"]) < 2:
+        assert time.monotonic() < deadline, local.events("gang")
+        time.sleep(0.2)
+    ends = {e["node_ids"][0]: e for e in local.events("gang") if e["kind"] == "failed"}
+    assert ends["host-1"]["exit_code"] == 3
+    assert ends["host-0"]["detail"] == "stopped: its process on host-1 failed; exit code -15"
+    for node in ("host-0", "host-1"):
+        assert (tmp_path / f"gang-{node}").read_text() == "host-0,host-1"
+
     # a malformed JobSpec is answered on jobs.rejected with the field named
     local.publish(b'{"job_id": "bad", "num_gpus": "two"}')
     assert "$.num_gpus" in local.wait("rejected", "bad")["reason"]
@@ -212,8 +230,8 @@ def test_published_jobs_run_fail_and_are_killed_on_the_local_cluster(
     states = {j["job_id"]: j["state"] for j in listed}
     assert states == {
         "writes": "FINISHED", "fails": "FAILED", "missing": "FAILED", "noexec": "FAILED",
-        "after": "FINISHED", "bad": "REJECTED", "hog": "FAILED", "queued": "CANCELLED",
-        "ok": "FINISHED", "four": "FAILED",
+        "after": "FINISHED", "gang": "FAILED", "bad": "REJECTED", "hog": "FAILED",
+        "queued": "CANCELLED", "ok": "FINISHED", "four": "FAILED",
     }  # fmt: skip
     assert {j["job_id"]: j["exit_code"] for j in listed}["four"] == 4
     # the example script of the README: published and followed to its end

@@ -13,7 +13,7 @@ import pytest
 from offload_agent.device import ALIGN, CpuDevice
 from offload_agent.jobs import JobRunner
 from offload_agent.launcher import Gpu, gpu_inventory, launch, node_status
-from shared.messages import Assignment, Job, PlacementBatch
+from shared.messages import Assignment, Job, JobEvent, PlacementBatch
 
 
 def test_no_gpu_means_no_node_status() -> None:
@@ -56,7 +56,8 @@ def test_runner_starts_each_placed_job_once() -> None:
     batch = PlacementBatch(1, 0.0, [Assignment("j1", "n1", [0, 1]), Assignment("j2", "n2", [0])])
     events, procs = runner.place(batch, 5.0)
     assert [(e.job_id, e.kind) for e in events] == [("j1", "started")] and len(procs) == 1
-    assert calls == [(["train"], [0, 1], {"X": "1", "RLTUNE_JOB_ID": "j1"})]
+    env = {"X": "1", "RLTUNE_JOB_ID": "j1", "RLTUNE_NODE_ID": "n1", "RLTUNE_JOB_NODES": "n1"}
+    assert calls == [(["train"], [0, 1], env)]
     assert runner.place(batch, 6.0) == ([], [])  # a redelivered placement starts nothing
     assert runner.exited("j1", 3, 7.0).kind == "failed"
     # placed before its accepted record arrived: waits, starts when the command is known
@@ -246,3 +247,27 @@ def test_a_log_folder_that_cannot_be_written_does_not_stop_the_job(tmp_path: Pat
     assert ev.kind == "started"
     end = runner.exited("j", p.process.wait(30), 2.0)
     assert (end.kind, end.detail, end.exit_code) == ("failed", "exit code 2", 2)
+
+
+def test_a_failure_on_another_node_stops_the_jobs_process_here() -> None:
+    class Proc:
+        pid = 10**7  # no such process: the signal finds nothing, as after a quick exit
+
+        def poll(self) -> None:
+            return None
+
+        def send_signal(self, sig: int) -> None:
+            pass
+
+    runner = JobRunner("n1", lambda cmd, gpus, *, env: Proc(), gpus=2)  # type: ignore[arg-type,return-value]
+    runner.learn(Job("j", 4, 0.0, command=["x"]), 0.0)
+    batch = PlacementBatch(0, 0.0, [Assignment("j", "n1", [0, 1]), Assignment("j", "n2", [0, 1])])
+    runner.place(batch, 1.0)
+    assert not runner.stop_sibling(JobEvent("j", "finished", 2.0, ["n2"]))  # only a failure
+    assert not runner.stop_sibling(JobEvent("j", "failed", 2.0, ["n1"]))  # its own: no
+    assert not runner.stop_sibling(JobEvent("other", "failed", 2.0, ["n2"]))  # not here
+    assert runner.stop_sibling(JobEvent("j", "failed", 2.0, ["n2"], "exit code 3"))
+    assert not runner.stop_sibling(JobEvent("j", "failed", 2.1, ["n2"]))  # once
+    end = runner.exited("j", -15, 3.0)
+    assert (end.kind, end.detail) == ("failed", "stopped: its process on n2 failed; exit code -15")
+    assert runner.busy == {} and not runner.killing and not runner.stopping
