@@ -12,7 +12,7 @@ against its measured ones.
 changes nothing: it prints, for the first architecture of each run, the step
 times the stored calibration predicts and those of constants fitted on FIT.json,
 against the measured ones. A run without a recorded profile (the GPU runs in
-docs/offload-h100/) borrows the stored calibration's profile, which is allowed
+docs/results/data/offload-h100/) borrows the stored calibration's profile, which is allowed
 only for the same model (its config): the access order and tensor sizes are the
 model's, the budgets are the run's own.
 """

@@ -16,7 +16,7 @@ GPU-hours of checkpoint restore after moves (Σ restart_s × GPUs) and of unhidd
 migrations (Σ offload_s × GPUs): what moves cost the cluster and give back. The
 pattern these show at marking seeds 6, 8, 9 (8+ GPU jobs start hours sooner,
 1-GPU jobs submitted on a few busy days hours later) is traced in
-docs/offload-replace-queue.md.
+docs/results/offload-replace-queue.md.
 """
 
 from __future__ import annotations

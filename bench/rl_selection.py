@@ -1,5 +1,5 @@
 """Choosing a learned policy without looking at the held-out weeks
-(docs/rl-selection.md).
+(docs/results/rl-selection.md).
 
 Three fixed protocols, each a list of settings run over several orders of the jobs
 submitted in one second (`bench.tie_orders.shuffled`), MILP placement, `easy`:

@@ -1,5 +1,5 @@
 """How much a simulation's figures move with the order of jobs submitted in the
-same second (README, "Results: Philly after 2017-10-15").
+same second (docs/results/rl.md, "Held-out").
 
 A trace lists jobs submitted in one second in some order, and every policy breaks
 its ties by that order (the simulator's `seq`). This runs `simulate` over the same

@@ -114,7 +114,7 @@ class EngineConfig:
     # next use lies beyond the lookahead (write-behind), instead of when its
     # buffer is next taken. Off by default: side by side it was slower in 10
     # of 12 comparisons on the CPU stand-in and on the H100's large GPT and BERT
-    # (docs/offload-engine-experiments.md, "Sliced optimizer states").
+    # (docs/results/offload-engine-experiments.md, "Sliced optimizer states").
     write_behind: bool = False
     # tencache's run-time lead in bytes: past its `window` tensors, the cache
     # keeps fetching ahead (buffers permitting) until this many bytes are

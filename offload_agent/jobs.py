@@ -88,13 +88,11 @@ class JobRunner:
     stopping: dict[str, str] = field(default_factory=dict)  # job -> why (a sibling failed)
 
     def learn(self, job: Job, now: float) -> tuple[list[JobEvent], list[Started]]:
-        """Remember a job's command; start it if it was already placed here."""
-        if job.command:
-            self.commands[job.job_id] = list(job.command)
+        """Remember a job's command; start it if it was already placed here. A job
+        accepted without one has nothing to run here: placed here, it is `failed`."""
+        self.commands[job.job_id] = list(job.command)
         gpus = self.waiting.pop(job.job_id, None)
-        if gpus is None or not job.command:
-            if gpus is not None:
-                self.waiting[job.job_id] = gpus
+        if gpus is None:
             return [], []
         return self._start_all([(job.job_id, gpus)], now)
 
@@ -186,6 +184,10 @@ class JobRunner:
         self, job_id: str, gpus: Sequence[int], now: float
     ) -> tuple[JobEvent, subprocess.Popen[bytes] | None]:
         command = self.commands[job_id]
+        if not command:
+            self.free(job_id)
+            why = "no command to run: its JobSpec has no `command`"
+            return JobEvent(job_id, "failed", now, [self.node_id], why), None
         nodes = ",".join(self.nodes.get(job_id) or [self.node_id])
         env = {
             **self.env,

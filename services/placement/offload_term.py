@@ -28,7 +28,7 @@ offloading jobs already there (Σ over them of f_after − f_before, per GPU of 
 x is the share of a GPU's throughput the placement loses. x is not capped: a
 heavy streamer (T5-3B on one P100: f = 2.2 alone) beside one other already has
 x > 1, and a cap at 1 made a node with one such neighbour cost the same as a
-node with five (docs/offload-placement-results.md, marking seeds 0-2: without the
+node with five (docs/results/offload-placement-results.md, marking seeds 0-2: without the
 cap the cut is 3 points larger at two seeds and 0.7 smaller at the third, and
 the jobs that do not offload are no longer slower at one). C joins T_j,t (the
 Scorer's per-job, per-type cost), so it is in the model, the warm start, the
@@ -37,7 +37,8 @@ dearest class, C is a bonus (≤ 0) that never makes a job less worth starting
 than without the term (ordered.py chooses which jobs start, and the MILP's
 answer must start exactly those); only where it starts changes. WEIGHT = 16 job
 values per lost GPU makes the offload estimate outweigh the fragmentation
-differences between places (chosen on the README's tuning slices).
+differences between places (chosen on the tuning slices of
+docs/design/offload-scheduling.md, "Placement").
 
 Jobs of one window placed on one node share its bandwidth too. The whole-GPU
 slots of offloading single-node jobs are slot kinds of their own, one per job

@@ -1,7 +1,7 @@
 """Re-placement of running offloading jobs: checkpoint, stop, restart elsewhere.
 
 Why: most migration time is held by a few offloading jobs that run for weeks on a
-run-time estimate of about an hour (docs/offload-placement-results.md, "Where the
+run-time estimate of about an hour (docs/results/offload-placement-results.md, "Where the
 migration time comes from"), so no placer can tell them apart when they start. What
 can be seen later is how long a job has run. A running offloading job becomes a candidate once it
 has run `after` times its run-time estimate and at least `min_run_s`; if the
@@ -46,7 +46,7 @@ has overrun its estimate, so the reservation counts its GPUs as coming back now,
 before and after). What it changes is when the moved job really ends, and who the
 GPUs go to then: under FIFO, often a wave of large jobs that starts sooner while
 the 1-GPU jobs that backfilled behind it wait longer
-(docs/offload-replace-queue.md). The check plans the queue twice, without and
+(docs/results/offload-replace-queue.md). The check plans the queue twice, without and
 with the move: the first `queue_window` waiting jobs in arrival order (FIFO's
 order; under another policy an approximation of it), each started in order at
 the first time enough whole GPUs are free for its estimate (conservative

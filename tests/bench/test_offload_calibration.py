@@ -10,7 +10,7 @@ import pytest
 from bench.offload_calibration import main
 from shared.sim.offload_cost import CALIBRATION_FILE
 
-RUN = str(Path(__file__).parents[2] / "docs" / "offload-h100" / "small.json")
+RUN = str(Path(__file__).parents[2] / "docs" / "results" / "data" / "offload-h100" / "small.json")
 
 
 @pytest.mark.parametrize(

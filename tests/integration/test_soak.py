@@ -1,6 +1,6 @@
 """The soak test (tests/integration/soak.py) at a small scale: mixed valid and hostile
 messages on jobs.submit and offload.profiles, one broker restart, each service
-SIGKILLed once mid-stream. The README gives the figures of the full run."""
+SIGKILLed once mid-stream. docs/results/bus.md gives the figures of the full run."""
 
 from __future__ import annotations
 

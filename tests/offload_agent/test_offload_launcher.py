@@ -271,3 +271,18 @@ def test_a_failure_on_another_node_stops_the_jobs_process_here() -> None:
     end = runner.exited("j", -15, 3.0)
     assert (end.kind, end.detail) == ("failed", "stopped: its process on n2 failed; exit code -15")
     assert runner.busy == {} and not runner.killing and not runner.stopping
+
+
+def test_a_job_accepted_without_a_command_fails_when_placed_and_frees_its_gpus() -> None:
+    runner = JobRunner("n1", launch, {"PATH": "/usr/bin"}, gpus=2)
+    runner.learn(Job("plain", 1, 0.0), 0.0)  # (a trace's job, say: no command)
+    (ev,), procs = runner.place(PlacementBatch(0, 0.0, [Assignment("plain", "n1", [1])]), 1.0)
+    assert not procs and (ev.kind, ev.detail) == (
+        "failed",
+        "no command to run: its JobSpec has no `command`",
+    )
+    # placed before its accepted record: waits for it, then fails the same way
+    runner.place(PlacementBatch(1, 0.0, [Assignment("late", "n1", [0])]), 2.0)
+    assert runner.waiting == {"late": [0]} and runner.busy == {0: "late"}
+    (ev,), procs = runner.learn(Job("late", 1, 0.0), 3.0)
+    assert not procs and ev.kind == "failed" and runner.busy == {} and not runner.waiting

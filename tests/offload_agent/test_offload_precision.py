@@ -76,7 +76,7 @@ def make(
 
 
 def run(engine: OffloadEngine, loop: Loop, amp: Amp, steps: range | None = None) -> list[float]:
-    """The README's loop: autocast forward, `engine.scale(loss).backward()`."""
+    """The loop of docs/guide/offload.md: autocast forward, `engine.scale(loss).backward()`."""
     losses = []
     for step in steps or range(loop.steps):
         engine.set_lr(loop.lr(step))

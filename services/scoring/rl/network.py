@@ -34,7 +34,7 @@ base reads no run time (only the VC's held GPUs and the wait). A bounded correct
 job's score within c of the base: two jobs of one VC swap only if the later one
 waited less than 10^(2c) times as long, so no job is held back behind jobs that
 arrived much later (the starvation an unbounded correction learned,
-docs/rl-policy-experiments.md), and for 2c < GAP the order across VCs stays drf's.
+docs/results/rl-policy-experiments.md), and for 2c < GAP the order across VCs stays drf's.
 
 Observation normalisation: running mean and variance of the job and cluster
 features (CleanRL's RunningMeanStd), kept as buffers so a checkpoint carries

@@ -30,14 +30,14 @@ job, not only the window the network ranks). None (the default): no bound.
 It bounds what the reward (a mean over jobs) does not see, the longest waits,
 which fall on the largest jobs. Applied to every job it is FIFO for every job
 past the bound, which on a loaded cluster is most of the queue (measured on the
-validation slice: bounded slowdown 2.7x, README); hence the size threshold.
+validation slice: bounded slowdown 2.7x, docs/results/rl.md); hence the size threshold.
 The recorded round (`Step`) holds only the jobs the network ranked, so PPO's
 log-probabilities are those of its own choices. `bound_scale="backlog"` scales the
 bound with the load the policy sees: `max_wait_s x (1 + waiting GPUs / cluster
 GPUs)` at each round, so that on a cluster whose queue holds more work than it has
 GPUs a large job is put ahead later (each one put ahead under EASY holds a
 reservation that idles GPUs; a fixed bound fired on most large jobs at a load of
-1.18 and cost 37% of bounded slowdown there, docs/rl-selection.md).
+1.18 and cost 37% of bounded slowdown there, docs/results/rl-selection.md).
 `bound_scale="fifo"` reads the bound from EASY `fifo`'s order instead
 (`shadow.FifoShadow`): a large job goes ahead once its turn has come in a replay of
 the same jobs through EASY FIFO with run times estimated from history (it would be

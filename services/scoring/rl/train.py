@@ -277,7 +277,8 @@ def train(
     torch.set_num_threads(1)  # deterministic reductions; the workers use the other cores
     features = FEATURE_SETS[args.features]
     # the episodes run without the wait bound: it is the served policy's (meta below);
-    # trained with it, the policy validated worse (README, "The wait bound")
+    # trained with it, the policy validated worse (docs/results/rl.md, "How the shipped
+    # checkpoint was trained and chosen")
     cfg = EpisodeConfig(
         args.prefix, args.jobs, args.load_lo, args.load_hi, args.baseline, args.objective,
         args.placer, args.window, args.offload_reward, args.reward == "round",

@@ -55,7 +55,7 @@ def test_replayed_bytes_match_what_the_engine_moved(name: str, strategy: str) ->
     assert moved == pytest.approx(run[strategy]["bytes_moved_per_step"], rel=0.05)
 
 
-DOCS = Path(__file__).parents[3] / "docs"
+DOCS = Path(__file__).parents[3] / "docs" / "results" / "data"
 H100 = DOCS / "offload-h100"
 
 
