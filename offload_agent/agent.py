@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+from aiokafka.errors import KafkaError
 
 from offload_agent import ipc
 from offload_agent.jobs import JobRunner, Started
@@ -73,6 +74,7 @@ from shared.reject import Reject
 __all__ = ["AgentConfig", "HostAgent", "serve"]
 
 NAME = "offload-agent"
+PUBLISH_GIVE_UP_S = 600.0  # a job event not published after this long: the error stands
 log = logging.getLogger("rltune.offload_agent")
 
 
@@ -147,12 +149,12 @@ class HostAgent:
         if rec.topic == self.topics.offload_plans:
             return await self.on_plan(rec)
         if rec.topic == self.topics.jobs_accepted:
-            return self._started(*self._learn(rec))
+            return await self._announce(*self._learn(rec))
         if rec.topic == self.topics.jobs_kill:
-            return self.on_kill(rec)
+            return await self.on_kill(rec)
         if rec.topic == self.topics.jobs_events:
             return self.on_event(rec)
-        return self.on_placements(rec)
+        return await self.on_placements(rec)
 
     def on_event(self, rec: Record) -> Sequence[Outgoing]:
         """A job's process failed on another node: stop its process here (a gang)."""
@@ -169,14 +171,14 @@ class HostAgent:
             task.add_done_callback(self.watchers.discard)
         return ()
 
-    def on_kill(self, rec: Record) -> Sequence[Outgoing]:
+    async def on_kill(self, rec: Record) -> Sequence[Outgoing]:
         try:
             req = self._kill.decode(rec.value or b"")
         except msgspec.MsgspecError as exc:
             raise Reject(f"invalid KillRequest: {exc}", kind="invalid") from None
         if not self.runner.kill(req.job_id, req.reason):
             self.stats.extra["kill_not_here"] += 1  # not running here: never start it here
-            return self._started(self.runner.forbid(req.job_id, req.reason, time.time()), [])
+            return await self._announce(self.runner.forbid(req.job_id, req.reason, time.time()), [])
         self.stats.extra["kills"] += 1
         log.info("killing %s on request (%s)", req.job_id, req.reason or "no reason given")
         task = asyncio.create_task(self._escalate(req.job_id))
@@ -209,16 +211,22 @@ class HostAgent:
             self.stats.extra["ignored_bad_job"] += 1
             return [], []
 
-    def on_placements(self, rec: Record) -> Sequence[Outgoing]:
+    async def on_placements(self, rec: Record) -> Sequence[Outgoing]:
         try:
             batch = self._placements.decode(rec.value or b"")
         except msgspec.MsgspecError:
             self.stats.extra["ignored_bad_placement"] += 1
             return ()
-        return self._started(*self.runner.place(batch, time.time()))
+        return await self._announce(*self.runner.place(batch, time.time()))
 
-    def _started(self, events: list[JobEvent], procs: list[Started]) -> Sequence[Outgoing]:
+    async def _announce(self, events: list[JobEvent], procs: list[Started]) -> Sequence[Outgoing]:
+        """Publish `events` (started, refused, failed to start), acknowledged, before the
+        started processes are watched: a command that exits at once must not have its
+        `finished` on the topic ahead of its `started` (consumers would take the job
+        for running forever)."""
         self.stats.extra["jobs_waiting_for_command"] = len(self.runner.waiting)
+        for e in events:
+            await self._publish_reliably(self.topics.jobs_events, e.job_id, encode(e))
         for started in procs:
             task = asyncio.create_task(self._watch(started))
             self.watchers.add(task)
@@ -227,18 +235,17 @@ class HostAgent:
         self.stats.extra["placements_refused"] += sum(
             1 for e in events if e.kind == "rejected_placement"
         )
-        out = [Outgoing(self.topics.jobs_events, e.job_id, encode(e)) for e in events]
         status = self.status() if events else None
-        if status is not None:
-            out.append(Outgoing(self.topics.cluster_nodes, status.node_id, encode(status)))
-        return out
+        if status is None:
+            return ()
+        return [Outgoing(self.topics.cluster_nodes, status.node_id, encode(status))]
 
     async def _watch(self, started: Started) -> None:
         code = await asyncio.to_thread(started.process.wait)
         await asyncio.to_thread(self.runner.remove_swap, started.job_id)
         event = self.runner.exited(started.job_id, code, time.time())
         forget(started.job_id, self.config.node_id)  # its Prometheus series go with it
-        await self._publish(self.topics.jobs_events, event.job_id, encode(event))
+        await self._publish_reliably(self.topics.jobs_events, event.job_id, encode(event))
         status = self.status()
         if status is not None:
             await self._publish(self.topics.cluster_nodes, status.node_id, encode(status))
@@ -285,6 +292,22 @@ class HostAgent:
     async def _publish(self, topic: str, key: str, value: bytes) -> None:
         fut = await self.producer.send(topic, key, value)
         await fut
+
+    async def _publish_reliably(self, topic: str, key: str, value: bytes) -> None:
+        """`_publish`, retried through a broker outage of up to `PUBLISH_GIVE_UP_S` (a
+        job's events are its only record: none may be lost to a blip)."""
+        delay, deadline = 0.1, time.monotonic() + PUBLISH_GIVE_UP_S
+        while True:
+            try:
+                await self._publish(topic, key, value)
+                return
+            except (KafkaError, OSError) as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                self.stats.extra["publish_retries"] += 1
+                log.warning("publishing %s on %s: %s; retrying", key, topic, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def on_plan(self, rec: Record) -> Sequence[Outgoing]:
         """Bus handler for `offload.plans`: forward to the local process, if any."""

@@ -225,6 +225,13 @@ def test_published_jobs_run_fail_and_are_killed_on_the_local_cluster(
         r.stdout.splitlines()[-1].endswith("four: failed on host-1 (exit code 4)")
     )
 
+    # commands that exit at once: on the topic, each job's started comes before its end
+    for i in range(6):
+        local.publish({"job_id": f"quick-{i}", "num_gpus": 1, "command": ["true"]})
+    for i in range(6):
+        local.wait("ended", f"quick-{i}")
+        assert [e["kind"] for e in local.events(f"quick-{i}")] == ["started", "finished"]
+
     # rltune jobs, read from the topics: each job's last state
     listed = json.loads(local.cli("jobs", "--all", "--json", "-").stdout)
     states = {j["job_id"]: j["state"] for j in listed}
@@ -232,6 +239,7 @@ def test_published_jobs_run_fail_and_are_killed_on_the_local_cluster(
         "writes": "FINISHED", "fails": "FAILED", "missing": "FAILED", "noexec": "FAILED",
         "after": "FINISHED", "gang": "FAILED", "bad": "REJECTED", "hog": "FAILED",
         "queued": "CANCELLED", "ok": "FINISHED", "four": "FAILED",
+        **{f"quick-{i}": "FINISHED" for i in range(6)},
     }  # fmt: skip
     assert {j["job_id"]: j["exit_code"] for j in listed}["four"] == 4
     # the example script of the README: published and followed to its end
