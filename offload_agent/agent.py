@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -186,6 +187,17 @@ class HostAgent:
         task.add_done_callback(self.watchers.discard)
         return ()
 
+    def _time_up(self, started: Started) -> None:
+        """A job ran its time limit: SIGTERM, then SIGKILL after the grace period."""
+        if self.runner.running.get(started.job_id) is not started.process:
+            return  # (ended meanwhile)
+        if self.runner.time_up(started.job_id):
+            self.stats.extra["time_limits"] += 1
+            log.info("stopping %s: its time limit is reached", started.job_id)
+            task = asyncio.create_task(self._escalate(started.job_id))
+            self.watchers.add(task)
+            task.add_done_callback(self.watchers.discard)
+
     async def _escalate(self, job_id: str) -> None:
         """SIGKILL a job that has not stopped `kill_grace_s` after SIGTERM."""
         await asyncio.sleep(self.config.kill_grace_s)
@@ -231,6 +243,10 @@ class HostAgent:
             task = asyncio.create_task(self._watch(started))
             self.watchers.add(task)
             task.add_done_callback(self.watchers.discard)
+            limit = self.runner.limits.get(started.job_id)
+            if limit is not None:
+                timer = asyncio.get_running_loop().call_later(limit, self._time_up, started)
+                task.add_done_callback(functools.partial(_cancel_timer, timer))
         self.stats.extra["jobs_started"] += len(procs)
         self.stats.extra["placements_refused"] += sum(
             1 for e in events if e.kind == "rejected_placement"
@@ -356,6 +372,10 @@ class HostAgent:
                 await self._publish(self.topics.cluster_nodes, status.node_id, encode(status))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.config.status_interval_s)
+
+
+def _cancel_timer(timer: asyncio.TimerHandle, _task: asyncio.Task[None]) -> None:
+    timer.cancel()  # (the job ended before its time limit)
 
 
 async def serve(

@@ -9,7 +9,9 @@ socket, so the 10Cache engine inside can find its agent,
 given, comma-separated, as Slurm's SLURM_JOB_NODELIST: a job on several nodes
 runs its command on each, and each process can tell its place from these).
 When the job's process on another node fails, the one here is stopped
-(`stop_sibling`): a gang runs together or not at all. It
+(`stop_sibling`): a gang runs together or not at all. A job with a
+`time_limit_s` (Slurm's `--time`) is stopped when it has run that long
+(`time_up`, called by the agent's timer): `failed`, "time limit of N s reached". It
 answers with a `started` event, or `failed` when the command cannot start (not found,
 not executable: the reason in `detail`); `finished` (exit code 0) / `failed` follow
 when the process exits, with `exit_code` set and, with `logs` set, the last lines the
@@ -86,11 +88,15 @@ class JobRunner:
     logs: Path | None = None  # each job's stdout / stderr go to logs/<job>.out / .err
     nodes: dict[str, list[str]] = field(default_factory=dict)  # job -> every node it was given
     stopping: dict[str, str] = field(default_factory=dict)  # job -> why (a sibling failed)
+    limits: dict[str, float] = field(default_factory=dict)  # job -> its time_limit_s
 
     def learn(self, job: Job, now: float) -> tuple[list[JobEvent], list[Started]]:
         """Remember a job's command; start it if it was already placed here. A job
         accepted without one has nothing to run here: placed here, it is `failed`."""
         self.commands[job.job_id] = list(job.command)
+        limit = getattr(job, "time_limit_s", None)  # (JobSpec's requested wall time)
+        if limit:
+            self.limits[job.job_id] = float(limit)
         gpus = self.waiting.pop(job.job_id, None)
         if gpus is None:
             return [], []
@@ -268,6 +274,14 @@ class JobRunner:
                 proc.send_signal(sig)  # not a group leader: the process alone
         return True
 
+    def time_up(self, job_id: str) -> bool:
+        """The job's time limit is reached: stop it (True if it ran here)."""
+        if job_id in self.killing or job_id in self.stopping or not self.kill(job_id, ""):
+            return False
+        self.killing.pop(job_id, None)
+        self.stopping[job_id] = f"time limit of {self.limits.get(job_id, 0):g} s reached"
+        return True
+
     def stop_sibling(self, event: JobEvent) -> bool:
         """`event` says the job's process on another node failed: stop the one running
         here (SIGTERM to its group; True if there was one). Its exit is then `failed`,
@@ -291,6 +305,7 @@ class JobRunner:
         self.nodes.pop(job_id, None)
         detail = f"exit code {returncode}"
         node = [self.node_id]
+        self.limits.pop(job_id, None)
         if job_id in self.stopping:
             why = self.stopping.pop(job_id)
             self.killing.pop(job_id, None)  # (the SIGKILL that may have followed)

@@ -19,6 +19,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 
 from shared.broker import free_port
+from shared.messages import JobSpec
 
 pytestmark = [
     pytest.mark.integration,
@@ -171,9 +172,12 @@ def test_published_jobs_run_fail_and_are_killed_on_the_local_cluster(
 
     # a gang: a job on both hosts runs its command on each; when one fails, the other
     # is stopped (not left holding its GPUs)
+    # (host-1's fails once host-0's has written its file: host-0's is then running)
     gang = _py(
         "import os, sys, time; node = os.environ['RLTUNE_NODE_ID']; "
-        f"open({str(tmp_path)!r} + '/gang-' + node, 'w').write(os.environ['RLTUNE_JOB_NODES']); "
+        f"d = {str(tmp_path)!r}; "
+        "open(d + '/gang-' + node, 'w').write(os.environ['RLTUNE_JOB_NODES']); "
+        "[time.sleep(0.1) for _ in range(600) if not os.path.exists(d + '/gang-host-0')]; "
         "sys.exit(3) if node == 'host-1' else time.sleep(300)"
     )
     local.publish({"job_id": "gang", "num_gpus": 8, "command": gang})
@@ -232,6 +236,14 @@ def test_published_jobs_run_fail_and_are_killed_on_the_local_cluster(
         local.wait("ended", f"quick-{i}")
         assert [e["kind"] for e in local.events(f"quick-{i}")] == ["started", "finished"]
 
+    # a requested wall time (JobSpec.time_limit_s, where the checkout's JobSpec has it)
+    limited = "time_limit_s" in JobSpec.__struct_fields__
+    if limited:
+        sleeper = _py("import time; time.sleep(120)")
+        local.publish({"job_id": "limited", "num_gpus": 1, "time_limit_s": 1, "command": sleeper})
+        end = local.wait("ended", "limited")
+        assert end["detail"] == "stopped: time limit of 1 s reached; exit code -15", end
+
     # rltune jobs, read from the topics: each job's last state
     listed = json.loads(local.cli("jobs", "--all", "--json", "-").stdout)
     states = {j["job_id"]: j["state"] for j in listed}
@@ -240,6 +252,7 @@ def test_published_jobs_run_fail_and_are_killed_on_the_local_cluster(
         "after": "FINISHED", "gang": "FAILED", "bad": "REJECTED", "hog": "FAILED",
         "queued": "CANCELLED", "ok": "FINISHED", "four": "FAILED",
         **{f"quick-{i}": "FINISHED" for i in range(6)},
+        **({"limited": "FAILED"} if limited else {}),
     }  # fmt: skip
     assert {j["job_id"]: j["exit_code"] for j in listed}["four"] == 4
     # the example script of the README: published and followed to its end

@@ -286,3 +286,29 @@ def test_a_job_accepted_without_a_command_fails_when_placed_and_frees_its_gpus()
     assert runner.waiting == {"late": [0]} and runner.busy == {0: "late"}
     (ev,), procs = runner.learn(Job("late", 1, 0.0), 3.0)
     assert not procs and ev.kind == "failed" and runner.busy == {} and not runner.waiting
+
+
+def _with_time_limit(job_id: str, limit: float, command: list[str]) -> Job:
+    """A Job carrying JobSpec's `time_limit_s` (a subclass where Job lacks the field)."""
+    if "time_limit_s" in Job.__struct_fields__:
+        return Job(job_id, 1, 0.0, command=command, time_limit_s=limit)  # type: ignore[call-arg]
+
+    class Limited(Job):
+        time_limit_s: float | None = None
+
+    return Limited(job_id, 1, 0.0, command=command, time_limit_s=limit)
+
+
+def test_a_job_past_its_time_limit_is_stopped_and_says_so() -> None:
+    runner = JobRunner("n1", launch, {"PATH": os.environ["PATH"]}, gpus=1)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    runner.learn(_with_time_limit("slow", 0.5, sleeper), 0.0)
+    assert runner.limits == {"slow": 0.5}
+    (ev,), (p,) = runner.place(PlacementBatch(0, 0.0, [Assignment("slow", "n1", [0])]), 1.0)
+    assert ev.kind == "started"
+    assert runner.time_up("slow") and not runner.time_up("slow")  # (once)
+    end = runner.exited("slow", p.process.wait(30), 2.0)
+    assert (end.kind, end.exit_code) == ("failed", -15)
+    assert end.detail == "stopped: time limit of 0.5 s reached; exit code -15"
+    assert not runner.limits and not runner.stopping and runner.busy == {}
+    assert not runner.time_up("slow")  # ended: nothing to stop
