@@ -90,3 +90,20 @@ def test_prometheus_jobs_gauge_carries_every_state_of_the_counters() -> None:
         for s in ("ahead", "waiting", "running", "done", "failed")
     }
     assert got == {"ahead": 2.0, "waiting": 1.0, "running": 1.0, "done": 0.0, "failed": 0.0}
+
+
+def test_a_job_started_by_two_host_agents_is_one_run_not_a_move() -> None:
+    """Each host agent reports its own node's start of a job given two nodes (details
+    "pid P gpus ..."): one segment, no move, one JCT of 30 s."""
+    t = Telemetry()
+    t.node(NodeStatus("a", "GPU", 4, [], time=0.0))
+    t.node(NodeStatus("b", "GPU", 4, [], time=0.0))
+    t.accepted(Job("gang", 8, 0.0))
+    t.event(JobEvent("gang", "started", 10.0, ["a"], "pid 11 gpus 0,1,2,3"))
+    t.event(JobEvent("gang", "started", 10.5, ["b"], "pid 12 gpus 0,1,2,3"))
+    t.event(JobEvent("gang", "finished", 30.0, ["a"], "exit code 0"))
+    t.event(JobEvent("gang", "finished", 30.2, ["b"], "exit code 0"))  # (the second end)
+    c = t.counters()
+    assert (c["done"], c["failed"], c["moves"], c["cancelled"]) == (1, 0, 0, 0)
+    (rec,) = t.records()
+    assert [(g.start_s, g.finish_s) for g in rec.segments] == [(10.0, 30.0)]
