@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: install up up-replay test lint typecheck unit bench gpu-check clean
+.PHONY: install up up-replay test lint typecheck unit bench gpu-check deepspeed-check clean
 
 install: $(STAMP)
 
@@ -45,10 +45,11 @@ up-replay: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 typecheck: install
-	$(BIN)/mypy shared/ services/ offload_agent/ bench/ tests/
+	$(BIN)/mypy rltune/ shared/ services/ offload_agent/ bench/ tests/
 
 unit: install
 	$(BIN)/python -m pytest -q --durations=15
@@ -64,6 +65,15 @@ bench: install
 gpu-check: install
 	RLTUNE_TEST_DEVICE=cuda $(BIN)/python -m pytest -q --confcutdir=tests/offload_agent tests/offload_agent/test_offload_training.py tests/offload_agent/test_offload_precision.py
 	$(BIN)/rltune bench offload_link
+
+# DeepSpeed ZeRO-3 beside the engine: the optional `deepspeed` extra (not in `make
+# install` or `make test`, whose tests of it skip without it: its first use JIT-compiles
+# DeepSpeed's CPU AdamW and communication ops, about 3 minutes of two cores), built
+# against the installed torch with no ops prebuilt, then its tests on DeepSpeed's CPU
+# accelerator. NVMe offload also needs libaio's headers (Debian: libaio-dev).
+deepspeed-check: install
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-build-isolation -e ".[deepspeed]"
+	$(BIN)/python -m pytest -q tests/bench/test_offload_deepspeed.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

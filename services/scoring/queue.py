@@ -338,12 +338,20 @@ class ScoringState:
                 else:
                     self._enqueue(job)
             return
+        # The events read back marked every finished job ended, but the rounds applied
+        # below must see each one arrive, start and finish in their order, as the live
+        # state did (its run time enters the history at the finish, in that order, and
+        # its place in the queue until then): only the jobs cancelled before they
+        # started stay out of the queue meanwhile (the rounds never name them started).
+        finished = self.ended - self.cancelled
+        self.ended -= finished
         for req in sorted(requests, key=lambda r: r.round_id):
             if req.round_id <= answered and req.round_id > self.rounds.applied:
                 self._apply(req)
                 self.rounds.applied = req.round_id
             elif req.round_id > answered:
                 self.rounds.pending[req.round_id] = req
+        self.ended |= finished
 
     @property
     def queue_length(self) -> int:

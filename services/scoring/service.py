@@ -41,7 +41,16 @@ import msgspec
 
 from services.scoring.policies import make_policy
 from services.scoring.queue import ScoringState
-from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
+from shared.bus import (
+    Outgoing,
+    Producer,
+    Record,
+    ServiceSpec,
+    ServiceStats,
+    Stopped,
+    deliver,
+    run_service,
+)
 from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
@@ -344,8 +353,12 @@ async def _ticker(
             batch = handler.free_round()
             if batch is not None:
                 out = Outgoing(settings.topics.sched_priorities, str(batch.round_id), encode(batch))
-                await producer.publish([(out, [])])
-                stats.published += 1
+                try:  # the bus's one retry loop: an outage is waited out
+                    stats.published += await deliver(
+                        producer, [out], stop, NAME, lambda o: (o, []), stats=stats
+                    )
+                except Stopped:
+                    break
             if path is not None and time.monotonic() >= next_reload:
                 next_reload = time.monotonic() + conf.reload_s
                 now = _mtime(path)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import main
+from rltune import main
 
 pytest.importorskip("transformers")
 

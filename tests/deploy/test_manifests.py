@@ -20,9 +20,9 @@ import jsonschema
 import pytest
 import yaml
 
+from rltune.service import SERVICES, available
 from services.telemetry import prom as telemetry_prom
-from shared import prom
-from shared.cli.service import SERVICES, available
+from shared import acl, prom
 from shared.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _env_names_read_by_code() -> set[str]:
     names: set[str] = set()
-    for pkg in ("shared", "services", "offload_agent"):
+    for pkg in ("rltune", "shared", "services", "offload_agent"):
         for path in (ROOT / pkg).rglob("*.py"):
             names |= set(re.findall(r"[\"'](RLTUNE_[A-Z0-9_]+)[\"']", path.read_text()))
     return names
@@ -272,7 +272,7 @@ def test_env_var_names_are_the_design_ones() -> None:
     advertised = _compose()["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
     assert "//kafka:19092" in advertised
     (bus,) = [d for d in _k8s_docs() if d["kind"] == "ConfigMap"]
-    assert set(bus["data"]) == DESIGN_ENV
+    assert set(bus["data"]) >= DESIGN_ENV
     used |= set(bus["data"])
     for w in _workloads():
         used |= {e["name"] for c in _containers(w) for e in c.get("env", [])}
@@ -280,17 +280,44 @@ def test_env_var_names_are_the_design_ones() -> None:
     assert rltune_vars <= allowed, f"not DESIGN and not read by the code: {rltune_vars - allowed}"
 
 
-def test_k8s_bus_points_at_the_strimzi_plain_listener() -> None:
+def test_k8s_bus_points_at_the_strimzi_scram_listener() -> None:
+    """Services reach Kafka on the listener that authenticates them (SCRAM over TLS,
+    the cluster CA mounted) and the simple authorizer holds them to their ACLs."""
     docs = _k8s_docs()
     (kafka,) = [d for d in docs if d["kind"] == "Kafka"]
     (bus,) = [d for d in docs if d["kind"] == "ConfigMap"]
-    plain = [lst for lst in kafka["spec"]["kafka"]["listeners"] if not lst["tls"]]
+    (scram,) = kafka["spec"]["kafka"]["listeners"]
+    assert scram["tls"] and scram["authentication"] == {"type": "scram-sha-512"}
+    assert kafka["spec"]["kafka"]["authorization"] == {"type": "simple"}
+    assert "userOperator" in kafka["spec"]["entityOperator"]
     name = kafka["metadata"]["name"]
-    assert bus["data"]["RLTUNE_BOOTSTRAP_SERVERS"] == f"{name}-kafka-bootstrap:{plain[0]['port']}"
+    assert bus["data"]["RLTUNE_BOOTSTRAP_SERVERS"] == f"{name}-kafka-bootstrap:{scram['port']}"
+    assert bus["data"]["RLTUNE_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert bus["data"]["RLTUNE_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512"
     assert bus["data"]["RLTUNE_TOPIC_PREFIX"] == Topics().prefix
     for d in docs:
-        if d["kind"] in ("KafkaNodePool", "KafkaTopic"):
+        if d["kind"] in ("KafkaNodePool", "KafkaTopic", "KafkaUser"):
             assert d["metadata"]["labels"]["strimzi.io/cluster"] == name
+
+
+def test_k8s_users_are_the_acl_table_and_each_service_logs_in_as_its_own() -> None:
+    """k8s/users.yaml is exactly what shared/acl.py renders, and every workload logs in
+    as the principal of the service it runs, with the password from that user's
+    Secret and the CA file the ConfigMap names mounted."""
+    docs = _k8s_docs()
+    users = [d for d in docs if d["kind"] == "KafkaUser"]
+    assert users == acl.kafka_users(Topics())
+    names = {u["metadata"]["name"] for u in users}
+    (bus,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    ca_dir = str(Path(bus["data"]["RLTUNE_KAFKA_SSL_CAFILE"]).parent)
+    for w in _workloads():
+        (c,) = [c for c in _containers(w) if list(c.get("args", []))[:1] == ["service"]]
+        env = {e["name"]: e for e in c["env"]}
+        user = env["RLTUNE_KAFKA_SASL_USERNAME"]["value"]
+        assert user == f"rltune-{c['args'][1]}" and user in names
+        ref = env["RLTUNE_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": user, "key": "password"}
+        assert ca_dir in [m["mountPath"] for m in c["volumeMounts"]]
 
 
 # ---- Prometheus metric names -------------------------------------------------------
@@ -406,6 +433,66 @@ STRIMZI_SCHEMAS = {
             }
         ),
     ),
+    "KafkaUser": _cr(
+        "KafkaUser",
+        _obj(
+            {
+                "authentication": _obj(
+                    {"type": {"enum": ["scram-sha-512", "tls", "tls-external"]}}, ("type",)
+                ),
+                "authorization": _obj(
+                    {
+                        "type": {"enum": ["simple"]},
+                        "acls": {
+                            "type": "array",
+                            "items": _obj(
+                                {
+                                    "resource": _obj(
+                                        {
+                                            "type": {
+                                                "enum": [
+                                                    "topic",
+                                                    "group",
+                                                    "cluster",
+                                                    "transactionalId",
+                                                ]
+                                            },
+                                            "name": _STR,
+                                            "patternType": {"enum": ["literal", "prefix"]},
+                                        },
+                                        ("type",),
+                                    ),
+                                    "type": {"enum": ["allow", "deny"]},
+                                    "host": _STR,
+                                    "operations": {
+                                        "type": "array",
+                                        "items": {
+                                            "enum": [
+                                                "Read",
+                                                "Write",
+                                                "Create",
+                                                "Delete",
+                                                "Alter",
+                                                "Describe",
+                                                "ClusterAction",
+                                                "AlterConfigs",
+                                                "DescribeConfigs",
+                                                "IdempotentWrite",
+                                                "All",
+                                            ]
+                                        },
+                                    },
+                                },
+                                ("resource", "operations"),
+                            ),
+                        },
+                    },
+                    ("type", "acls"),
+                ),
+            },
+            ("authentication", "authorization"),
+        ),
+    ),
     "KafkaNodePool": _cr(
         "KafkaNodePool",
         _obj(
@@ -506,7 +593,9 @@ def test_k8s_resources_validate_against_schemas() -> None:
 def test_schema_check_rejects_a_misspelt_field() -> None:
     k8s = _k8s_validators()
     docs = _k8s_docs()
-    (deployment,) = [d for d in docs if d["metadata"]["name"] == "rltune-arrival"]
+    (deployment,) = [
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "rltune-arrival"
+    ]
     bad = copy.deepcopy(deployment)
     bad["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
     assert not k8s["apps/v1/Deployment"].is_valid(bad)

@@ -121,7 +121,7 @@ def test_compose_runs_a_published_job_on_its_agents(broker: EmbeddedBroker, tmp_
                 log = open(tmp_path / f"{replica}.log", "wb")  # noqa: SIM115 - the child's
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "shared.cli", *argv],
+                        [sys.executable, "-m", "rltune", *argv],
                         env={**os.environ, **env},
                         stdout=log,
                         stderr=subprocess.STDOUT,

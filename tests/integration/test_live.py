@@ -17,12 +17,12 @@ from typing import Any
 import msgspec
 
 from offload_agent import agent
+from rltune import main
 from services.arrival import service as arrival
 from services.placement import service as placement
 from services.scoring import service as scoring
 from services.telemetry import service as telemetry
 from shared.bus import Producer, Record, read_back
-from shared.cli import main
 from shared.config import BusSettings
 from shared.messages import JobEvent, JobSpec, MetricsSnapshot, encode
 from tests.integration.streaming import services

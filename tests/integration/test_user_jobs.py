@@ -34,7 +34,7 @@ ENDS = ("finished", "failed", "cancelled")
 
 def rltune(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args],
+        [sys.executable, "-m", "rltune", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -49,7 +49,7 @@ class Up:
         self.port = free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.logs = tmp / "logs"
-        cmd = [sys.executable, "-m", "shared.cli", "up", "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "rltune", "up", "--port", str(self.port)]
         cmd += ["--logs", str(self.logs), *args]
         self.out = open(tmp / "up.out", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, cwd=ROOT)
