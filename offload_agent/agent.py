@@ -282,7 +282,7 @@ class HostAgent:
 
     async def _from_process(self, conn: _Conn, line: bytes) -> None:
         try:
-            msg = ipc.decode(line)
+            msg = ipc.decode(line, self.config.node_id)
         except msgspec.MsgspecError as exc:
             self.stats.extra["bad_local_messages"] += 1
             log.warning("bad message from a local process: %s", exc)

@@ -312,3 +312,19 @@ def test_a_job_past_its_time_limit_is_stopped_and_says_so() -> None:
     assert end.detail == "stopped: time limit of 0.5 s reached; exit code -15"
     assert not runner.limits and not runner.stopping and runner.busy == {}
     assert not runner.time_up("slow")  # ended: nothing to stop
+
+
+def test_a_processes_stats_take_their_agents_node_id_and_are_still_checked() -> None:
+    import msgspec
+
+    from offload_agent import ipc
+    from shared.messages import OffloadStats
+
+    line = ipc.encode_line(ipc.StatsMsg(OffloadStats("j", "", 0.5)))
+    msg = ipc.decode(line, "n1")
+    assert isinstance(msg, ipc.StatsMsg) and (msg.stats.node_id, msg.stats.hit_rate) == ("n1", 0.5)
+    with pytest.raises(msgspec.ValidationError):
+        ipc.decode(line)  # (no node id to give it)
+    bad = ipc.encode_line(ipc.StatsMsg(OffloadStats("j", "", 7.5)))
+    with pytest.raises(msgspec.ValidationError, match="hit_rate"):
+        ipc.decode(bad, "n1")  # a hit rate of 7.5 is refused as on offload.stats
