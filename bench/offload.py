@@ -48,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import torch
@@ -74,6 +74,7 @@ from shared.sim.offload_cost import TOKENS_PER_GPU_STEP
 __all__ = ["main"]
 
 Runner = OffloadEngine | DeepSpeedRun  # what the interleaved loop drives
+_R = TypeVar("_R", bound=Runner)
 
 
 @dataclass(frozen=True)
@@ -455,7 +456,7 @@ def _drained_block(
         after(engine)
 
 
-def _rotated(engines: dict[str, Runner], step: int) -> list[tuple[str, Runner]]:
+def _rotated(engines: dict[str, _R], step: int) -> list[tuple[str, _R]]:
     """The engines in round-robin order, starting one further each step, so none
     always runs right after the same other one."""
     order = list(engines.items())
@@ -464,10 +465,10 @@ def _rotated(engines: dict[str, Runner], step: int) -> list[tuple[str, Runner]]:
 
 
 def interleaved(
-    engines: dict[str, Runner],
+    engines: dict[str, _R],
     w: Workload,
     a: BenchArgs,
-    after: Callable[[str, Runner], None],
+    after: Callable[[str, _R], None],
     advance: Callable[[], None] = lambda: None,
 ) -> dict[str, Measured]:
     """`a.warmup` steps per engine, round-robin, each drained at its end (the first

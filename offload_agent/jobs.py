@@ -94,9 +94,8 @@ class JobRunner:
         """Remember a job's command; start it if it was already placed here. A job
         accepted without one has nothing to run here: placed here, it is `failed`."""
         self.commands[job.job_id] = list(job.command)
-        limit = getattr(job, "time_limit_s", None)  # (JobSpec's requested wall time)
-        if limit:
-            self.limits[job.job_id] = float(limit)
+        if job.time_limit_s:  # (JobSpec's requested wall time)
+            self.limits[job.job_id] = job.time_limit_s
         gpus = self.waiting.pop(job.job_id, None)
         if gpus is None:
             return [], []

@@ -19,7 +19,7 @@ from rltune.simulate import (
     sim_config,
 )
 from shared.errors import UserError
-from shared.traces import SkipStats
+from shared.traces import SkipStats, require_fields
 
 __all__ = ["register", "run"]
 
@@ -34,6 +34,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, metavar="DIR", help="directory for table and plots")
     p.add_argument("--no-jobs", action="store_true", help="do not write jobs-<policy>.csv files")
+    p.add_argument(
+        "--matrix",
+        default=None,
+        metavar="FILE",
+        help="instead of one trace: every cell (trace, format, cluster, load, slice) of a "
+        "YAML/JSON list, for rl and every heuristic (or --policies); per cell each "
+        "policy's ratio to the best heuristic, geometric means, a heat map "
+        "(rltune/matrix.py)",
+    )
+    # with --matrix the cells name the traces: these are checked in `run` instead
+    for action in p._actions:
+        if action.dest in ("trace", "format", "policies"):
+            action.required = False
     p.set_defaults(func=run)
 
 
@@ -46,6 +59,13 @@ def run(args: argparse.Namespace) -> int:
     from shared.report import PolicyRun, markdown_table, write_csv, write_plots
     from shared.sim import simulate, write_jobs_csv
 
+    if args.matrix is not None:
+        from rltune.matrix import matrix_command
+
+        return matrix_command(args.matrix, args.out, args.policies or "", args.placer, args.seed)
+    for flag in ("trace", "format", "policies"):
+        if not getattr(args, flag):
+            raise UserError(f"--{flag} is required (or --matrix FILE)")
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     if not names:
         raise UserError("--policies names no policy")
@@ -58,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_run_cluster(args)
     stats = SkipStats()
     jobs = mark_offload(args, load_run_jobs(args, cluster, stats))
+    for policy in policies:
+        require_fields(policy.label, getattr(policy, "needs", ()), jobs, args.trace)
     config = sim_config(args)
     console = Console(stderr=True)
     runs: list[PolicyRun] = []

@@ -18,7 +18,7 @@ from shared.jsonfile import write_json as write_json_file
 from shared.placement_api import DISCIPLINES
 from shared.recipe import RunRecipe
 from shared.sched.replacement import Replacing
-from shared.traces import SkipStats, TraceJob
+from shared.traces import SkipStats, TraceJob, require_fields
 
 if TYPE_CHECKING:
     from shared.sim import SimConfig
@@ -45,9 +45,16 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     """The flags `simulate` and `eval` share (trace, cluster, placement, seed)."""
     p.add_argument("--trace", required=True, help="trace file")
     p.add_argument(
-        "--format", required=True, help="philly, helios, alibaba2020, alibaba2023, rltune, jsonl"
+        "--format",
+        required=True,
+        help="philly, helios, alibaba2020, alibaba2023, rltune, jsonl, swf, alcf, itp",
     )
-    p.add_argument("--cluster", required=True, help="cluster YAML or openb node list CSV")
+    p.add_argument(
+        "--cluster",
+        default=None,
+        help="cluster YAML or openb node list CSV (required, but for --format swf: "
+        "default the SWF header's MaxNodes x MaxProcs / MaxNodes slots)",
+    )
     p.add_argument(
         "--reference",
         default=None,
@@ -171,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
     stats = SkipStats()
     inputs = run_recipe.build_inputs(recipe, stats)
     cluster, jobs = inputs.cluster, inputs.jobs
+    require_fields(policy.label, getattr(policy, "needs", ()), jobs, args.trace)
     with _LazyProgress(policy.label) as bar:
         result = simulate(jobs, cluster, policy, placer, inputs.config, bar.tick)
     summary = result.summary()
@@ -229,11 +237,11 @@ def _util_text(summary: dict[str, object], jobs: list[TraceJob]) -> str:
 def recipe_of(args: argparse.Namespace) -> RunRecipe:
     """The run flags (`add_run_args`) as a recipe; a parser that offers only some of them
     (a benchmark's) gets the recipe's defaults for the rest."""
-    defaults = RunRecipe(args.trace, args.format, args.cluster)
+    defaults = RunRecipe(args.trace, args.format, args.cluster or "")
     return RunRecipe(
         trace=args.trace,
         format=args.format,
-        cluster=args.cluster,
+        cluster=args.cluster or "",
         policy=getattr(args, "policy", None),
         reference=getattr(args, "reference", defaults.reference),
         seed=args.seed,

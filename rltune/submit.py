@@ -55,6 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         '(e.g. "python train.py --epochs 3"); no shell runs it',
     )
     p.add_argument("--weight", type=float, default=1.0)
+    p.add_argument("--project", default="", help="group / account (Slurm's account)")
+    p.add_argument("--app", default="", help="executable or job name")
+    p.add_argument(
+        "--time-limit", type=float, default=None, help="requested wall time, seconds (--time)"
+    )
     p.add_argument("--kill", metavar="JOB_ID", help="ask the host running JOB_ID to stop it")
     p.add_argument("--reason", default="", help="why (with --kill; reported in its event)")
     p.add_argument(
@@ -189,6 +194,12 @@ def _specs_from_args(args: argparse.Namespace) -> tuple[list[JobSpec], list[str]
             raise UserError(f"--command {args.command!r}: {exc}") from None
         if not raw["command"]:
             raise UserError("--command is empty")
+    if args.project:
+        raw["project"] = args.project
+    if args.app:
+        raw["app"] = args.app
+    if args.time_limit is not None:
+        raw["time_limit_s"] = args.time_limit
     try:
         return [decode_spec(msgspec.json.encode(raw))], []
     except Reject as rej:

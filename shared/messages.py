@@ -80,6 +80,11 @@ class JobSpec(Struct, omit_defaults=True):
     weight: Annotated[float, Meta(gt=0.0, le=1e6)] = 1.0
     offload: OffloadSpec | None = None
     submit_time: Annotated[float, Meta(ge=0.0, le=1e11)] | None = None
+    # appended (issue 31): who submitted what, and the requested wall time (Slurm's
+    # account, job name and --time); a policy may plan with them, never with a run time
+    project: ShortStr = ""
+    app: ShortStr = ""
+    time_limit_s: Annotated[float, Meta(gt=0.0, le=1e9)] | None = None
 
 
 class Job(Struct):
@@ -98,6 +103,10 @@ class Job(Struct):
     duration_hint_s: float | None = None
     weight: float = 1.0
     offload: OffloadSpec | None = None
+    # appended (issue 31): as in JobSpec
+    project: str = ""
+    app: str = ""
+    time_limit_s: float | None = None
 
 
 class Rejection(Struct):

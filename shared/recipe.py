@@ -51,7 +51,7 @@ class RunRecipe:
     trace: str
     """trace file"""
     format: str
-    """its format: philly, helios, alibaba2020, alibaba2023, rltune, jsonl"""
+    """its format: philly, helios, alibaba2020, alibaba2023, rltune, jsonl, swf, alcf, itp"""
     cluster: str
     """cluster YAML or openb node list CSV"""
     policy: str | None = None
@@ -168,8 +168,16 @@ def build_inputs(recipe: RunRecipe, stats: SkipStats, say: Say = _stderr) -> Sim
 def load_run_cluster(recipe: RunRecipe, say: Say = _stderr) -> ClusterSpec:
     """The recipe's cluster, with its `reference` applied if given. A cluster of GPU types
     of different speeds that names no reference (an openb node list names none) runs
-    the trace's durations as measured on a speed-1.0 GPU (a P100): said once."""
-    cluster = load_cluster(recipe.cluster)
+    the trace's durations as measured on a speed-1.0 GPU (a P100): said once. No
+    cluster ("") is an SWF log's own, from its header (`shared.traces.swf`)."""
+    if not recipe.cluster:
+        if recipe.format != "swf":
+            raise UserError("--cluster is required (only --format swf has a default)")
+        from shared.traces.swf import swf_cluster
+
+        cluster = swf_cluster(recipe.trace)
+    else:
+        cluster = load_cluster(recipe.cluster)
     if recipe.reference is None:
         speeds = {speed_of(t, cluster.speed) for t in cluster.gpu_types}
         if cluster.reference is None and len(speeds) > 1:

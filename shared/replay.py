@@ -36,6 +36,9 @@ def job_spec_of(job: TraceJob) -> JobSpec:
         model=job.model,
         weight=job.weight,
         offload=OffloadSpec(param_bytes=job.param_bytes) if job.param_bytes else None,
+        project=job.project,
+        app=job.app,
+        time_limit_s=job.time_limit_s,
     )
 
 

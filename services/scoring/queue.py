@@ -47,7 +47,8 @@ def queued_job(job: Job, seq: int) -> QueuedJob:
     milli = job.gpu_milli if job.num_gpus == 1 else FULL_GPU
     return QueuedJob(
         seq, job.job_id, job.submit_time, job.num_gpus, milli, frozenset(job.gpu_types),
-        job.user, job.vc, job.weight,
+        job.user, job.vc, job.weight, project=job.project, app=job.app,
+        time_limit_s=job.time_limit_s,
     )  # fmt: skip
 
 

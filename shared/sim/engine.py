@@ -177,7 +177,8 @@ class Simulator:
         self.releases: dict[int, Release] = {}
         self.head_id: str | None = None  # the head of the last round's window (EASY)
         self._reqs: dict[int, JobRequest] = {}  # waiting job -> its last window request
-        self._est: dict[tuple[str, int], float] = {}  # (who, GPUs) -> estimate until a finish
+        # (who, GPUs, requested time) -> estimate until a finish
+        self._est: dict[tuple[str, int, float | None], float] = {}
         self.node_type = {n.node_id: n.gpu_type for n in cluster.nodes}
         # a full collection scans every live job: only for placers that leave garbage cycles
         self._collect = isinstance(placer, LeavesCycles) and placer.leaves_cycles
@@ -329,7 +330,8 @@ class Simulator:
         milli = tj.gpu_milli if tj.num_gpus == 1 else FULL_GPU
         job = QueuedJob(
             seq, tj.job_id, tj.submit_s, tj.num_gpus, milli, frozenset(tj.gpu_types),
-            tj.user, tj.vc, tj.weight,
+            tj.user, tj.vc, tj.weight, project=tj.project, app=tj.app,
+            time_limit_s=tj.time_limit_s,
         )  # fmt: skip
         run = Run(job, tj.duration_s if tj.duration_s is not None else 0.0)
         self.runs.append(run)
@@ -522,8 +524,9 @@ class Simulator:
         return None
 
     def _estimate(self, j: QueuedJob) -> float:
-        """History's run-time estimate of `j`, once per (user, size) between finishes."""
-        key = (j.user or j.vc, j.num_gpus)  # QueuedJob.who, inline: called per candidate
+        """History's run-time estimate of `j`, once per (user, size, request) between
+        finishes."""
+        key = (j.user or j.vc, j.num_gpus, j.time_limit_s)  # QueuedJob.who, inline
         e = self._est.get(key)
         if e is None:
             e = self._est[key] = self.history.estimate(j)

@@ -30,6 +30,9 @@ FORMATS: dict[str, tuple[str, str]] = {
     "alibaba2023": ("alibaba2023", "read_alibaba2023"),
     "rltune": ("rltune", "read_rltune"),
     "jsonl": ("jsonl", "read_jsonl"),
+    "swf": ("swf", "read_swf"),
+    "alcf": ("alcf", "read_alcf"),
+    "itp": ("itp", "read_itp"),
 }
 
 

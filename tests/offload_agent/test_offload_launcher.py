@@ -288,21 +288,10 @@ def test_a_job_accepted_without_a_command_fails_when_placed_and_frees_its_gpus()
     assert not procs and ev.kind == "failed" and runner.busy == {} and not runner.waiting
 
 
-def _with_time_limit(job_id: str, limit: float, command: list[str]) -> Job:
-    """A Job carrying JobSpec's `time_limit_s` (a subclass where Job lacks the field)."""
-    if "time_limit_s" in Job.__struct_fields__:
-        return Job(job_id, 1, 0.0, command=command, time_limit_s=limit)  # type: ignore[call-arg]
-
-    class Limited(Job):
-        time_limit_s: float | None = None
-
-    return Limited(job_id, 1, 0.0, command=command, time_limit_s=limit)
-
-
 def test_a_job_past_its_time_limit_is_stopped_and_says_so() -> None:
     runner = JobRunner("n1", launch, {"PATH": os.environ["PATH"]}, gpus=1)
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
-    runner.learn(_with_time_limit("slow", 0.5, sleeper), 0.0)
+    runner.learn(Job("slow", 1, 0.0, command=sleeper, time_limit_s=0.5), 0.0)
     assert runner.limits == {"slow": 0.5}
     (ev,), (p,) = runner.place(PlacementBatch(0, 0.0, [Assignment("slow", "n1", [0])]), 1.0)
     assert ev.kind == "started"
