@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: install up test lint typecheck unit bench gpu-check deepspeed-check clean
+.PHONY: install up up-replay test lint typecheck unit bench gpu-check deepspeed-check clean
 
 install: $(STAMP)
 
@@ -20,14 +20,25 @@ $(STAMP): pyproject.toml requirements.lock requirements-dev.lock
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-# The whole system at work: the shipped learned policy ranks, the offload-aware MILP
-# places, 30% of the jobs train with 10Cache (their hit rate and migration time show
-# in the live view), on a 360-GPU P100/V100 cluster that the 2,000-job sample loads
-# enough for jobs to queue. `rltune up` alone runs fifo on the larger philly.yaml.
-UP_ARGS ?= --cluster clusters/philly-10k.yaml --policy rl --placer milp+offload --offload-fraction 0.3
+# A local cluster that runs your jobs: the embedded broker, every service and two
+# host agents of four emulated GPUs each (`--hosts`, `--gpus`; real GPUs through
+# pynvml where the machine has them). Publish a job to rltune.jobs.submit from
+# another terminal (`rltune submit ... --wait finished`, or
+# examples/submit_and_follow.py with a stock Kafka client) and it runs here.
+UP_ARGS ?=
 
 up: install
 	$(BIN)/rltune up $(UP_ARGS)
+
+# The whole system replaying a trace on a simulated cluster: the shipped learned
+# policy ranks, the offload-aware MILP places, 30% of the jobs train with 10Cache
+# (their hit rate and migration time show in the live view), on a 360-GPU P100/V100
+# cluster that the 2,000-job sample loads enough for jobs to queue. Users' jobs are
+# refused during a replay, with the reason.
+REPLAY_ARGS ?= --trace examples/philly-2000.jsonl --cluster clusters/philly-10k.yaml --policy rl --placer milp+offload --offload-fraction 0.3
+
+up-replay: install
+	$(BIN)/rltune up $(REPLAY_ARGS)
 
 # the docs/ site too: a broken link, a missing page or one left out of mkdocs.yml's nav fails
 # (not --quiet: with it, mkdocs 1.6 no longer counts warnings and --strict passes anything)

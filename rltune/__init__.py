@@ -28,6 +28,7 @@ COMMANDS = {
     "eval": "evaluate",
     "bench": "bench",
     "why": "why",
+    "jobs": "jobs",
     "whatif": "whatif",
 }
 
@@ -66,6 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`rltune metrics --follow | head`)
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (exit's flush)
+        return 141
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """`rltune metrics [--follow]`: read the metrics stream.
 
 Without `--follow`: everything on the topic so far, the latest snapshot of each
-source as a table, then exit. With it: one line per snapshot as it arrives.
-`--json` prints the snapshots as JSON lines instead.
+source as a table, then exit. With it, on a terminal: the operator's view of the
+latest snapshots (the one `rltune up` shows), refreshed as they arrive; piped or
+redirected (or with `--json`): one JSON line per snapshot as it arrives, for a
+program to read. `--json` without `--follow` prints the snapshots so far as JSON
+lines.
 """
 
 from __future__ import annotations
@@ -10,11 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import time
+from typing import Any
 
 import msgspec
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
 
 from rltune.common import add_bus_args, bus_settings, run_async, unreachable
@@ -94,17 +100,29 @@ async def _read(settings: BusSettings, follow: bool, as_json: bool) -> None:
                 console.print(table(latest))
             return
         quiet_aiokafka(announce=True)
-        while True:  # through outages: aiokafka reconnects; one line says so (shared.health)
-            batch = await c.getmany(timeout_ms=500)
-            if batch:
-                BROKER.ok()
-            for msgs in batch.values():
-                for m in msgs:
-                    _show(m.value, latest, console, follow, as_json)
+        screen = console.is_terminal and not as_json
+        live = Live(_view(latest), console=console, refresh_per_second=2) if screen else None
+        with live if live is not None else contextlib.nullcontext():
+            while True:  # through outages: aiokafka reconnects; one line says so (shared.health)
+                batch = await c.getmany(timeout_ms=500)
+                if batch:
+                    BROKER.ok()
+                for msgs in batch.values():
+                    for m in msgs:
+                        _show(m.value, latest, console, False, not screen)  # (screen: kept)
+                if live is not None and batch:
+                    live.update(_view(latest))
     except asyncio.CancelledError:
         pass
     finally:
         await c.stop()
+
+
+def _view(latest: dict[str, MetricsSnapshot]) -> Any:
+    from rltune.up import view
+
+    now = time.strftime("%H:%M:%S")
+    return view(latest, 0.0, f"rltune metrics --follow: {len(latest)} sources, updated {now}")
 
 
 def _show(
@@ -120,6 +138,6 @@ def _show(
         return
     latest[snap.source or snap.window] = snap
     if as_json:
-        print(msgspec.json.encode(snap).decode())
+        print(msgspec.json.encode(snap).decode(), flush=True)
     elif follow:
         console.print(describe(snap), highlight=False)

@@ -1,18 +1,26 @@
 """`rltune submit`: publish JobSpecs to `jobs.submit`, from flags or a JSON-lines file
-(or, with `--kill JOB_ID`, a `KillRequest` on `jobs.kill`: the host agent running
-the job stops it).
+(or, with `--kill JOB_ID`, a `KillRequest` on `jobs.kill`: scoring takes a waiting job
+out of the queue (`cancelled`), the host agent running it stops a running one
+(`failed`, "killed on request")).
 
 Each spec is checked here with the same decoder the arrival service uses, so a
 mistake is reported at once (file, line, reason); only valid specs are sent.
-`--wait` then waits for the arrival service's answer to each one.
+`--wait` then waits for the arrival service's answer to each one; `--wait finished`
+follows each job to its end as `sbatch --wait` does, printing every event
+(accepted, started on which nodes, finished / failed / cancelled), and exits with
+the job's status: 0 when every job finished, else the exit code of a single failed
+job's command (1 when it has none, or for several jobs). `--kill JOB_ID --wait`
+waits for the killed job's last event.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import msgspec
@@ -24,7 +32,7 @@ from services.arrival.admission import decode_spec
 from shared.bus import SRC_HEADER, Producer, partitions_of
 from shared.config import BusSettings
 from shared.errors import UserError
-from shared.messages import JobSpec, KillRequest, Rejection, encode
+from shared.messages import JobEvent, JobSpec, KillRequest, Rejection, encode
 from shared.reject import Reject
 
 
@@ -39,6 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-milli", type=int, default=1000)
     p.add_argument("--model", default="")
     p.add_argument("--duration-hint", type=float, default=None, help="seconds")
+    p.add_argument(
+        "--command",
+        default=None,
+        metavar="CMD",
+        help="the command a host runs for the job, split as a shell would "
+        '(e.g. "python train.py --epochs 3"); no shell runs it',
+    )
     p.add_argument("--weight", type=float, default=1.0)
     p.add_argument("--project", default="", help="group / account (Slurm's account)")
     p.add_argument("--app", default="", help="executable or job name")
@@ -47,12 +62,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--kill", metavar="JOB_ID", help="ask the host running JOB_ID to stop it")
     p.add_argument("--reason", default="", help="why (with --kill; reported in its event)")
-    p.add_argument("--wait", action="store_true", help="wait for each job's accept/reject")
     p.add_argument(
-        "--timeout", type=positive_float, default=30.0, help="seconds to --wait (default 30)"
+        "--wait",
+        nargs="?",
+        const="accepted",
+        default=None,
+        choices=WAITS,
+        help="wait for each job's accept/reject (--wait), or follow it to its end and exit "
+        "with its status (--wait finished); with --kill, wait for the job's last event",
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=None,
+        help="seconds to --wait (default 30; no limit for --wait finished)",
     )
     add_bus_args(p)
     p.set_defaults(func=run)
+
+
+WAITS = ("accepted", "finished")
+ENDS = frozenset({"finished", "failed", "cancelled"})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,13 +94,35 @@ def run(args: argparse.Namespace) -> int:
     if not specs:
         raise UserError("nothing to submit" + (" (every spec was invalid)" if errors else ""))
     settings = bus_settings(args)
-    answers = run_async(_publish(settings, specs, args.wait, args.timeout))
-    print(f"submitted {len(specs)} job(s) to {settings.topics.jobs_submit}")
-    if args.wait:
+    follow = args.wait == "finished"
+    timeout = args.timeout if args.timeout is not None else (None if follow else 30.0)
+    answers, ends = run_async(_publish(settings, specs, args.wait is not None, timeout, follow))
+    if not follow:
+        print(f"submitted {len(specs)} job(s) to {settings.topics.jobs_submit}")
+    if args.wait is None:
+        return 1 if errors else 0
+    if not follow:
         _print_answers(specs, answers)
-        if any(a is None or isinstance(a, Rejection) for a in answers.values()):
-            return 1
+    if any(a is None or isinstance(a, Rejection) for a in answers.values()):
+        return 1
+    if follow:
+        return _status(specs, ends, timeout)
     return 1 if errors else 0
+
+
+def _status(specs: list[JobSpec], ends: dict[str, JobEvent], timeout: float | None) -> int:
+    """`--wait finished`'s exit status (module docstring)."""
+    missing = [s.job_id for s in specs if s.job_id not in ends]
+    if missing:
+        print(f"{', '.join(missing)}: not ended after {timeout:g} s", file=sys.stderr)
+        return 1
+    if all(e.kind == "finished" for e in ends.values()):
+        return 0
+    if len(specs) == 1:
+        code = ends[specs[0].job_id].exit_code
+        if code is not None and 0 < code < 256:
+            return code
+    return 1
 
 
 def _kill(args: argparse.Namespace) -> int:
@@ -88,8 +140,33 @@ def _kill(args: argparse.Namespace) -> int:
         except (KafkaError, OSError) as exc:
             raise unreachable(settings, exc) from None
 
-    run_async(send())
+    if args.wait is None:
+        run_async(send())
+        print(f"asked to kill {req.job_id} on {settings.topics.jobs_kill}")
+        return 0
+    timeout = args.timeout if args.timeout is not None else 30.0
+
+    async def send_and_wait() -> JobEvent | None:
+        consumer = AIOKafkaConsumer(**settings.client_kwargs())
+        try:
+            try:
+                await _from_end(consumer, [settings.topics.jobs_events])
+                await send()
+            except (KafkaError, OSError) as exc:
+                raise unreachable(settings, exc) from None
+            ends = await _follow(consumer, settings, {req.job_id}, timeout)
+            return ends.get(req.job_id)
+        finally:
+            await _stop_quietly(consumer)
+
     print(f"asked to kill {req.job_id} on {settings.topics.jobs_kill}")
+    if run_async(send_and_wait()) is None:
+        print(
+            f"{req.job_id}: no answer in {timeout:g} s (not submitted, already ended, or "
+            "scoring and the host agents are not running)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -110,6 +187,13 @@ def _specs_from_args(args: argparse.Namespace) -> tuple[list[JobSpec], list[str]
     }
     if args.duration_hint is not None:
         raw["duration_hint_s"] = args.duration_hint
+    if args.command is not None:
+        try:
+            raw["command"] = shlex.split(args.command)
+        except ValueError as exc:
+            raise UserError(f"--command {args.command!r}: {exc}") from None
+        if not raw["command"]:
+            raise UserError("--command is empty")
     if args.project:
         raw["project"] = args.project
     if args.app:
@@ -139,21 +223,33 @@ def _specs_from_file(path: Path) -> tuple[list[JobSpec], list[str]]:
     return specs, errors
 
 
+async def _from_end(consumer: AIOKafkaConsumer, topics: list[str]) -> None:
+    """Start `consumer` on `topics` at their current ends: what it reads comes after."""
+    await consumer.start()
+    parts = await partitions_of(consumer, topics)
+    consumer.assign(parts)
+    for tp, end in (await consumer.end_offsets(parts)).items():
+        consumer.seek(tp, end)
+
+
 async def _publish(
-    settings: BusSettings, specs: list[JobSpec], wait: bool, timeout_s: float
-) -> dict[str, object]:
+    settings: BusSettings,
+    specs: list[JobSpec],
+    wait: bool,
+    timeout_s: float | None,
+    follow: bool = False,
+) -> tuple[dict[str, object], dict[str, JobEvent]]:
     """Send the specs; with `wait`, the answer to each of these very messages (matched by
-    the position each was written at, which every answer names in its SRC_HEADER)."""
+    the position each was written at, which every answer names in its SRC_HEADER); with
+    `follow`, also each accepted job's events, printed as they come, to its last one."""
     t = settings.topics
     consumer = AIOKafkaConsumer(**settings.client_kwargs()) if wait else None
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         try:
             if consumer is not None:  # positions read before sending: answers come after
-                await consumer.start()
-                parts = await partitions_of(consumer, [t.jobs_accepted, t.jobs_rejected])
-                consumer.assign(parts)
-                for tp, end in (await consumer.end_offsets(parts)).items():
-                    consumer.seek(tp, end)
+                topics = [t.jobs_accepted, t.jobs_rejected] + ([t.jobs_events] if follow else [])
+                await _from_end(consumer, topics)
             async with Producer(settings, client_id="rltune-submit") as producer:
                 futs = [await producer.send(t.jobs_submit, s.job_id, encode(s)) for s in specs]
                 results = await asyncio.gather(*futs, return_exceptions=True)
@@ -166,16 +262,75 @@ async def _publish(
                 f"the broker did not take the rest ({type(failed[0]).__name__}: {failed[0]})"
             )
         if consumer is None:
-            return {}
+            return {}, {}
+        if follow:
+            for s in specs:
+                print(f"{_clock()} {s.job_id}: submitted to {t.jobs_submit}", flush=True)
         # "|<topic>:<partition>:<offset>@" of each message sent -> its job id
         mine = {
             f"|{t.jobs_submit}:{r.partition}:{r.offset}@".encode(): s.job_id  # type: ignore[attr-defined]
             for s, r in zip(specs, results, strict=True)
         }
-        return await _collect(consumer, settings, mine, timeout_s)
+        events: list[JobEvent] = []
+        answers = await _collect(consumer, settings, mine, timeout_s, events if follow else None)
+        if not follow:
+            return answers, {}
+        accepted = {j for j, a in answers.items() if a == "accepted"}
+        for j, a in answers.items():
+            if isinstance(a, Rejection):
+                print(f"{_clock()} {j}: rejected: {a.reason}", flush=True)
+            elif a is None:
+                print(f"{_clock()} {j}: no answer (is the arrival service running?)")
+        ends: dict[str, JobEvent] = {}
+        for ev in events:  # (events read while the answers were awaited)
+            _show(ev, accepted, ends)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if accepted - set(ends):
+            ends.update(await _follow(consumer, settings, accepted - set(ends), left))
+        return answers, ends
     finally:
         if consumer is not None:
             await _stop_quietly(consumer)
+
+
+def _clock(t: float | None = None) -> str:
+    return datetime.fromtimestamp(time.time() if t is None else t).strftime("%H:%M:%S")
+
+
+def _show(ev: JobEvent, jobs: set[str], ends: dict[str, JobEvent]) -> None:
+    """Print one of `jobs`' events (the job's end goes into `ends`)."""
+    if ev.job_id not in jobs or ev.job_id in ends:
+        return
+    where = f" on {', '.join(ev.node_ids)}" if ev.node_ids else ""
+    detail = f" ({ev.detail})" if ev.detail else ""
+    if ev.kind == "started":
+        text = f"started{where}{detail}"
+    elif ev.kind == "rejected_placement":
+        text = f"placement refused{where}, back in the queue{detail}"
+    else:
+        text = f"{ev.kind}{where}{detail}"
+    print(f"{_clock(ev.time)} {ev.job_id}: {text}", flush=True)
+    if ev.kind in ENDS:
+        ends[ev.job_id] = ev
+
+
+async def _follow(
+    consumer: AIOKafkaConsumer, settings: BusSettings, jobs: set[str], timeout_s: float | None
+) -> dict[str, JobEvent]:
+    """Print `jobs`' events from `jobs.events` until each has ended, or `timeout_s`."""
+    dec = msgspec.json.Decoder(JobEvent)
+    ends: dict[str, JobEvent] = {}
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while jobs - set(ends) and (deadline is None or time.monotonic() < deadline):
+        for tp, msgs in (await consumer.getmany(timeout_ms=200)).items():
+            if tp.topic != settings.topics.jobs_events:
+                continue
+            for m in msgs:
+                try:
+                    _show(dec.decode(m.value or b""), jobs, ends)
+                except msgspec.MsgspecError:
+                    continue
+    return ends
 
 
 async def _stop_quietly(consumer: AIOKafkaConsumer) -> None:
@@ -194,16 +349,30 @@ async def _stop_quietly(consumer: AIOKafkaConsumer) -> None:
 
 
 async def _collect(
-    consumer: AIOKafkaConsumer, settings: BusSettings, mine: dict[bytes, str], timeout_s: float
+    consumer: AIOKafkaConsumer,
+    settings: BusSettings,
+    mine: dict[bytes, str],
+    timeout_s: float | None,
+    events: list[JobEvent] | None = None,
 ) -> dict[str, object]:
-    """Until every message in `mine` has its answer, or `timeout_s`."""
+    """Until every message in `mine` has its answer, or `timeout_s`; `jobs.events`
+    records read meanwhile are kept in `events` (a job can start as it is accepted)."""
     answers: dict[str, object] = dict.fromkeys(mine.values())
     rej_dec = msgspec.json.Decoder(Rejection)
-    deadline = time.monotonic() + timeout_s
+    ev_dec = msgspec.json.Decoder(JobEvent)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     pending = dict(mine)
-    while pending and time.monotonic() < deadline:
+    while pending and (deadline is None or time.monotonic() < deadline):
         batch = await consumer.getmany(timeout_ms=200)
         for tp, msgs in batch.items():
+            if tp.topic == settings.topics.jobs_events:
+                if events is not None:
+                    for m in msgs:
+                        try:
+                            events.append(ev_dec.decode(m.value or b""))
+                        except msgspec.MsgspecError:
+                            continue
+                continue
             for m in msgs:
                 src = dict(m.headers or ()).get(SRC_HEADER, b"")
                 at = src.find(b"|")
@@ -217,6 +386,8 @@ async def _collect(
                         answers[job_id] = Rejection(job_id, "(unreadable rejection)", "")
                 else:
                     answers[job_id] = "accepted"
+                    if events is not None:
+                        print(f"{_clock(m.timestamp / 1000)} {job_id}: accepted", flush=True)
     return answers
 
 

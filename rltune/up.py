@@ -1,5 +1,19 @@
-"""`rltune up`: the embedded broker, every service as its own process, the simulated
-cluster and a trace replay, with a live view of the run.
+"""`rltune up`: the embedded broker, every service as its own process, and a cluster
+that runs jobs, with a live view of the run.
+
+Two kinds of cluster:
+
+* with no `--trace` (the default), a local cluster that runs the jobs users
+  publish: `--hosts` host agents (`rltune service offload-agent`) on this machine,
+  each advertising `--gpus` emulated GPUs of type `--gpu-type` (or, on a machine
+  where pynvml sees GPUs and neither flag is given, one agent on those). A placed
+  job's `command` runs as a real process with `CUDA_VISIBLE_DEVICES` set to the
+  GPUs it was given; its stdout and stderr go to the run's log folder
+  (jobs/<host>/<job>.out, .err). Nothing is replayed.
+* with `--trace`, the simulated cluster (cluster-sim) and a replay of the trace.
+  A job a user publishes meanwhile is refused at once on `jobs.rejected` with the
+  reason (the arrival service runs with `--user-jobs reject`): the simulated
+  cluster runs only the trace's jobs, which the replay marks as its own.
 
 Each service is `rltune service NAME` in a child process (its log in the run's
 log folder), tied to this process (it gets SIGTERM if this process dies) and in
@@ -19,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -48,7 +63,7 @@ from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import MetricsSnapshot, encode
 from shared.placement_api import DISCIPLINES
-from shared.replay import Paced, job_spec_of, paced
+from shared.replay import REPLAY_HEADERS, Paced, job_spec_of, paced
 from shared.traces import SkipStats, TraceJob
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,16 +74,55 @@ SAMPLE = ROOT / "examples" / "philly-2000.jsonl"
 # replay by hours within minutes (make up, before: 13.7 h behind after 100 s).
 REAL_TIME_INTERVAL_S = 60.0
 CLUSTER = ROOT / "clusters" / "philly.yaml"
+LOCAL_HOSTS = 2  # the local cluster's default: two hosts of four emulated GPUs
+LOCAL_GPUS = 4
+LOCAL_GPU_TYPE = "GPU"
+NOT_GIVEN = (None, False)
+# flags of a replay alone: with no --trace each is a mistake, said in one line
+REPLAY_ONLY = (
+    "cluster", "format", "limit", "speedup", "lockstep", "round_interval", "offload_fraction",
+    "preempt", "until_done", "json", "jobs_out",
+)  # fmt: skip
 STOP_GRACE_S = 10.0
 FIGURES = "telemetry.all"  # the source of telemetry's figures over every finished job
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("up", help="embedded broker + every service + trace replay, live view")
-    p.add_argument("--trace", type=Path, default=SAMPLE, help=f"trace file (default {SAMPLE.name})")
-    p.add_argument("--format", default="jsonl", help="trace format (default jsonl)")
+    p = sub.add_parser(
+        "up", help="embedded broker + every service + a local cluster (or a trace replay)"
+    )
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="replay this trace on a simulated cluster instead of running users' jobs "
+        f"(the sample: {SAMPLE.relative_to(ROOT)})",
+    )
+    p.add_argument("--format", default=None, help="trace format (default jsonl)")
     p.add_argument("--limit", type=positive_int, default=None, help="replay only the first N jobs")
-    p.add_argument("--cluster", default=str(CLUSTER), help="cluster spec (default philly.yaml)")
+    p.add_argument(
+        "--cluster",
+        default=None,
+        help="cluster spec of a replay (default philly.yaml); the local cluster is its hosts "
+        "as they report",
+    )
+    p.add_argument(
+        "--hosts",
+        type=positive_int,
+        default=None,
+        help=f"host agents of the local cluster (default {LOCAL_HOSTS})",
+    )
+    p.add_argument(
+        "--gpus",
+        type=positive_int,
+        default=None,
+        help=f"emulated GPUs per host (default {LOCAL_GPUS})",
+    )
+    p.add_argument(
+        "--gpu-type",
+        default=LOCAL_GPU_TYPE,
+        help=f"the emulated GPUs' type name (default {LOCAL_GPU_TYPE})",
+    )
     p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
     p.add_argument("--placer", default="milp", help="placement (default milp)")
     p.add_argument("--window", type=int, default=128, help="jobs per round (K)")
@@ -76,7 +130,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--discipline", default="easy", choices=DISCIPLINES, help="as simulate's (default easy)"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--speedup", type=float, default=1000.0, help="trace time / wall time")
+    p.add_argument(
+        "--speedup", type=float, default=None, help="trace time / wall time (default 1000)"
+    )
     p.add_argument("--lockstep", action="store_true", help="virtual time, round by round")
     p.add_argument(
         "--round-interval",
@@ -90,7 +146,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--offload-fraction",
         type=float,
-        default=0.0,
+        default=None,
         help="share of jobs without a model size marked as offloading (as simulate)",
     )
     p.add_argument("--preempt", action="store_true", help="let a preemptive policy (las) preempt")
@@ -106,6 +162,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.trace is None:
+        return run_local(args)
+    if args.hosts is not None or args.gpus is not None:
+        raise UserError("--hosts and --gpus size the local cluster: they go without --trace")
+    args.format = args.format or "jsonl"
+    args.cluster = args.cluster or str(CLUSTER)
+    args.speedup = 1000.0 if args.speedup is None else args.speedup
+    args.offload_fraction = args.offload_fraction or 0.0
     if args.speedup <= 0:
         raise UserError("--speedup must be positive")
     if args.round_interval is None:
@@ -157,6 +221,68 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_local(args: argparse.Namespace) -> int:
+    """`rltune up` with no trace: a local cluster of host agents that runs users' jobs."""
+    given = [f"--{k.replace('_', '-')}" for k in REPLAY_ONLY if getattr(args, k) not in NOT_GIVEN]
+    if given:
+        raise UserError(
+            f"{', '.join(given)} go with --trace (a replay); without it `up` runs a local "
+            "cluster for the jobs users publish"
+        )
+    from services.placement.registry import OFFLOAD_SUFFIX, make_placer
+    from services.scoring.policies import make_policy
+
+    make_policy(args.policy)
+    make_placer(args.placer)
+    if OFFLOAD_SUFFIX in args.placer:
+        raise UserError(
+            f"--placer {args.placer} reads node bandwidths from a cluster file, which goes "
+            "with --trace; the local cluster is its hosts as they report"
+        )
+    real = [] if args.hosts or args.gpus else _real_gpus()
+    if real:
+        args.hosts, args.gpus, args.gpu_type = 1, len(real), real[0]
+    else:
+        args.hosts = args.hosts or LOCAL_HOSTS
+        args.gpus = args.gpus or LOCAL_GPUS
+    port = args.port if args.port is not None else _default_port()
+    logs = args.logs or Path(tempfile.mkdtemp(prefix="rltune-up-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    console = Console(stderr=True)
+    with EmbeddedBroker(port, log_path=logs / "broker.log") as broker:
+        settings = BusSettings.resolve(broker.bootstrap, args.topic_prefix)
+        run_async(ensure_topics(settings))
+        kind = "real GPUs (pynvml)" if real else "emulated GPUs"
+        console.print(
+            f"broker on {broker.bootstrap}; a local cluster of {args.hosts} host(s) x "
+            f"{args.gpus} {kind} of type {args.gpu_type}, "
+            f"policy {args.policy}, placer {args.placer}; "
+            f"logs in {logs} (each job's output in {logs / 'jobs'}); Ctrl-C stops\n"
+            "run a job:  rltune submit --job-id hello --num-gpus 1 "
+            "--command 'python -c \"print(42)\"' --wait finished"
+            + ("" if broker.bootstrap.endswith(":9092") else f" --bootstrap {broker.bootstrap}")
+            + "\nlist jobs:  rltune jobs",
+            highlight=False,
+            soft_wrap=True,
+        )
+        procs = Services(settings, args, logs)
+        try:
+            procs.start()
+            final = run_async(_up(settings, [], args, console, procs))
+        finally:
+            procs.stop()
+    if final.get("failed"):
+        raise UserError(f"{final['failed']}; see {logs}")
+    return 0
+
+
+def _real_gpus() -> list[str]:
+    """The GPU type of each GPU pynvml sees here ([] without the NVIDIA driver)."""
+    from offload_agent.launcher import _short_type, gpu_inventory
+
+    return [_short_type(g.name) for g in gpu_inventory()]
+
+
 def replay_jobs(args: argparse.Namespace, cluster: ClusterSpec, stats: SkipStats) -> list[TraceJob]:
     """The jobs the replay submits. Under `--offload-fraction` the ones cluster-sim
     marks (the same fraction, seed and function over the same jobs) declare their
@@ -181,7 +307,13 @@ class Services:
 
     def __init__(self, settings: BusSettings, args: argparse.Namespace, logs: Path) -> None:
         self.logs = logs
+        self.env: dict[str, dict[str, str]] = {}
         bus = ["--bootstrap", settings.bootstrap, "--topic-prefix", settings.topic_prefix]
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[IO[bytes]] = []
+        if args.trace is None:
+            self._local(bus, args)
+            return
         common = ["--cluster", str(args.cluster)]
         sim = ["--trace", str(args.trace), "--format", args.format, "--policy", args.policy]
         sim += ["--placer", args.placer, "--window", str(args.window), "--seed", str(args.seed)]
@@ -197,7 +329,7 @@ class Services:
             sim += ["--json", args.json] if args.json else []
             sim += ["--jobs-out", args.jobs_out] if args.jobs_out else []
         self.argv = {
-            "arrival": bus,
+            "arrival": [*bus, "--user-jobs", "reject"],
             "telemetry": bus,
             "scoring": bus + common + ["--policy", args.policy, "--rounds", "driven"]
             + ["--window", str(args.window), "--seed", str(args.seed)],
@@ -206,15 +338,40 @@ class Services:
             "profiler": bus,
             "cluster-sim": bus + common + sim,
         }  # fmt: skip
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._logs: list[IO[bytes]] = []
+
+    def _local(self, bus: list[str], args: argparse.Namespace) -> None:
+        """The local cluster: the scheduler's services and one host agent per host (the
+        cluster is the hosts as they report: no cluster file)."""
+        self.argv = {
+            "arrival": bus,
+            "telemetry": bus,
+            "scoring": [*bus, "--policy", args.policy, "--rounds", "free",
+                        "--window", str(args.window), "--seed", str(args.seed)],
+            "placement": [*bus, "--placer", args.placer, "--discipline", args.discipline],
+            "profiler": bus,
+        }  # fmt: skip
+        for i in range(args.hosts):
+            host = f"host-{i}"
+            self.argv[host] = ["offload-agent", *bus]
+            self.env[host] = {
+                "RLTUNE_NODE_ID": host,
+                "RLTUNE_NODE_GPUS": str(args.gpus),
+                "RLTUNE_NODE_GPU_TYPE": args.gpu_type,
+                "RLTUNE_NODE_EMULATE": "1",
+                "RLTUNE_OFFLOAD_SOCKET": str(self.logs / f"{host}.sock"),
+                "RLTUNE_SWAP_DIR": str(self.logs / "swap" / host),
+                "RLTUNE_JOB_LOGS": str(self.logs / "jobs" / host),
+            }
 
     def start(self) -> None:
         for name, argv in self.argv.items():
             log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
             self._logs.append(log)
+            service = [] if name in self.env else [name]  # (an agent's argv names it)
+            env = {**os.environ, **self.env[name]} if name in self.env else None
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "rltune", "service", name, *argv],
+                [sys.executable, "-m", "rltune", "service", *service, *argv],
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -258,6 +415,7 @@ class _Progress:
     done_replay: bool = False
     replay_clock: float | None = None  # trace submit time of the last job published
     speedup: float = 0.0  # trace time per wall time (0: lockstep)
+    live: str = ""  # the local cluster, when it runs users' jobs (no replay)
 
     def seen(self, snap: MetricsSnapshot) -> None:
         key = snap.source or snap.window
@@ -283,6 +441,28 @@ class _Progress:
             return ""
         return f", cluster clock {behind / 3600:.1f} h behind the replay"
 
+    def over(self) -> bool:
+        """The replay is over: every job submitted, and telemetry counts each one ended
+        with nothing waiting or running."""
+        tel = self.latest.get(FIGURES)
+        if not self.done_replay or tel is None:
+            return False
+        c = tel.counters
+        idle = c.get("waiting", 0) == 0 and c.get("running", 0) == 0 and c.get("ahead", 0) == 0
+        return idle and c.get("done", 0) >= self.submitted
+
+    def head(self, sim_done: bool = False) -> str:
+        """The view's title: what runs, for how long (wall time), and a replay's state."""
+        wall = f"{time.monotonic() - self.started:.0f} s"
+        if self.live:
+            return f"{self.live}, up {wall}"
+        if sim_done or self.over():
+            return (
+                f"replay over: all {self.submitted} jobs ended, {wall}; the cluster is idle "
+                "(Ctrl-C stops)"
+            )
+        return f"replay {self.submitted}/{self.total} submitted, {wall}" + self.lag()
+
     def rounds_per_s(self) -> float:
         if len(self.rounds) < 2 or self.rounds[-1][0] <= self.rounds[0][0]:
             return 0.0
@@ -302,11 +482,13 @@ async def _up(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    pace = 0.0 if args.lockstep else 1.0
-    watchers = [
-        asyncio.create_task(_replay(settings, schedule, progress, stop, pace, args.epoch)),
-        asyncio.create_task(_follow_metrics(settings, progress, stop)),
-    ]
+    watchers = [asyncio.create_task(_follow_metrics(settings, progress, stop))]
+    if args.trace is not None:
+        pace = 0.0 if args.lockstep else 1.0
+        replay = _replay(settings, schedule, progress, stop, pace, args.epoch)
+        watchers.append(asyncio.create_task(replay))
+    else:
+        progress.live = f"local cluster, {args.hosts} host(s) x {args.gpus} {args.gpu_type}"
     why = await _display(progress, stop, args.until_done, console, procs)
     stop.set()
     await asyncio.gather(*watchers, return_exceptions=True)
@@ -339,7 +521,7 @@ async def _replay(
                 break
             spec = job_spec_of(item.job)
             spec.submit_time = item.job.submit_s
-            await producer.send(topic, spec.job_id, encode(spec))
+            await producer.send(topic, spec.job_id, encode(spec), headers=REPLAY_HEADERS)
             progress.submitted += 1
             progress.replay_clock = item.job.submit_s
         await producer.flush()
@@ -398,7 +580,9 @@ def view(latest: dict[str, MetricsSnapshot], rounds_per_s: float, head: str = ""
         rt = f"  round trip p50 {sim.counters['round_p50_ms']:.0f} ms"
     t.add_row(
         "rounds / placement",
-        f"{c.get('rounds', 0):.0f} rounds  {rounds_per_s:.1f}/s  solve p50 "
+        f"{c.get('rounds', 0):.0f} rounds  "
+        + (f"{rounds_per_s:.1f}/s" if rounds_per_s > 0 else "none in the last seconds")
+        + "  solve p50 "
         f"{c.get('placement_solve_p50_ms', 0):.1f} ms  p99 "
         f"{c.get('placement_solve_p99_ms', 0):.1f} ms" + rt,
     )
@@ -433,6 +617,23 @@ def view(latest: dict[str, MetricsSnapshot], rounds_per_s: float, head: str = ""
     return Group(t, services)
 
 
+def plain_figures(latest: dict[str, MetricsSnapshot], rounds_per_s: float) -> str:
+    """The view's figures on one line (a log, or a pipe, not a screen)."""
+    tel = latest.get(FIGURES)
+    if tel is None:
+        return "no figures from telemetry yet"
+    c = tel.counters
+    util = " ".join(f"{k[5:]} {v:.0%}" for k, v in sorted(c.items()) if k.startswith("util_"))
+    rounds = f"{rounds_per_s:.1f} rounds/s" if rounds_per_s > 0 else "no round in the last seconds"
+    return (
+        f"waiting {c.get('waiting', 0):.0f} running {c.get('running', 0):.0f} "
+        f"done {c.get('done', 0):.0f} (failed {c.get('failed', 0):.0f}) "
+        f"ahead {c.get('ahead', 0):.0f}; avg JCT {tel.avg_jct_s:,.0f} s avg queue "
+        f"{tel.avg_queue_s:,.0f} s over {tel.jobs} jobs; util {util or '-'}; "
+        f"{c.get('rounds', 0):.0f} rounds, {rounds}; rejected {c.get('rejected_total', 0):.0f}"
+    )
+
+
 async def _display(
     progress: _Progress,
     stop: asyncio.Event,
@@ -446,10 +647,7 @@ async def _display(
         return until_done and procs.sim_done()
 
     def head() -> str:
-        return (
-            f"replay {progress.submitted}/{progress.total} submitted, "
-            f"{time.monotonic() - progress.started:.0f} s" + progress.lag()
-        )
+        return progress.head(procs.sim_done())
 
     if console.is_terminal:
         with Live(
@@ -458,20 +656,16 @@ async def _display(
             while not finished():
                 await asyncio.sleep(0.25)
                 live.update(view(progress.latest, progress.rounds_per_s(), head()))
-    else:  # a log, not a screen: one line every few seconds
+    else:  # a log, not a screen: one line of figures every few seconds
         last = 0.0
         while not finished():
             await asyncio.sleep(0.25)
             if time.monotonic() - last >= 5:
                 last = time.monotonic()
-                c = progress.latest.get(FIGURES)
-                n = c.counters if c else {}
                 console.print(
-                    f"{head()}; waiting {n.get('waiting', 0):.0f} running "
-                    f"{n.get('running', 0):.0f} done {n.get('done', 0):.0f} "
-                    f"ahead {n.get('ahead', 0):.0f}; "
-                    f"{progress.rounds_per_s():.1f} rounds/s",
+                    f"{head()}; {plain_figures(progress.latest, progress.rounds_per_s())}",
                     highlight=False,
+                    soft_wrap=True,
                 )
         console.print(view(progress.latest, progress.rounds_per_s(), head()))
     return procs.failed()

@@ -261,7 +261,10 @@ class PlacementBatch(Struct):
     moves: list[MoveOrder] = []
 
 
-JobEventKind = Literal["started", "finished", "failed", "rejected_placement", "preempted"]
+# `cancelled`: taken out of the queue before it ever started (a kill of a waiting job)
+JobEventKind = Literal[
+    "started", "finished", "failed", "rejected_placement", "preempted", "cancelled"
+]
 
 
 class JobEvent(Struct, omit_defaults=True):
@@ -270,6 +273,9 @@ class JobEvent(Struct, omit_defaults=True):
     time: float
     node_ids: list[str] = []
     detail: str = ""
+    # appended: the process's exit status on `finished` / `failed` from a host agent
+    # (negative: killed by that signal); absent when no process ran (the simulator)
+    exit_code: int | None = None
 
 
 class KillRequest(Struct, omit_defaults=True):

@@ -81,7 +81,7 @@ from shared.messages import (
 from shared.placement_api import DISCIPLINES
 from shared.recipe import RunRecipe, check_round_interval
 from shared.reject import Reject
-from shared.replay import job_spec_of
+from shared.replay import REPLAY_HEADERS, job_spec_of
 from shared.sim import write_jobs_csv
 from shared.sim.offload_jobs import describe_marking, load_marked
 from shared.traces import SkipStats, TraceJob
@@ -352,9 +352,16 @@ class BusChannel:
     # on the event loop
     async def _publish(self, outs: list[Outgoing]) -> None:
         """Through the bus's one retry loop: an outage of any length is waited out
-        (Stopped if the service stops first)."""
+        (Stopped if the service stops first). The trace's own jobs go marked as a
+        replay's (the arrival service tells them apart from users')."""
+        replayed = self.t.jobs_submit
         self.stats.published += await deliver(
-            self.producer, outs, self.stop, NAME, lambda o: (o, []), stats=self.stats
+            self.producer,
+            outs,
+            self.stop,
+            NAME,
+            lambda o: (o, list(REPLAY_HEADERS) if o.topic == replayed else []),
+            stats=self.stats,
         )
 
     async def _pace(self, now: float) -> None:

@@ -105,7 +105,7 @@ class PlacementState:
     def event(self, ev: JobEvent) -> None:
         if self.offload is not None:
             self.offload.event(ev)
-        if ev.kind in ("started", "finished", "failed"):
+        if ev.kind in ("started", "finished", "failed", "cancelled"):
             self.placed.discard(ev.job_id)
             self.gone.add(ev.job_id)
         elif ev.kind in ("rejected_placement", "preempted"):

@@ -110,7 +110,11 @@ class ScoringState:
 
     def event(self, ev: JobEvent, free: bool) -> None:
         jid = ev.job_id
-        if ev.kind == "failed" and jid not in self.started_at and jid not in self.ended:
+        if (
+            ev.kind in ("failed", "cancelled")
+            and jid not in self.started_at
+            and jid not in self.ended
+        ):
             self._cancel(jid, free)  # killed before it started: it never runs
         elif ev.kind == "started":
             if jid in self.started_at or jid in self.ended:

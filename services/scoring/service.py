@@ -16,7 +16,7 @@ learned policies only) they train the policy online with PPO
 `--learn-episodes` rewards one update changes the weights it ranks with.
 
 A `KillRequest` on `jobs.kill` for a job that is still waiting (free rounds) takes
-it out of the queue and publishes it `failed` on `jobs.events` ("killed while
+it out of the queue and publishes it `cancelled` on `jobs.events` ("killed while
 queued"), so placement never places it and telemetry counts it; a kill that comes
 before the job's accepted record is remembered (the last `PENDING_KILLS`) and
 applied when it arrives. A job already given GPUs or running is the host agent's
@@ -219,7 +219,7 @@ class ScoringHandler:
         if not self.free or not self.state.cancel(job_id):
             return
         detail = f"killed while queued{f' ({reason})' if reason else ''}"
-        event = JobEvent(job_id, "failed", time.time(), [], detail)
+        event = JobEvent(job_id, "cancelled", time.time(), [], detail)
         self._out.append(Outgoing(self.t.jobs_events, job_id, encode(event)))
         self.stats.extra["kills_queued"] += 1
         log.info("%s %s", job_id, detail)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -29,6 +30,7 @@ COMPOSE = ROOT / "compose"
 K8S = ROOT / "k8s"
 COMPOSE_FILE = COMPOSE / "docker-compose.yml"
 GPU_OVERLAY = COMPOSE / "docker-compose.gpu.yml"
+REPLAY_OVERLAY = COMPOSE / "docker-compose.replay.yml"
 DESIGN_ENV = {"RLTUNE_BOOTSTRAP_SERVERS", "RLTUNE_TOPIC_PREFIX"}
 METRICS_PORT = "9100"
 STRIMZI_API = "kafka.strimzi.io/v1"
@@ -155,9 +157,75 @@ def test_offload_agent_daemonset_targets_gpu_nodes() -> None:
 
 
 def test_compose_offload_agent_swaps_on_its_volume() -> None:
+    """Each agent container swaps on a volume of its own (the image's VOLUME, owned by
+    the image's user): two agents never share, and so never delete, a job's swap
+    directory; the GPU overlay's host directory is chowned to that user first."""
     agent = _compose()["services"]["offload-agent"]
-    mounts = {v.split(":")[1] for v in agent["volumes"] if v.startswith("offload-swap:")}
-    assert mounts == {agent["environment"]["RLTUNE_SWAP_DIR"]}
+    swap = agent["environment"]["RLTUNE_SWAP_DIR"]
+    dockerfile = (COMPOSE / "Dockerfile").read_text()
+    assert f'VOLUME ["{swap}"]' in dockerfile
+    assert f"mkdir -p /app {swap}" in dockerfile and "chown -R rltune:rltune" in dockerfile
+    assert not any(str(v).split(":")[-1] == swap for v in agent.get("volumes", []))
+    gpu = _load_all(GPU_OVERLAY)[0]["services"]
+    (bind,) = gpu["offload-agent"]["volumes"]
+    assert bind["target"] == swap and gpu["offload-agent-swap-owner"]["volumes"] == [bind]
+    owner = gpu["offload-agent-swap-owner"]
+    assert owner["entrypoint"] == ["chown", "10001:10001", swap]
+    assert "ARG UID=10001" in dockerfile
+    wait = gpu["offload-agent"]["depends_on"]["offload-agent-swap-owner"]
+    assert wait["condition"] == "service_completed_successfully"
+
+
+def test_compose_agents_advertise_emulated_gpus_and_the_gpu_overlay_real_ones() -> None:
+    agent = _compose()["services"]["offload-agent"]
+    env = agent["environment"]
+    assert env["RLTUNE_NODE_EMULATE"] == "1" and env["RLTUNE_NODE_GPUS"] == "${RLTUNE_NODE_GPUS:-4}"
+    assert "RLTUNE_NODE_ID" not in env  # each replica is a node named by its hostname
+    assert agent["deploy"]["replicas"] == "${RLTUNE_AGENTS:-2}"
+    gpu = _load_all(GPU_OVERLAY)[0]["services"]["offload-agent"]
+    assert gpu["environment"]["RLTUNE_NODE_EMULATE"] == "0"
+    assert gpu["environment"]["RLTUNE_NODE_GPUS"] == ""
+    assert gpu["deploy"]["replicas"] == 1
+
+
+def test_compose_binds_host_ports_to_loopback_and_grafana_has_no_default_admin() -> None:
+    services = _compose()["services"]
+    published = [p for svc in services.values() for p in svc.get("ports", [])]
+    assert published and all(str(p).startswith("${") and "127.0.0.1}:" in p for p in published)
+    kafka = services["kafka"]
+    assert kafka["ports"] == ["${KAFKA_HOST_ADDRESS:-127.0.0.1}:${KAFKA_HOST_PORT:-29092}:9092"]
+    # the host listener is the port compose publishes, never `rltune up`'s 9092
+    assert (
+        "HOST://localhost:${KAFKA_HOST_PORT:-29092}"
+        in (kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"])
+    )
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert "GF_AUTH_ANONYMOUS_ORG_ROLE" not in grafana
+
+
+def _arg(cmd: list[str], flag: str) -> str | None:
+    return cmd[cmd.index(flag) + 1] if flag in cmd else None
+
+
+def test_the_cluster_file_is_the_same_for_scoring_placement_and_cluster_sim() -> None:
+    """Live (compose's default, k8s's): scoring and placement take the cluster from the
+    nodes that report; with the replay overlay (and in k8s, cluster-sim's file), the
+    three get the same file."""
+    base = _compose()["services"]
+    replay = _load_all(REPLAY_OVERLAY)[0]["services"]
+    assert _arg(base["scoring"]["command"], "--cluster") is None
+    assert _arg(base["placement"]["command"], "--cluster") is None
+    assert base["cluster-sim"]["profiles"] == ["replay"]
+    sim = _arg(base["cluster-sim"]["command"], "--cluster")
+    assert _arg(replay["scoring"]["command"], "--cluster") == sim
+    assert _arg(replay["placement"]["command"], "--cluster") == sim
+    assert replay["offload-agent"]["deploy"]["replicas"] == 0
+    assert _arg(replay["arrival"]["command"], "--user-jobs") == "reject"
+    k8s = {str(_containers(w)[0]["args"][1]): _containers(w)[0]["args"] for w in _workloads()}
+    assert _arg(k8s["scoring"], "--cluster") is None and _arg(k8s["placement"], "--cluster") is None
+    assert sim is not None and sim.endswith(str(_arg(k8s["cluster-sim"], "--cluster")) + "}")
 
 
 def test_prometheus_scrapes_every_compose_service() -> None:
@@ -562,13 +630,20 @@ def _compose_cli() -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("files", [[COMPOSE_FILE], [COMPOSE_FILE, GPU_OVERLAY]], ids=["cpu", "gpu"])
+@pytest.mark.parametrize(
+    "files",
+    [[COMPOSE_FILE], [COMPOSE_FILE, GPU_OVERLAY], [COMPOSE_FILE, REPLAY_OVERLAY]],
+    ids=["cpu", "gpu", "replay"],
+)
 def test_docker_compose_config_is_valid(files: list[Path]) -> None:
     cli = _compose_cli()
     if cli is None:
         pytest.skip("no Docker Compose v2 client here (`docker compose` or `docker-compose`)")
     args = [a for f in files for a in ("-f", str(f))]
-    run = subprocess.run([*cli, *args, "config", "-q"], capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "GRAFANA_ADMIN_PASSWORD": "not-admin"}  # (it has no default)
+    run = subprocess.run(
+        [*cli, *args, "config", "-q"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert run.returncode == 0, run.stderr
 
 
@@ -582,7 +657,7 @@ def _check_compose(*files: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_compose_files_match_the_compose_specification_schema() -> None:
-    run = _check_compose(COMPOSE_FILE, GPU_OVERLAY)
+    run = _check_compose(COMPOSE_FILE, GPU_OVERLAY, REPLAY_OVERLAY)
     assert run.returncode == 0, run.stdout + run.stderr
 
 

@@ -17,6 +17,7 @@ from shared.metrics import summarize
 from shared.sim import read_jobs_csv
 
 CLUSTER = Path(__file__).resolve().parents[2] / "clusters" / "philly.yaml"
+SAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "philly-2000.jsonl")
 
 
 def rltune(
@@ -38,7 +39,8 @@ def test_up_replays_the_sample_until_done(tmp_path: Path) -> None:
     summary is the one recomputed from the per-job file."""
     out, jobs = tmp_path / "up.json", tmp_path / "up.csv"
     r = rltune(
-        "up", "--limit", "200", "--speedup", "1e7", "--until-done", "--placer", "greedy",
+        "up", "--trace", SAMPLE, "--limit", "200", "--speedup", "1e7", "--until-done",
+        "--placer", "greedy",
         "--json", str(out), "--jobs-out", str(jobs), "--port", str(free_port()),
         timeout=300,
     )  # fmt: skip
@@ -90,11 +92,22 @@ async def test_submit_wait_and_metrics(
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["up", "--speedup", "0"], "--speedup must be positive"),
-        (["up", "--round-interval", "-5"], "--round-interval must be 0 or more seconds"),
+        (["up", "--trace", SAMPLE, "--speedup", "0"], "--speedup must be positive"),
+        (["up", "--trace", SAMPLE, "--round-interval", "-5"], "--round-interval must be 0 or"),
         (["up", "--policy", "nope"], "unknown policy"),
+        (["up", "--trace", SAMPLE, "--policy", "nope"], "unknown policy"),
         (["up", "--trace", "/nonexistent.csv", "--format", "philly"], "not found"),
-        (["up", "--format", "nope"], "unknown trace format"),
+        (["up", "--trace", SAMPLE, "--format", "nope"], "unknown trace format"),
+        # the local cluster (no --trace) takes no replay flag, a replay no host count
+        (["up", "--speedup", "10", "--until-done"], "--speedup, --until-done go with --trace"),
+        (["up", "--trace", SAMPLE, "--hosts", "3"], "--hosts and --gpus size the local"),
+        (["up", "--gpus", "0"], "not a positive"),
+        (["up", "--cluster", "clusters/philly.yaml"], "--cluster go with --trace"),
+        (["up", "--placer", "milp+offload"], "goes with --trace"),
+        (["submit", "--job-id", "x", "--num-gpus", "1", "--command", "a 'b"], "--command"),
+        (["submit", "--job-id", "x", "--num-gpus", "1", "--command", " "], "--command is empty"),
+        (["submit", "--job-id", "x", "--num-gpus", "1", "--wait", "done"], "invalid choice"),
+        (["jobs", "--bootstrap", "nohostport"], "HOST:PORT"),
         (["submit", "--file", "/nonexistent.jsonl"], "cannot read"),
         (["submit", "--job-id", "x"], "--num-gpus"),
         (["submit", "--job-id", "bad id", "--num-gpus", "1"], "$.job_id"),

@@ -57,7 +57,10 @@ def _services(extra: list[str]) -> list[str]:
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    args = parser.parse_args(["up", *extra])
+    from rltune.up import SAMPLE
+
+    args = parser.parse_args(["up", "--trace", str(SAMPLE), *extra])
+    args.format, args.cluster, args.speedup = "jsonl", "c.yaml", 1000.0
     args.round_interval = 60.0 if args.round_interval is None else args.round_interval
     args.epoch = 1_700_000_000.25
     settings = BusSettings.resolve("127.0.0.1:1", "t-")
@@ -84,7 +87,10 @@ def test_the_replay_declares_the_model_size_of_the_jobs_cluster_sim_marks() -> N
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    args = parser.parse_args(["up", "--offload-fraction", "0.3", "--seed", "4", "--limit", "400"])
+    args = parser.parse_args(
+        ["up", "--trace", str(SAMPLE), "--offload-fraction", "0.3", "--seed", "4", "--limit", "400"]
+    )
+    args.format = "jsonl"
     cluster = load_cluster(CLUSTER)
     got = replay_jobs(args, cluster, SkipStats())
     # cluster-sim's own marking (services/cluster_sim/service.py: serve)
@@ -93,5 +99,21 @@ def test_the_replay_declares_the_model_size_of_the_jobs_cluster_sim_marks() -> N
     assert 80 < len(want) < 160
     specs = [job_spec_of(j) for j in got]
     assert {s.job_id: s.offload.param_bytes for s in specs if s.offload is not None} == want
-    plain = parser.parse_args(["up", "--limit", "400"])
+    plain = parser.parse_args(["up", "--trace", str(SAMPLE), "--limit", "400"])
+    plain.format, plain.offload_fraction = "jsonl", 0.0
     assert all(job_spec_of(j).offload is None for j in replay_jobs(plain, cluster, SkipStats()))
+
+
+def test_the_view_says_when_a_replay_is_over() -> None:
+    p = _Progress(total=3, speedup=1000.0)
+    assert p.head().startswith("replay 0/3 submitted, ")
+    p.submitted, p.done_replay = 3, True
+    busy = {"waiting": 0.0, "running": 1.0, "done": 2.0, "ahead": 0.0}
+    p.seen(MetricsSnapshot(source=FIGURES, counters=busy))
+    assert p.head().startswith("replay 3/3 submitted, ")  # one still runs
+    p.seen(MetricsSnapshot(source=FIGURES, counters={**busy, "running": 0.0, "done": 3.0}))
+    assert p.head().startswith("replay over: all 3 jobs ended, ")
+    live = _Progress(total=0, live="local cluster, 2 host(s) x 4 GPU")
+    assert live.head().startswith("local cluster, 2 host(s) x 4 GPU, up ")
+    lines = _render({FIGURES: MetricsSnapshot(source=FIGURES, counters={"rounds": 5.0})})
+    assert any("5 rounds  none in the last seconds" in ln for ln in lines)

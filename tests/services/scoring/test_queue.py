@@ -137,7 +137,7 @@ def test_a_job_killed_while_queued_never_runs_and_teaches_no_run_time() -> None:
     for j in jobs:
         r.accepted(j, free=False)
     for ev in [
-        JobEvent("j1", "failed", 0.5, [], "killed while queued"),
+        JobEvent("j1", "cancelled", 0.5, [], "killed while queued"),
         JobEvent("j2", "failed", 1.0, ["h"], "killed before it started"),
         JobEvent("j0", "started", 1.0),
         JobEvent("j0", "finished", 11.0),
