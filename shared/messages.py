@@ -72,6 +72,8 @@ class JobSpec(Struct, omit_defaults=True):
     weight: Annotated[float, Meta(gt=0.0, le=1e6)] = 1.0
     offload: OffloadSpec | None = None
     submit_time: Annotated[float, Meta(ge=0.0, le=1e11)] | None = None
+    # a name of the cluster's `priority_classes` ("": none; checked where the classes are known)
+    priority_class: ShortStr = ""
 
 
 class Job(Struct):
@@ -90,6 +92,7 @@ class Job(Struct):
     duration_hint_s: float | None = None
     weight: float = 1.0
     offload: OffloadSpec | None = None
+    priority_class: str = ""
 
 
 class Rejection(Struct):

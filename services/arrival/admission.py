@@ -212,6 +212,7 @@ def accepted_bytes(spec: JobSpec, timestamp_s: float) -> bytes:
             spec.duration_hint_s,
             spec.weight,
             spec.offload,
+            spec.priority_class,
         )
     )
 

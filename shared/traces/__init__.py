@@ -27,6 +27,7 @@ class TraceJob:
     model: str = ""
     param_bytes: int | None = None  # offload model size, where the trace knows it
     weight: float = 1.0  # the job's priority weight (JobSpec.weight)
+    priority_class: str = ""  # JobSpec.priority_class: a name of the cluster's priority_classes
 
 
 @dataclass

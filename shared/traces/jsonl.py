@@ -66,4 +66,5 @@ def read_jsonl(path: str | Path, stats: SkipStats) -> Iterator[TraceJob]:
                 model=spec.model,
                 param_bytes=param or None,
                 weight=spec.weight,
+                priority_class=spec.priority_class,
             )
