@@ -34,7 +34,10 @@ Rules.
    lower the org's usage, which can open the org level); then any victim not
    needed (the others already free G with what is free) is dropped. Of the
    GPU types J may use, the one that preempts the fewest GPUs is chosen (ties:
-   type name). No victim set that frees enough: nothing is preempted.
+   type name). When J's org is at its limit, victims of J's own org (siblings
+   over their guarantees) are taken as well until the org has room: a team's
+   guarantee holds inside its org's limit. No victim set that frees enough:
+   nothing is preempted.
 
 Why these rules: what Kueue and NVIDIA KAI document.
 * Kueue: a ClusterQueue's `nominalQuota` may be lent to others in its cohort
@@ -279,22 +282,41 @@ class Quota:
         if not self.may_use(usage, job, t):
             return None
         need = job.gpus - free
-        if need <= _EPS:
+        # GPUs the org must give back for its limit (a team inside its guarantee is
+        # still held by its org's limit while siblings borrow up to it)
+        org = self.top(job.queue)
+        lim = self.queues[org].limit_gpus if org != job.queue else None
+        need_lim = usage.total(org) + job.gpus - lim if lim is not None else 0.0
+        if need <= _EPS and need_lim <= _EPS:
             return []
         cands = []
+        # usage only falls as victims are taken: a queue (or side) inside its
+        # guarantee now stays inside it, and its jobs are never candidates
+        side: dict[str, tuple[str, str] | None] = {}
+        reach = reach_lim = 0.0
         for r in running:
-            if not r.preemptible or now - r.started_s < min_run_s or r.gpus.get(t, 0.0) <= 0:
+            mine = r.gpus.get(t, 0.0)
+            inside = need_lim > _EPS and self.top(r.queue) == org
+            if not r.preemptible or now - r.started_s < min_run_s or (mine <= 0 and not inside):
                 continue
-            s = self.sides(job.queue, r.queue)
+            if r.queue not in side:
+                sd = self.sides(job.queue, r.queue)
+                ok = sd is not None and self.over(usage, sd[1], t) and self.over(usage, r.queue, t)
+                side[r.queue] = sd if ok else None
+            s = side[r.queue]
             if s is None:
                 continue
             cands.append((r.priority, -r.started_s, -r.order, r, s))
+            reach += mine
+            reach_lim += sum(r.gpus.values()) if inside else 0.0
+        if reach + _EPS < need or reach_lim + _EPS < need_lim:
+            return None
         cands.sort(key=lambda c: c[:3])
         u = usage.copy()
         picked: list[Running] = []
         taken: set[int] = set()
         more = True
-        while more and need > _EPS:
+        while more and (need > _EPS or need_lim > _EPS):
             # again from the top after a pass that took something: taking back from a
             # sibling team lowers my org's usage, which may make room to take from
             # another org (the paths part higher up)
@@ -302,6 +324,9 @@ class Quota:
             for _, _, _, r, (x, y) in cands:
                 if r.key in taken:
                     continue
+                helps_lim = need_lim > _EPS and self.top(r.queue) == org
+                if not (need > _EPS and r.gpus.get(t, 0.0) > 0) and not helps_lim:
+                    continue  # frees nothing still needed
                 if self.headroom(u, x, t) + _EPS < job.gpus:
                     continue  # no room where the paths part: not mine to take back
                 if not (self.over(u, y, t) and self.over(u, r.queue, t)):
@@ -311,17 +336,21 @@ class Quota:
                 more = True
                 u.add(r.queue, r.gpus, -1.0)
                 need -= r.gpus.get(t, 0.0)
-                if need <= _EPS:
+                need_lim -= sum(r.gpus.values()) if self.top(r.queue) == org else 0.0
+                if need <= _EPS and need_lim <= _EPS:
                     break
-        if need > _EPS:
+        if need > _EPS or need_lim > _EPS:
             return None
         # only as many as needed: drop any earlier pick the others make unnecessary,
         # if the rest still passes the rules without it (it may have made room)
         for r in list(reversed(picked[:-1])):
             rest = [p for p in picked if p is not r]
-            if r.gpus.get(t, 0.0) <= -need + _EPS and self.valid(usage, job, rest, t):
+            g = r.gpus.get(t, 0.0)
+            g_lim = sum(r.gpus.values()) if self.top(r.queue) == org and lim is not None else 0.0
+            if g <= -need + _EPS and g_lim <= -need_lim + _EPS and self.valid(usage, job, rest, t):
                 picked = rest
-                need += r.gpus.get(t, 0.0)
+                need += g
+                need_lim += g_lim
         return picked
 
     def valid(self, usage: Usage, job: Waiting, victims: list[Running], t: str) -> bool:

@@ -434,11 +434,11 @@ class BusSimulator(Simulator):
         self.rounds.pending.events.append(JobEvent(jid, "started", now, nodes, run.nodes))
         return True
 
-    def preempt(self, run: _Run, now: float) -> None:
+    def preempt(self, run: _Run, now: float, keep_s: float | None = None) -> None:
         nodes = sorted({self.state.node_ids[i] for i, _ in run.claim})
         self.rounds.requeue = run.job.job_id
         try:
-            super().preempt(run, now)
+            super().preempt(run, now, keep_s)
         finally:
             self.rounds.requeue = None
         self.rounds.pending.events.append(JobEvent(run.job.job_id, "preempted", now, nodes))

@@ -278,11 +278,22 @@ def test_random_trees_limits_and_reclaim(
             assert _total(running, q, r.queue) > guar[r.queue]
         freed = sum(r.gpus[V] for r in victims)
         assert free + freed >= job.gpus
-        # only as many as needed: without any one of them it would not fit
+        # and J, started on them, keeps its team and org within their limits
+        after = [r for r in running if r not in victims] + [Running(99, job.queue, {V: job.gpus})]
+        org = q.top(job.queue)
+        lim = q.queues[org].limit_gpus
+        if lim is not None and org != job.queue:
+            assert _total(after, q, org) <= lim
+        # only as many as needed: without any one of them it would not fit (or break
+        # the org's limit, or the rules)
         for r in victims:
-            assert free + freed - r.gpus[V] < job.gpus or not q.valid(
-                u, job, [v for v in victims if v is not r], V
-            )
+            rest = [v for v in victims if v is not r]
+            short = free + freed - r.gpus[V] < job.gpus
+            over_lim = (
+                lim is not None and org != job.queue
+                and _total([x for x in running if x not in rest], q, org) + job.gpus > lim
+            )  # fmt: skip
+            assert short or over_lim or not q.valid(u, job, rest, V)
     # the bound: a job that fits its team's unused guarantee finds a reclaim once
     # every borrower may be preempted (guarantees add up to at most the cluster)
     fits_team = _total(running, q, job.queue) + job.gpus <= guar[job.queue]
