@@ -42,8 +42,8 @@ from rich.table import Table
 from bench._latency import STAGES, measure_rates
 from shared.broker import EmbeddedBroker, ensure_topics
 from shared.bus import Producer, partitions_of
-from shared.cli.common import write_json
 from shared.config import BusSettings
+from shared.jsonfile import write_json
 
 __all__ = ["main"]
 
@@ -61,7 +61,7 @@ async def _pipe(
     settings: BusSettings, src: str, dst: str, payloads: list[tuple[str, bytes]]
 ) -> float:
     """Seconds from the first send to `src` until len(payloads) messages were read from `dst`."""
-    c = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False)
+    c = AIOKafkaConsumer(**settings.client_kwargs(), enable_auto_commit=False)
     await c.start()
     try:
         parts = await partitions_of(c, [dst])
@@ -136,7 +136,7 @@ def _hop(bootstrap: str, prefix: str, payloads: list[tuple[str, bytes]], kind: s
     if kind == "relay":
         cmd = ["bench._relay", bootstrap, t.jobs_submit, t.jobs_accepted]
     else:
-        cmd = ["shared.cli", "service", "arrival"]
+        cmd = ["rltune", "service", "arrival"]
     with _process(cmd, s):
         asyncio.run(_warm(s, t.jobs_submit, t.jobs_accepted))
         return len(payloads) / asyncio.run(_pipe(s, t.jobs_submit, t.jobs_accepted, payloads))
@@ -200,9 +200,9 @@ def main(argv: list[str] | None = None) -> int:
 def _scheduler(settings: BusSettings) -> Iterator[None]:
     """Arrival, scoring (free rounds) and placement, each its own process."""
     with (
-        _process(["shared.cli", "service", "arrival"], settings),
-        _process(["shared.cli", "service", "scoring", "--rounds", "free"], settings),
-        _process(["shared.cli", "service", "placement", "--placer", "milp"], settings),
+        _process(["rltune", "service", "arrival"], settings),
+        _process(["rltune", "service", "scoring", "--rounds", "free"], settings),
+        _process(["rltune", "service", "placement", "--placer", "milp"], settings),
     ):
         yield
 

@@ -25,7 +25,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from shared.cli import main as rltune
+from rltune import main as rltune
 from shared.sim import read_jobs_csv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
         sim_s = time.perf_counter() - t0
         err.print(f"{policy}: rltune up --lockstep --until-done ... (logs in {out})")
         t0 = time.perf_counter()
-        cmd = [sys.executable, "-m", "shared.cli", "up", *common, "--policy", policy]
+        cmd = [sys.executable, "-m", "rltune", "up", *common, "--policy", policy]
         cmd += ["--lockstep", "--until-done", "--jobs-out", str(up_csv), "--logs", str(out)]
         cmd += ["--json", str(out / f"{policy}.up.json"), "--discipline", args.discipline]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)

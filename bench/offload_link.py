@@ -31,8 +31,8 @@ from rich.console import Console
 from rich.table import Table
 
 from offload_agent.device import CudaDevice
-from shared.cli.common import write_json
 from shared.errors import UserError
+from shared.jsonfile import write_json
 
 __all__ = ["main"]
 

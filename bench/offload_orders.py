@@ -39,11 +39,11 @@ import numpy as np
 
 from bench.offload_placement import others_avg_jct_s
 from bench.tie_orders import shuffled
+from rltune.simulate import load_run_jobs
 from services.placement.registry import make_placer
-from services.placement.replace import ReplaceConfig
 from services.scoring.policies import make_policy
-from shared.cli.simulate import load_run_jobs
 from shared.cluster import load_cluster
+from shared.sched.replacement import ReplaceConfig
 from shared.sim import SimConfig, simulate
 from shared.sim.offload_jobs import mark_offloading
 from shared.traces import SkipStats

@@ -32,14 +32,14 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
+from rltune.simulate import load_run_jobs
 from services.placement.registry import OFFLOAD_SUFFIX, REPLACE_SUFFIX, make_placer
-from services.placement.replace import QUEUE_CHECKS, ReplaceConfig
 from services.scoring.policies import make_policy
-from shared.cli.common import write_json
-from shared.cli.simulate import load_run_jobs
 from shared.cluster import load_cluster
 from shared.errors import UserError
+from shared.jsonfile import write_json
 from shared.metrics import JobRecord
+from shared.sched.replacement import QUEUE_CHECKS, ReplaceConfig
 from shared.sim import SimConfig, simulate, write_jobs_csv
 from shared.sim.offload_jobs import describe_marking, mark_offloading
 from shared.traces import SkipStats

@@ -35,9 +35,9 @@ from services.placement.frag import Workload, cluster_frag_milli
 from services.placement.milp import MilpConfig, MilpPlacer
 from services.placement.objective import ObjectiveWeights
 from services.placement.state import apply_allocations
-from shared.cli.common import write_json
 from shared.cluster import load_cluster
 from shared.errors import UserError
+from shared.jsonfile import write_json
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, Placer
 from shared.traces import SkipStats
 from shared.traces.alibaba2023 import read_alibaba2023

@@ -35,14 +35,14 @@ from rich.progress import Progress
 from rich.table import Table
 
 from services.placement.baselines import first_fit_score, sequential_allocations
-from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpConfig, MilpPlacer
 from services.placement.objective import Scorer
 from services.placement.state import apply_allocations
-from shared.cli.common import write_json
 from shared.cluster import load_cluster
 from shared.errors import UserError
+from shared.jsonfile import write_json
 from shared.placement_api import FULL_GPU, JobRequest, NodeFree
+from shared.sched.greedy import greedy_allocations
 from shared.traces import SkipStats
 from shared.traces.alibaba2023 import read_alibaba2023
 

@@ -48,11 +48,11 @@ from typing import cast
 import numpy as np
 
 from bench.tie_orders import add_slice_args, shuffled, simulate_args
+from rltune import simulate as cli
 from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
 from services.scoring.policies.base import GroupedPolicy, Key, StaticKeyPolicy
 from services.scoring.policies.drf import Drf
-from shared.cli import simulate as cli
 from shared.policy_api import Observation, Policy, QueuedJob
 from shared.sim import simulate
 from shared.traces import SkipStats, TraceJob

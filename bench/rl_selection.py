@@ -38,9 +38,9 @@ from typing import cast
 import numpy as np
 
 from bench.tie_orders import TRACE, shuffled
+from rltune import simulate as cli
 from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
-from shared.cli import simulate as cli
 from shared.sim import simulate
 from shared.traces import SkipStats
 

@@ -24,10 +24,10 @@ from typing import cast
 
 import numpy as np
 
+from rltune import simulate as cli
 from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
 from services.scoring.rl.env import shuffle_ties
-from shared.cli import simulate as cli
 from shared.sim import simulate
 from shared.traces import SkipStats, TraceJob
 

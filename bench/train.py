@@ -36,8 +36,8 @@ from services.scoring.rl.policy import RLPolicy
 from services.scoring.rl.reference import ReferencePolicy
 from services.scoring.rl.rollout import Rollouts, make_batch
 from services.scoring.rl.train import _train_world, episode_specs, ppo_update
-from shared.cli.common import write_json
 from shared.cluster import load_cluster
+from shared.jsonfile import write_json
 from shared.metrics import percentile
 from shared.policy_api import History, Policy, PolicyContext, QueuedJob
 from shared.policy_features import GLOBAL_FEATURES, JOB_FEATURES

@@ -10,7 +10,8 @@ Relays between the training processes on this host (a Unix socket, see
 * a `NodeStatus` on `cluster.nodes` at start, every `status_interval_s` and
   whenever a job starts or ends here: from pynvml where the host has GPUs
   (`source` "pynvml"), else from the configured inventory
-  (`RLTUNE_NODE_GPU_TYPE`, `RLTUNE_NODE_GPUS`; `source` "inventory"), with the
+  (`RLTUNE_NODE_GPU_TYPE`, `RLTUNE_NODE_GPUS`; `source` "inventory"; with
+  `RLTUNE_NODE_EMULATE=1` the inventory even on a GPU host), with the
   GPUs its running jobs hold taken off the free ones;
 * `jobs.kill` (`KillRequest`, public) → a job running here is stopped: SIGTERM to
   its process group, SIGKILL after `kill_grace_s`; its exit is reported `failed`
@@ -19,9 +20,14 @@ Relays between the training processes on this host (a Unix socket, see
   later, it is answered `failed`, "killed before it started"); one that does not
   decode goes to `jobs.rejected`. (A job still waiting in the queue is taken out
   by the scoring service.)
+* `jobs.events`: a `failed` event from another node for a job that also runs here
+  stops it here (a job given several nodes runs or fails as one);
 * `sched.placements` for this node → the job's command (from `jobs.accepted`)
   started on its GPUs, `JobEvent`s on `jobs.events` (see `offload_agent.jobs`);
-  each job swaps under `RLTUNE_SWAP_DIR`/<job>, removed when it exits.
+  each job swaps under `RLTUNE_SWAP_DIR`/<job>, removed when it exits, and writes
+  its stdout / stderr to `RLTUNE_JOB_LOGS`/<job>.out / .err (default
+  <tmp>/rltune-jobs/<node>); a failed job's event carries its exit code and the
+  last lines of its stderr; a command that cannot start is `failed` with the reason.
   Bad messages on those two topics are counted and ignored (their producers'
   consumers own the dead-letter topics).
 
@@ -33,16 +39,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+from aiokafka.errors import KafkaError
 
 from offload_agent import ipc
 from offload_agent.jobs import JobRunner, Started
@@ -66,6 +75,7 @@ from shared.reject import Reject
 __all__ = ["AgentConfig", "HostAgent", "serve"]
 
 NAME = "offload-agent"
+PUBLISH_GIVE_UP_S = 600.0  # a job event not published after this long: the error stands
 log = logging.getLogger("rltune.offload_agent")
 
 
@@ -77,6 +87,8 @@ class AgentConfig:
     swap_root: Path | None = None  # jobs started here swap under it (RLTUNE_SWAP_DIR)
     inventory: tuple[str, int] | None = None  # (GPU type, GPUs) for a host without pynvml
     kill_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long (a kill on request)
+    job_logs: Path | None = None  # each job's stdout / stderr (RLTUNE_JOB_LOGS)
+    emulate: bool = False  # the inventory even where pynvml sees GPUs (RLTUNE_NODE_EMULATE=1)
 
     @classmethod
     def from_env(cls) -> AgentConfig:
@@ -87,7 +99,19 @@ class AgentConfig:
             if not count.isdigit() or not 0 < int(count) <= 1024:
                 raise UserError(f"RLTUNE_NODE_GPUS={count!r} must be a number of GPUs (1-1024)")
             inventory = (os.environ.get("RLTUNE_NODE_GPU_TYPE") or "GPU", int(count))
-        return cls(ipc.socket_path(), node, swap_root=swap_dir(), inventory=inventory)
+        logs = os.environ.get("RLTUNE_JOB_LOGS")
+        job_logs = Path(logs) if logs else Path(tempfile.gettempdir()) / "rltune-jobs" / node
+        emulate = os.environ.get("RLTUNE_NODE_EMULATE", "") not in ("", "0")
+        if emulate and inventory is None:
+            raise UserError("RLTUNE_NODE_EMULATE needs RLTUNE_NODE_GPUS (the emulated GPUs)")
+        return cls(
+            ipc.socket_path(),
+            node,
+            swap_root=swap_dir(),
+            inventory=inventory,
+            job_logs=job_logs,
+            emulate=emulate,
+        )
 
 
 @dataclass
@@ -109,7 +133,9 @@ class HostAgent:
         self.stats = stats
         self.jobs: dict[str, _Conn] = {}
         env = {**os.environ, "RLTUNE_OFFLOAD_SOCKET": str(config.socket_path)}
-        self.runner = JobRunner(config.node_id, launch, env, swap_root=config.swap_root)
+        self.runner = JobRunner(
+            config.node_id, launch, env, swap_root=config.swap_root, logs=config.job_logs
+        )
         if config.inventory is not None:
             self.runner.gpus = config.inventory[1]
         self.watchers: set[asyncio.Task[None]] = set()
@@ -124,25 +150,53 @@ class HostAgent:
         if rec.topic == self.topics.offload_plans:
             return await self.on_plan(rec)
         if rec.topic == self.topics.jobs_accepted:
-            return self._started(*self._learn(rec))
+            return await self._announce(*self._learn(rec))
         if rec.topic == self.topics.jobs_kill:
-            return self.on_kill(rec)
-        return self.on_placements(rec)
+            return await self.on_kill(rec)
+        if rec.topic == self.topics.jobs_events:
+            return self.on_event(rec)
+        return await self.on_placements(rec)
 
-    def on_kill(self, rec: Record) -> Sequence[Outgoing]:
+    def on_event(self, rec: Record) -> Sequence[Outgoing]:
+        """A job's process failed on another node: stop its process here (a gang)."""
+        try:
+            ev = self._event.decode(rec.value or b"")
+        except msgspec.MsgspecError:
+            self.stats.extra["ignored_bad_event"] += 1  # telemetry dead-letters it
+            return ()
+        if self.runner.stop_sibling(ev):
+            self.stats.extra["stopped_with_sibling"] += 1
+            log.info("stopping %s: its process on %s failed", ev.job_id, ev.node_ids)
+            task = asyncio.create_task(self._escalate(ev.job_id))
+            self.watchers.add(task)
+            task.add_done_callback(self.watchers.discard)
+        return ()
+
+    async def on_kill(self, rec: Record) -> Sequence[Outgoing]:
         try:
             req = self._kill.decode(rec.value or b"")
         except msgspec.MsgspecError as exc:
             raise Reject(f"invalid KillRequest: {exc}", kind="invalid") from None
         if not self.runner.kill(req.job_id, req.reason):
             self.stats.extra["kill_not_here"] += 1  # not running here: never start it here
-            return self._started(self.runner.forbid(req.job_id, req.reason, time.time()), [])
+            return await self._announce(self.runner.forbid(req.job_id, req.reason, time.time()), [])
         self.stats.extra["kills"] += 1
         log.info("killing %s on request (%s)", req.job_id, req.reason or "no reason given")
         task = asyncio.create_task(self._escalate(req.job_id))
         self.watchers.add(task)
         task.add_done_callback(self.watchers.discard)
         return ()
+
+    def _time_up(self, started: Started) -> None:
+        """A job ran its time limit: SIGTERM, then SIGKILL after the grace period."""
+        if self.runner.running.get(started.job_id) is not started.process:
+            return  # (ended meanwhile)
+        if self.runner.time_up(started.job_id):
+            self.stats.extra["time_limits"] += 1
+            log.info("stopping %s: its time limit is reached", started.job_id)
+            task = asyncio.create_task(self._escalate(started.job_id))
+            self.watchers.add(task)
+            task.add_done_callback(self.watchers.discard)
 
     async def _escalate(self, job_id: str) -> None:
         """SIGKILL a job that has not stopped `kill_grace_s` after SIGTERM."""
@@ -159,7 +213,7 @@ class HostAgent:
                 ev = self._event.decode(rec.value or b"")
                 if ev.kind == "started" and self.config.node_id in ev.node_ids:
                     self.runner.started.add(ev.job_id)
-                elif ev.kind == "failed" and ev.job_id not in self.runner.started:
+                elif ev.kind in ("failed", "cancelled") and ev.job_id not in self.runner.started:
                     self.runner.forbid(ev.job_id, ev.detail, ev.time)  # ended unstarted
 
     def _learn(self, rec: Record) -> tuple[list[JobEvent], list[Started]]:
@@ -169,36 +223,45 @@ class HostAgent:
             self.stats.extra["ignored_bad_job"] += 1
             return [], []
 
-    def on_placements(self, rec: Record) -> Sequence[Outgoing]:
+    async def on_placements(self, rec: Record) -> Sequence[Outgoing]:
         try:
             batch = self._placements.decode(rec.value or b"")
         except msgspec.MsgspecError:
             self.stats.extra["ignored_bad_placement"] += 1
             return ()
-        return self._started(*self.runner.place(batch, time.time()))
+        return await self._announce(*self.runner.place(batch, time.time()))
 
-    def _started(self, events: list[JobEvent], procs: list[Started]) -> Sequence[Outgoing]:
+    async def _announce(self, events: list[JobEvent], procs: list[Started]) -> Sequence[Outgoing]:
+        """Publish `events` (started, refused, failed to start), acknowledged, before the
+        started processes are watched: a command that exits at once must not have its
+        `finished` on the topic ahead of its `started` (consumers would take the job
+        for running forever)."""
         self.stats.extra["jobs_waiting_for_command"] = len(self.runner.waiting)
+        for e in events:
+            await self._publish_reliably(self.topics.jobs_events, e.job_id, encode(e))
         for started in procs:
             task = asyncio.create_task(self._watch(started))
             self.watchers.add(task)
             task.add_done_callback(self.watchers.discard)
+            limit = self.runner.limits.get(started.job_id)
+            if limit is not None:
+                timer = asyncio.get_running_loop().call_later(limit, self._time_up, started)
+                task.add_done_callback(functools.partial(_cancel_timer, timer))
         self.stats.extra["jobs_started"] += len(procs)
         self.stats.extra["placements_refused"] += sum(
             1 for e in events if e.kind == "rejected_placement"
         )
-        out = [Outgoing(self.topics.jobs_events, e.job_id, encode(e)) for e in events]
         status = self.status() if events else None
-        if status is not None:
-            out.append(Outgoing(self.topics.cluster_nodes, status.node_id, encode(status)))
-        return out
+        if status is None:
+            return ()
+        return [Outgoing(self.topics.cluster_nodes, status.node_id, encode(status))]
 
     async def _watch(self, started: Started) -> None:
         code = await asyncio.to_thread(started.process.wait)
         await asyncio.to_thread(self.runner.remove_swap, started.job_id)
         event = self.runner.exited(started.job_id, code, time.time())
         forget(started.job_id, self.config.node_id)  # its Prometheus series go with it
-        await self._publish(self.topics.jobs_events, event.job_id, encode(event))
+        await self._publish_reliably(self.topics.jobs_events, event.job_id, encode(event))
         status = self.status()
         if status is not None:
             await self._publish(self.topics.cluster_nodes, status.node_id, encode(status))
@@ -219,7 +282,7 @@ class HostAgent:
 
     async def _from_process(self, conn: _Conn, line: bytes) -> None:
         try:
-            msg = ipc.decode(line)
+            msg = ipc.decode(line, self.config.node_id)
         except msgspec.MsgspecError as exc:
             self.stats.extra["bad_local_messages"] += 1
             log.warning("bad message from a local process: %s", exc)
@@ -246,6 +309,22 @@ class HostAgent:
         fut = await self.producer.send(topic, key, value)
         await fut
 
+    async def _publish_reliably(self, topic: str, key: str, value: bytes) -> None:
+        """`_publish`, retried through a broker outage of up to `PUBLISH_GIVE_UP_S` (a
+        job's events are its only record: none may be lost to a blip)."""
+        delay, deadline = 0.1, time.monotonic() + PUBLISH_GIVE_UP_S
+        while True:
+            try:
+                await self._publish(topic, key, value)
+                return
+            except (KafkaError, OSError) as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                self.stats.extra["publish_retries"] += 1
+                log.warning("publishing %s on %s: %s; retrying", key, topic, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
     async def on_plan(self, rec: Record) -> Sequence[Outgoing]:
         """Bus handler for `offload.plans`: forward to the local process, if any."""
         try:
@@ -266,7 +345,7 @@ class HostAgent:
         """This host now: pynvml where there is a GPU, else the configured inventory
         (None when it has neither); GPUs held by jobs started here are not free."""
         busy = self.runner.busy
-        status = node_status(self.config.node_id)
+        status = None if self.config.emulate else node_status(self.config.node_id)
         if status is not None:
             self.runner.gpus = status.gpus
             return msgspec.structs.replace(
@@ -295,6 +374,10 @@ class HostAgent:
                 await asyncio.wait_for(stop.wait(), self.config.status_interval_s)
 
 
+def _cancel_timer(timer: asyncio.TimerHandle, _task: asyncio.Task[None]) -> None:
+    timer.cancel()  # (the job ended before its time limit)
+
+
 async def serve(
     settings: BusSettings,
     stop: asyncio.Event | None = None,
@@ -311,10 +394,11 @@ async def serve(
         server = await asyncio.start_unix_server(agent.handle_client, path=str(config.socket_path))
         status = asyncio.create_task(agent.publish_status(stop))
         t = settings.topics
+        topics = [t.offload_plans, t.jobs_accepted, t.sched_placements, t.jobs_kill]
         spec = ServiceSpec(
             name=f"{NAME}.{config.node_id}",  # per node: each answers its own share
             group_id=group_id or f"{t.prefix}{NAME}.{config.node_id}",
-            topics=[t.offload_plans, t.jobs_accepted, t.sched_placements, t.jobs_kill],
+            topics=[*topics, t.jobs_events],
             handle=agent.on_record,
             replay_topics=[t.jobs_accepted, t.jobs_events],
             replay=agent.replay,

@@ -23,10 +23,10 @@ import torch
 from offload_agent.device import Device, Ready
 from offload_agent.mover import Mover, WriteBack
 from offload_agent.nvme import NvmeStore
-from offload_agent.policies import Policy
 from offload_agent.residency import Entry, Residency, TensorSpec, Tier
 from offload_agent.slabs import PoolExhausted, SlabPool, Slot
 from offload_agent.stats import CacheStats
+from shared.offload.policies import Policy
 
 __all__ = ["Bind", "TensorCache"]
 

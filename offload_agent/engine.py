@@ -74,8 +74,8 @@ from offload_agent.strategies import (
     sliced_states,
     specs_of,
 )
-from services.profiler.planner import Budgets, PlanError, check_plan
 from shared.messages import OffloadStats, PrefetchPlan, TensorProfile
+from shared.offload.planner import Budgets, PlanError, check_plan
 
 __all__ = ["EngineConfig", "OffloadEngine"]
 

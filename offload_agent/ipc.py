@@ -53,6 +53,7 @@ class PlanMsg(msgspec.Struct, tag="plan"):
 
 Message = Hello | ProfileMsg | StatsMsg | PlanMsg
 _DECODER = msgspec.json.Decoder(Message)
+_LOOSE = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -60,8 +61,19 @@ def encode_line(msg: Message) -> bytes:
     return _ENCODER.encode(msg) + b"\n"
 
 
-def decode(line: bytes) -> Message:
-    return _DECODER.decode(line)
+def decode(line: bytes, node_id: str = "") -> Message:
+    """One line from a training process. A process leaves its stats' node id to its
+    agent, which checks them as `offload.stats` does (a non-empty node id among the
+    rest): given `node_id`, an empty one is this node's before the check."""
+    try:
+        return _DECODER.decode(line)
+    except msgspec.ValidationError:
+        obj = _LOOSE.decode(line) if node_id else None
+        stats = obj.get("stats") if isinstance(obj, dict) else None
+        if not isinstance(stats, dict) or stats.get("node_id"):
+            raise
+        stats["node_id"] = node_id
+        return msgspec.convert(obj, Message)
 
 
 def socket_path() -> Path:

@@ -3,10 +3,20 @@
 The agent learns each job's command from `jobs.accepted` and, when a
 `PlacementBatch` gives GPUs of this node to a job, starts the command with
 `CUDA_VISIBLE_DEVICES` set to them (plus `RLTUNE_JOB_ID`, the agent's
-socket, so the 10Cache engine inside can find its agent, and
-`RLTUNE_SWAP_DIR`, the job's own directory under the node's swap root). It
-answers with a `started` event, or `failed` when the command cannot start; `finished` /
-`failed` follow when the process exits. A placement can arrive before the
+socket, so the 10Cache engine inside can find its agent,
+`RLTUNE_SWAP_DIR`, the job's own directory under the node's swap root,
+`RLTUNE_NODE_ID`, this node, and `RLTUNE_JOB_NODES`, every node the job was
+given, comma-separated, as Slurm's SLURM_JOB_NODELIST: a job on several nodes
+runs its command on each, and each process can tell its place from these).
+When the job's process on another node fails, the one here is stopped
+(`stop_sibling`): a gang runs together or not at all. A job with a
+`time_limit_s` (Slurm's `--time`) is stopped when it has run that long
+(`time_up`, called by the agent's timer): `failed`, "time limit of N s reached". It
+answers with a `started` event, or `failed` when the command cannot start (not found,
+not executable: the reason in `detail`); `finished` (exit code 0) / `failed` follow
+when the process exits, with `exit_code` set and, with `logs` set, the last lines the
+command wrote on stderr in `detail` (its stdout and stderr are kept in
+`logs`/<job>.out and .err). A placement can arrive before the
 job's accepted record (they are different topics): it waits, and the job
 starts when its command is learned. A job already started here is not started
 again (redelivered placements). A job killed before it started here (`forbid`: a
@@ -26,20 +36,25 @@ a running process, and placement then keeps the job where it runs.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from offload_agent.nvme import SWAP_DIR_ENV, job_swap_dir
 from shared.messages import Job, JobEvent, PlacementBatch
 
 __all__ = ["FORBIDDEN_KEPT", "JobRunner", "Started"]
 
+STDERR_TAIL_LINES = 5  # of a failed command's stderr, in its event's detail
+STDERR_TAIL_BYTES = 4096
 FORBIDDEN_KEPT = 10_000  # jobs killed before they started here, remembered (the newest)
 # a host agent does not checkpoint and restart a running training process, so it refuses
 # every MoveOrder (PlacementBatch.moves) whose new place begins on its node: placement
@@ -47,6 +62,7 @@ FORBIDDEN_KEPT = 10_000  # jobs killed before they started here, remembered (the
 MOVE_REFUSED = "move: not applied on hosts (no checkpoint and restart of a running process)"
 
 Launch = Callable[..., subprocess.Popen[bytes]]
+log = logging.getLogger("rltune.offload_agent")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,15 +85,19 @@ class JobRunner:
     running: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     killing: dict[str, str] = field(default_factory=dict)  # job -> why it is being killed
     forbidden: OrderedDict[str, str] = field(default_factory=OrderedDict)  # never start: why
+    logs: Path | None = None  # each job's stdout / stderr go to logs/<job>.out / .err
+    nodes: dict[str, list[str]] = field(default_factory=dict)  # job -> every node it was given
+    stopping: dict[str, str] = field(default_factory=dict)  # job -> why (a sibling failed)
+    limits: dict[str, float] = field(default_factory=dict)  # job -> its time_limit_s
 
     def learn(self, job: Job, now: float) -> tuple[list[JobEvent], list[Started]]:
-        """Remember a job's command; start it if it was already placed here."""
-        if job.command:
-            self.commands[job.job_id] = list(job.command)
+        """Remember a job's command; start it if it was already placed here. A job
+        accepted without one has nothing to run here: placed here, it is `failed`."""
+        self.commands[job.job_id] = list(job.command)
+        if job.time_limit_s:  # (JobSpec's requested wall time)
+            self.limits[job.job_id] = job.time_limit_s
         gpus = self.waiting.pop(job.job_id, None)
-        if gpus is None or not job.command:
-            if gpus is not None:
-                self.waiting[job.job_id] = gpus
+        if gpus is None:
             return [], []
         return self._start_all([(job.job_id, gpus)], now)
 
@@ -85,9 +105,13 @@ class JobRunner:
         """Start this node's share of every assignment; the events to publish now."""
         todo = []
         refused: list[JobEvent] = []
+        given: dict[str, list[str]] = {}
+        for a in batch.assignments:
+            given.setdefault(a.job_id, []).append(a.node_id)
         for a in batch.assignments:
             if a.node_id != self.node_id or a.job_id in self.started:
                 continue
+            self.nodes[a.job_id] = given[a.job_id]
             if a.job_id in self.forbidden:
                 self.started.add(a.job_id)  # (a redelivery is not answered twice)
                 refused.append(self._killed_before_start(a.job_id, now))
@@ -165,18 +189,67 @@ class JobRunner:
         self, job_id: str, gpus: Sequence[int], now: float
     ) -> tuple[JobEvent, subprocess.Popen[bytes] | None]:
         command = self.commands[job_id]
-        env = {**self.env, "RLTUNE_JOB_ID": job_id}
+        if not command:
+            self.free(job_id)
+            why = "no command to run: its JobSpec has no `command`"
+            return JobEvent(job_id, "failed", now, [self.node_id], why), None
+        nodes = ",".join(self.nodes.get(job_id) or [self.node_id])
+        env = {
+            **self.env,
+            "RLTUNE_JOB_ID": job_id,
+            "RLTUNE_NODE_ID": self.node_id,
+            "RLTUNE_JOB_NODES": nodes,
+        }
         if self.swap_root is not None:
             env[SWAP_DIR_ENV] = str(job_swap_dir(self.swap_root, job_id))
         try:
-            proc = self.launch(command, gpus, env=env)
+            with self._outputs(job_id) as outputs:
+                proc = self.launch(command, gpus, env=env, **outputs)
         except OSError as exc:
             self.free(job_id)
-            return JobEvent(job_id, "failed", now, [self.node_id], f"cannot start: {exc}"), None
+            why = f"cannot start {command[0]!r}: {exc.strerror or exc}"
+            return JobEvent(job_id, "failed", now, [self.node_id], why), None
         gpu_list = ",".join(map(str, gpus))
         return JobEvent(
             job_id, "started", now, [self.node_id], f"pid {proc.pid} gpus {gpu_list}"
         ), proc
+
+    @contextlib.contextmanager
+    def _outputs(self, job_id: str) -> Iterator[dict[str, IO[bytes]]]:
+        """A job's stdout / stderr files, open while it is launched ({} without `logs`,
+        or when they cannot be written: the job then writes where the agent does)."""
+        if self.logs is None:
+            yield {}
+            return
+        out, err = self.log_paths(job_id)
+        try:
+            self.logs.mkdir(parents=True, exist_ok=True)
+            stdout, stderr = open(out, "ab"), open(err, "wb")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            log.warning("job %s: no log files in %s (%s)", job_id, self.logs, exc)
+            yield {}
+            return
+        with stdout, stderr:
+            yield {"stdout": stdout, "stderr": stderr}
+
+    def log_paths(self, job_id: str) -> tuple[Path, Path]:
+        """Where a job's stdout and stderr go (with `logs` set)."""
+        assert self.logs is not None
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", job_id).lstrip(".") or "_"
+        return self.logs / f"{name}.out", self.logs / f"{name}.err"
+
+    def stderr_tail(self, job_id: str) -> str:
+        """The last lines a job wrote on stderr ("" without `logs`, or none written)."""
+        if self.logs is None:
+            return ""
+        try:
+            with open(self.log_paths(job_id)[1], "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - STDERR_TAIL_BYTES))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+        return "\n".join(lines[-STDERR_TAIL_LINES:])
 
     def remove_swap(self, job_id: str) -> None:
         """Delete an ended job's swap directory (blocking: run it off the event loop).
@@ -200,14 +273,50 @@ class JobRunner:
                 proc.send_signal(sig)  # not a group leader: the process alone
         return True
 
+    def time_up(self, job_id: str) -> bool:
+        """The job's time limit is reached: stop it (True if it ran here)."""
+        if job_id in self.killing or job_id in self.stopping or not self.kill(job_id, ""):
+            return False
+        self.killing.pop(job_id, None)
+        self.stopping[job_id] = f"time limit of {self.limits.get(job_id, 0):g} s reached"
+        return True
+
+    def stop_sibling(self, event: JobEvent) -> bool:
+        """`event` says the job's process on another node failed: stop the one running
+        here (SIGTERM to its group; True if there was one). Its exit is then `failed`,
+        "stopped: its process on <node> failed"."""
+        if event.kind != "failed" or self.node_id in event.node_ids:
+            return False
+        if event.job_id in self.killing or event.job_id in self.stopping:
+            return False  # (already on its way out)
+        if not self.kill(event.job_id, ""):
+            return False
+        self.killing.pop(event.job_id, None)
+        where = ", ".join(event.node_ids) or "another node"
+        self.stopping[event.job_id] = f"its process on {where} failed"
+        return True
+
     def exited(self, job_id: str, returncode: int, now: float) -> JobEvent:
+        """The event of a job's process that exited with `returncode` (negative: killed
+        by that signal); a failed one's detail ends with its last stderr lines."""
         self.free(job_id)
         self.running.pop(job_id, None)
+        self.nodes.pop(job_id, None)
         detail = f"exit code {returncode}"
+        node = [self.node_id]
+        self.limits.pop(job_id, None)
+        if job_id in self.stopping:
+            why = self.stopping.pop(job_id)
+            self.killing.pop(job_id, None)  # (the SIGKILL that may have followed)
+            return JobEvent(
+                job_id, "failed", now, node, f"stopped: {why}; {detail}", exit_code=returncode
+            )
         if job_id in self.killing:
             why = self.killing.pop(job_id)
             detail = f"killed on request{f' ({why})' if why else ''}; {detail}"
-            return JobEvent(job_id, "failed", now, [self.node_id], detail)
+            return JobEvent(job_id, "failed", now, node, detail, exit_code=returncode)
         if returncode == 0:
-            return JobEvent(job_id, "finished", now, [self.node_id], detail)
-        return JobEvent(job_id, "failed", now, [self.node_id], detail)
+            return JobEvent(job_id, "finished", now, node, detail, exit_code=0)
+        tail = self.stderr_tail(job_id)
+        detail += f"; stderr:\n{tail}" if tail else ""
+        return JobEvent(job_id, "failed", now, node, detail, exit_code=returncode)

@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import IO
 
 from shared.messages import NodeStatus
 
@@ -94,11 +95,22 @@ def launch(
     *,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
+    stdout: IO[bytes] | None = None,
+    stderr: IO[bytes] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start a placed job's command on its GPUs."""
+    """Start a placed job's command on its GPUs (its output where `stdout` / `stderr`
+    say, else the caller's)."""
     if not command:
         raise ValueError("a job without a command cannot be launched")
     full = dict(os.environ if env is None else env)
     full["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_indices)
     # its own session: a kill on request reaches every process the command started
-    return subprocess.Popen(list(command), env=full, cwd=cwd, start_new_session=True)
+    return subprocess.Popen(
+        list(command),
+        env=full,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=True,
+    )

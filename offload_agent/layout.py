@@ -13,7 +13,7 @@ from offload_agent.nvme import NvmeStore
 from offload_agent.slabs import SlabPool
 from offload_agent.stats import CacheStats
 from offload_agent.strategies import Setup
-from services.profiler.planner import Budgets
+from shared.offload.planner import Budgets
 
 __all__ = ["ParamBinder", "build_cache"]
 

@@ -24,11 +24,11 @@ import torch
 from torch import nn
 
 from offload_agent.optim import GRAD_KIND, STATE_KINDS, Slices, slice_id, slices_of, state_id
-from offload_agent.policies import LayerOrderPolicy, OnDemandPolicy, PlanPolicy, Policy
 from offload_agent.precision import MASTER_KIND
 from offload_agent.residency import TensorSpec, Tier
-from services.profiler.planner import Budgets, buffer_classes, lru_layout, step_group
 from shared.messages import PrefetchPlan
+from shared.offload.planner import Budgets, buffer_classes, lru_layout, step_group
+from shared.offload.policies import LayerOrderPolicy, OnDemandPolicy, PlanPolicy, Policy
 
 __all__ = [
     "STRATEGIES",

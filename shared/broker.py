@@ -188,7 +188,7 @@ async def ensure_topics(
 ) -> None:
     """Create the topics that do not exist yet (all of the deployment's by default)."""
     wanted = list(names) if names is not None else settings.topics.all()
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    admin = AIOKafkaAdminClient(**settings.client_kwargs())
     await admin.start()
     try:
         existing = set(await admin.list_topics())

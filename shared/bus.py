@@ -46,14 +46,21 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from shared.config import BusSettings
-from shared.health import BROKER, HEALTH, Backoff, ServiceHealth, quiet_aiokafka
+from shared.health import (
+    BROKER,
+    HEALTH,
+    Backoff,
+    ServiceHealth,
+    quiet_aiokafka,
+    quiet_unretrieved_kafka_futures,
+)
 from shared.messages import MetricsSnapshot, encode
 from shared.prom import MESSAGES, PUBLISH_RETRIES, REJECTED
 from shared.reject import Reject
@@ -62,6 +69,7 @@ from shared.wire import (
     MAX_REJECTION_BYTES,
     MAX_REQUEST_BYTES,
     SRC_HEADER,
+    Message,
     Outgoing,
     Producer,
     Record,
@@ -82,13 +90,16 @@ __all__ = [
     "MAX_REJECTION_BYTES",
     "MAX_REQUEST_BYTES",
     "SRC_HEADER",
+    "Message",
     "Outgoing",
     "Producer",
     "Record",
     "Reject",
     "ServiceSpec",
     "ServiceStats",
+    "Stopped",
     "dead_letter",
+    "deliver",
     "fingerprint",
     "partitions_of",
     "raw_text",
@@ -228,6 +239,7 @@ async def run_service(
     with its state built. Without `rebuild`, `spec.replay` runs at the first
     assignment only (later takeovers re-read the answered inputs alone)."""
     quiet_aiokafka()
+    quiet_unretrieved_kafka_futures()
     stop = stop or asyncio.Event()
     stats = stats or ServiceStats()
     health = HEALTH[spec.name] = ServiceHealth(spec.name)
@@ -282,8 +294,76 @@ async def _started(client: _C, make: Callable[[], _C], stop: asyncio.Event, back
     return client
 
 
-class _Stopped(Exception):
+class Stopped(Exception):
     """`stop` was set while waiting for the broker: leave the inputs uncommitted."""
+
+
+_T = TypeVar("_T")
+
+
+def _dropped(name: str, stats: ServiceStats | None) -> Callable[[Any, BaseException], None]:
+    def drop(_item: Any, err: BaseException) -> None:
+        log.error("%s: dropped an output the broker refuses: %s", name, err)
+        if stats is not None:
+            stats.extra["unpublishable"] += 1
+
+    return drop
+
+
+async def deliver(
+    producer: Producer,
+    items: Sequence[_T],
+    stop: asyncio.Event,
+    name: str,
+    message: Callable[[_T], Message],
+    *,
+    refused: Callable[[_T, BaseException], _T | None] | None = None,
+    stats: ServiceStats | None = None,
+    waiting: Callable[[], None] | None = None,
+) -> int:
+    """Publish every item's message: the one retry loop every output of every service
+    goes through. What failed for want of the broker is retried with backoff (one
+    outage line, `BROKER`'s state, `rltune_publish_retries_total`) for as long as the
+    outage lasts; an item the broker refuses for good is handed to `refused`, which
+    gives a replacement to publish instead (a dead letter of the input it answers) or
+    None, and is otherwise dropped, logged and counted `unpublishable`. `waiting` is
+    called before each pause (a health probe's sign of life). Raises Stopped if `stop`
+    is set while waiting for the broker. Returns the count published."""
+    drop = _dropped(name, stats)
+    backoff = Backoff()
+    done = 0
+    pending = list(items)
+    while pending:
+        errors = await producer.publish_each([message(i) for i in pending])
+        retry: list[_T] = []
+        transient: BaseException | None = None
+        for item, err in zip(pending, errors, strict=True):
+            if err is None:
+                done += 1
+            elif is_permanent(err):
+                instead = refused(item, err) if refused is not None else None
+                if instead is None:
+                    drop(item, err)
+                else:
+                    retry.append(instead)
+            else:
+                retry.append(item)
+                transient = transient or err
+        if transient is None:
+            if len(retry) < len(pending):
+                BROKER.ok()
+        else:
+            BROKER.down(f"publish: {transient}")
+            if stats is not None:
+                stats.publish_retries += 1
+            PUBLISH_RETRIES.labels(name).inc()
+            if stop.is_set():
+                raise Stopped
+            if waiting is not None:
+                waiting()
+            await _pause(stop, backoff.next())
+        pending = retry
+    return done
 
 
 @dataclass(slots=True)
@@ -358,7 +438,7 @@ class _Loop:
 
     def _consumer(self) -> AIOKafkaConsumer:
         return AIOKafkaConsumer(
-            bootstrap_servers=self.settings.bootstrap,
+            **self.settings.client_kwargs(),
             group_id=self.spec.group_id or f"{self.settings.topic_prefix}{self.spec.name}",
             client_id=self.spec.name,
             enable_auto_commit=False,
@@ -462,7 +542,7 @@ class _Loop:
                 if batch:
                     await self._process(batch, gen)
                 backoff.reset()
-            except _Stopped:
+            except Stopped:
                 break
             except (KafkaError, OSError) as exc:
                 BROKER.down(f"consume: {exc}")
@@ -530,39 +610,22 @@ class _Loop:
                 self.consumer.seek(tp, msgs[0].offset)
 
     async def _deliver(self, answers: list[_Answer]) -> int:
-        """Publish every answer, retrying what failed for want of the broker; an answer
-        the broker can never take is replaced by a dead letter of its input. Raises
-        _Stopped if the service stops first. Returns the count published."""
-        backoff = Backoff()
-        done = 0
-        while answers:
-            errors = await self.producer.publish_each([(a.out, a.headers) for a in answers])
-            retry: list[_Answer] = []
-            transient: BaseException | None = None
-            for a, err in zip(answers, errors, strict=True):
-                if err is None:
-                    done += 1
-                elif is_permanent(err) and a.rec is not None and not a.fallback:
-                    retry.append(self._unpublishable(a, err))
-                elif is_permanent(err):
-                    log.error("%s: dropped an output the broker refuses: %s", self.spec.name, err)
-                    self.stats.extra["unpublishable"] += 1
-                else:
-                    retry.append(a)
-                    transient = transient or err
-            if transient is None:
-                if len(retry) < len(answers):
-                    BROKER.ok()
-            else:
-                BROKER.down(f"publish: {transient}")
-                self.stats.publish_retries += 1
-                PUBLISH_RETRIES.labels(self.spec.name).inc()
-                if self.stop.is_set():
-                    raise _Stopped
-                self.health.turn()  # waiting on the broker, not stuck
-                await _pause(self.stop, backoff.next())
-            answers = retry
-        return done
+        """Publish every answer through `deliver`; an answer the broker can never take
+        is replaced by a dead letter of its input. Raises Stopped if the service stops
+        first. Returns the count published."""
+        return await deliver(
+            self.producer,
+            answers,
+            self.stop,
+            self.spec.name,
+            lambda a: (a.out, a.headers),
+            refused=self._refused,
+            stats=self.stats,
+            waiting=self.health.turn,
+        )
+
+    def _refused(self, a: _Answer, err: BaseException) -> _Answer | None:
+        return None if a.rec is None or a.fallback else self._unpublishable(a, err)
 
     def _unpublishable(self, a: _Answer, err: BaseException) -> _Answer:
         assert a.rec is not None
@@ -594,7 +657,7 @@ class _Loop:
             except (KafkaError, OSError, TimeoutError) as exc:
                 BROKER.down(f"commit: {exc}")
                 if self.stop.is_set():
-                    raise _Stopped from None
+                    raise Stopped from None
                 self.health.turn()
                 await _pause(self.stop, backoff.next())
 

@@ -18,12 +18,14 @@ here is a single attribute store, which is atomic in CPython.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import threading
 import time
 from dataclasses import dataclass, field
 
+from aiokafka.errors import KafkaError
 from prometheus_client import Counter
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "BrokerState",
     "ServiceHealth",
     "quiet_aiokafka",
+    "quiet_unretrieved_kafka_futures",
 ]
 
 log = logging.getLogger("rltune.bus")
@@ -151,6 +154,45 @@ def quiet_aiokafka(announce: bool = True) -> None:
         lg = logging.getLogger(name)
         if _FILTER not in lg.filters:
             lg.addFilter(_FILTER)
+
+
+def _unretrieved_kafka_error(context: dict[str, object]) -> bool:
+    fut, exc = context.get("future"), context.get("exception")
+    return (
+        isinstance(fut, asyncio.Future)
+        and not isinstance(fut, asyncio.Task)
+        and isinstance(exc, KafkaError)
+        and str(context.get("message", "")).startswith("Future exception was never retrieved")
+    )
+
+
+def quiet_unretrieved_kafka_futures(loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Drop, on this event loop, the "Future exception was never retrieved" report of
+    a plain future that failed with a Kafka error; pass everything else on.
+
+    The source is aiokafka's MessageBatch: a failed batch sets its exception on a
+    drain waiter as well as on the future `send_batch` returns, and in the explicit
+    batch API (what `Producer.publish_each` uses) nothing ever awaits that waiter,
+    so every batch that meets an outage leaves one such report when it is collected.
+    The failure itself is not lost: `publish_each` reads it from the batch's future,
+    `deliver` retries, and `BROKER` logs the outage once. Tasks, other exceptions and
+    every other report go to the handler that was there before (idempotent)."""
+    loop = loop or asyncio.get_running_loop()
+    before = loop.get_exception_handler()
+    if getattr(before, "_rltune_quiet", False):
+        return
+
+    def handle(lp: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        if _unretrieved_kafka_error(context):
+            log.debug("%s", context.get("message"))
+            return
+        if before is not None:
+            before(lp, context)
+        else:
+            lp.default_exception_handler(context)
+
+    handle._rltune_quiet = True  # type: ignore[attr-defined]
+    loop.set_exception_handler(handle)
 
 
 @dataclass

@@ -47,6 +47,14 @@ Finite = Annotated[float, Meta(ge=-1e300, le=1e300)]  # rejects inf; NaN fails b
 ShortStr = Annotated[str, Meta(max_length=256)]
 GpuTypeName = Annotated[str, Meta(min_length=1, max_length=64)]
 Bytes = Annotated[int, Meta(ge=0, le=2**62)]
+# internal messages (cluster.nodes, offload.stats): checked as strictly as a JobSpec
+NodeId = Annotated[str, Meta(min_length=1, max_length=256)]
+NodeGpus = Annotated[int, Meta(ge=0, le=1024)]
+GpuIndex = Annotated[int, Meta(ge=0, lt=1024)]
+Milli = Annotated[int, Meta(ge=0, le=1000)]
+Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
+NonNegFinite = Annotated[float, Meta(ge=0.0, le=1e300)]
+LatencyMs = Annotated[float, Meta(ge=0.0, le=86_400_000.0)]  # at most a day
 
 
 class OffloadSpec(Struct):
@@ -72,6 +80,11 @@ class JobSpec(Struct, omit_defaults=True):
     weight: Annotated[float, Meta(gt=0.0, le=1e6)] = 1.0
     offload: OffloadSpec | None = None
     submit_time: Annotated[float, Meta(ge=0.0, le=1e11)] | None = None
+    # appended (issue 31): who submitted what, and the requested wall time (Slurm's
+    # account, job name and --time); a policy may plan with them, never with a run time
+    project: ShortStr = ""
+    app: ShortStr = ""
+    time_limit_s: Annotated[float, Meta(gt=0.0, le=1e9)] | None = None
     # a name of the cluster's `priority_classes` ("": none; checked where the classes are known)
     priority_class: ShortStr = ""
 
@@ -92,6 +105,10 @@ class Job(Struct):
     duration_hint_s: float | None = None
     weight: float = 1.0
     offload: OffloadSpec | None = None
+    # appended (issue 31): as in JobSpec
+    project: str = ""
+    app: str = ""
+    time_limit_s: float | None = None
     priority_class: str = ""
 
 
@@ -106,21 +123,38 @@ class Rejection(Struct):
 
 
 class NodeStatus(Struct, omit_defaults=True):
-    node_id: str
-    gpu_type: str
-    gpus: int
-    free_gpus: list[int]  # indices of the GPUs with nothing on them
-    gpu_util: float = 0.0
-    gpu_mem_used: float = 0.0
-    host_mem_free: float = 0.0
-    pcie_gbps: float = 0.0
-    nvme_gbps: float = 0.0
-    time: float = 0.0
-    round_id: int | None = None
+    """What one node has and has free. Checked as strictly as a JobSpec when decoded
+    (a forged or broken status must not reach a placer): counts and indices in range,
+    fractions in [0, 1], rates finite; a violation names the field."""
+
+    node_id: NodeId
+    gpu_type: GpuTypeName
+    gpus: NodeGpus
+    free_gpus: Annotated[list[GpuIndex], Meta(max_length=1024)]  # GPUs with nothing on them
+    gpu_util: Fraction = 0.0
+    gpu_mem_used: Fraction = 0.0
+    host_mem_free: NonNegFinite = 0.0
+    pcie_gbps: NonNegFinite = 0.0
+    nvme_gbps: NonNegFinite = 0.0
+    time: Finite = 0.0
+    round_id: Annotated[int, Meta(ge=0)] | None = None
     # appended (issue 10): free milli-GPUs per GPU index (1000 = untouched), so that a
     # GPU shared by fractional jobs is seen as partly free; absent = `free_gpus` only
-    free_milli: list[int] | None = None
-    source: str = ""  # "pynvml", "inventory" (configured, no GPU) or "simulated"
+    free_milli: Annotated[list[Milli], Meta(max_length=1024)] | None = None
+    source: ShortStr = ""  # "pynvml", "inventory" (configured, no GPU) or "simulated"
+
+    def __post_init__(self) -> None:
+        if any(g >= self.gpus for g in self.free_gpus):
+            raise ValueError(
+                f"free_gpus names a GPU index >= gpus ({self.gpus}) - at `$.free_gpus`"
+            )
+        if len(set(self.free_gpus)) != len(self.free_gpus):
+            raise ValueError("free_gpus names a GPU twice - at `$.free_gpus`")
+        if self.free_milli is not None and len(self.free_milli) != self.gpus:
+            raise ValueError(
+                f"free_milli has {len(self.free_milli)} entries for {self.gpus} GPUs"
+                " - at `$.free_milli`"
+            )
 
 
 class PriorityBatch(Struct):
@@ -230,7 +264,10 @@ class PlacementBatch(Struct):
     moves: list[MoveOrder] = []
 
 
-JobEventKind = Literal["started", "finished", "failed", "rejected_placement", "preempted"]
+# `cancelled`: taken out of the queue before it ever started (a kill of a waiting job)
+JobEventKind = Literal[
+    "started", "finished", "failed", "rejected_placement", "preempted", "cancelled"
+]
 
 
 class JobEvent(Struct, omit_defaults=True):
@@ -239,6 +276,9 @@ class JobEvent(Struct, omit_defaults=True):
     time: float
     node_ids: list[str] = []
     detail: str = ""
+    # appended: the process's exit status on `finished` / `failed` from a host agent
+    # (negative: killed by that signal); absent when no process ran (the simulator)
+    exit_code: int | None = None
 
 
 class KillRequest(Struct, omit_defaults=True):
@@ -300,22 +340,26 @@ class PrefetchPlan(Struct):
     prefetch: list[str]  # tensor ids in prefetch order
     window: int = 2
     # a streamed tensor uses the buffers of a streamed class at most this many
-    # times its own size (services/profiler/planner.py: stream_classes)
+    # times its own size (shared/offload/planner.py: stream_classes)
     merge: float = 1.34
 
 
 class OffloadStats(Struct, omit_defaults=True):
-    job_id: str
-    node_id: str
-    hit_rate: float
-    migration_ms_p50: float = 0.0
-    migration_ms_p99: float = 0.0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    gpu_mem_util: float = 0.0
-    host_mem_util: float = 0.0
-    step_ms: float = 0.0
-    time: float = 0.0
+    """One training process's 10Cache figures. Range-checked when decoded, since they
+    enter the reward: a hit rate in [0, 1], latencies and times finite and at most a
+    day, byte counts non-negative."""
+
+    job_id: JobId
+    node_id: NodeId
+    hit_rate: Fraction
+    migration_ms_p50: LatencyMs = 0.0
+    migration_ms_p99: LatencyMs = 0.0
+    bytes_in: Bytes = 0
+    bytes_out: Bytes = 0
+    gpu_mem_util: NonNegFinite = 0.0
+    host_mem_util: NonNegFinite = 0.0
+    step_ms: LatencyMs = 0.0
+    time: Finite = 0.0
 
 
 def encode(msg: Struct) -> bytes:

@@ -19,9 +19,17 @@ Per job (JOB_FEATURES, one row each):
     number of finished jobs (log10, the estimate's confidence), the mean of
     log10 run times (a geometric mean), the share of runs under 10 minutes
     and the last run (log10);
-    last, `offload_pressure` (OFFLOAD_FEATURES): the job's offload demand against
+    then `offload_pressure` (OFFLOAD_FEATURES): the job's offload demand against
     the free bandwidth of its allowed types (shared/offload_signal.py), from an
-    observation that offers `offload_pressure(job)` (the simulator's), else 0.
+    observation that offers `offload_pressure(job)` (the simulator's), else 0;
+    last, who submitted it and what they asked for (IDENTITY_FEATURES), from jobs
+    that had finished only: per user, project and app the number of finished jobs
+    (log10), the mean log10 run time of the last few and the mean ratio of run to
+    requested time; the requested time (log10) and whether there is one; Tsafrir's
+    prediction (the user's last two runs capped by the request); and, for traces
+    without identity too, the sweep's siblings of docs/rl-ceiling.md: the mean log10
+    run time and the number (log10) of finished jobs of its class (user/VC, GPU
+    count) submitted within 30 minutes of it. All 0 where unknown.
 Per cluster, a fixed length whatever the GPU types (GLOBAL_FEATURES): free /
 total GPUs, waiting demand / total, fragmentation, log10 queue length, log10
 mean run of every finished job. `cluster_features` is the per-type variant.
@@ -48,16 +56,19 @@ from collections.abc import Sequence
 import numpy as np
 
 from shared.placement_api import FULL_GPU
-from shared.policy_api import Observation, QueuedJob
+from shared.policy_api import History, Observation, QueuedJob
 
 __all__ = [
+    "FEATURE_NEEDS",
     "GLOBAL_FEATURES",
     "HISTORY_FEATURES",
+    "IDENTITY_FEATURES",
     "JOB_FEATURES",
     "OFFLOAD_FEATURES",
     "cluster_features",
     "encode",
     "encode_global",
+    "needs_of",
 ]
 
 JOB_FEATURES = (
@@ -68,8 +79,25 @@ JOB_FEATURES = (
     "log_wait_over_est", "log_est_gpu_s",
     "vc_share", "vc_share_rank", "est_rank", "log_group_runs", "group_log_run",
     "group_short_share", "log_last_run_s", "offload_pressure",
+    # appended: identity (IDENTITY_FEATURES)
+    "log_user_runs", "user_log_run", "user_run_over_req",
+    "log_project_runs", "project_log_run", "project_run_over_req",
+    "log_app_runs", "app_log_run", "app_run_over_req",
+    "log_req_s", "has_req", "log_pred_s", "sibling_log_run", "log_siblings",
 )  # fmt: skip
 OFFLOAD_FEATURES = ("offload_pressure",)  # only in the feature sets that ask for them
+# who submitted what and what they asked for, from finished jobs only: only in the
+# feature sets that ask for them (the shipped checkpoint reads none)
+IDENTITY_FEATURES = JOB_FEATURES[JOB_FEATURES.index("log_user_runs") :]
+# the trace field an identity feature is computed from: a checkpoint that reads one
+# is refused on a trace whose jobs never carry it (`needs_of`)
+FEATURE_NEEDS: dict[str, tuple[str, ...]] = {
+    **{f"log_{k}_runs": (k,) for k in ("user", "project", "app")},
+    **{f"{k}_log_run": (k,) for k in ("user", "project", "app")},
+    **{f"{k}_run_over_req": (k, "time_limit_s") for k in ("user", "project", "app")},
+    "log_req_s": ("time_limit_s",),
+    "has_req": ("time_limit_s",),
+}
 HISTORY_FEATURES = (
     "log_mean_run_group_s", "has_group_history", "log_mean_run_who_s",
     "log_est_run_s", "log_est_bsld", "log_wait_over_est", "log_est_gpu_s",
@@ -98,9 +126,11 @@ def _over_types(types: frozenset[str], obs: Observation) -> tuple[float, float, 
 
 
 def encode(
-    jobs: Sequence[QueuedJob], obs: Observation, max_jobs: int
+    jobs: Sequence[QueuedJob], obs: Observation, max_jobs: int, identity: bool = True
 ) -> tuple[np.ndarray, np.ndarray]:
     """(features [max_jobs, len(JOB_FEATURES)] float32, mask [max_jobs] bool), zero-padded.
+    `identity=False` leaves the IDENTITY_FEATURES columns 0 (for a policy that reads
+    none of them: they are what costs most per job).
 
     Vectorised over the window: a window's cost is mostly fixed per call, so the
     number of operations, not of jobs, is what to keep small. Every feature but the
@@ -117,7 +147,7 @@ def encode(
     mask[:n] = True
     if not n:
         return x, mask
-    kinds_of_jobs = list(map(_KIND, jobs))
+    kinds_of_jobs = list(map(_KIND if identity else _KIND_PLAIN, jobs))
     index = {k: i for i, k in enumerate(dict.fromkeys(kinds_of_jobs))}
     kind = list(map(index.__getitem__, kinds_of_jobs))  # each job's kind, by index
 
@@ -126,8 +156,8 @@ def encode(
     n_types = max(len(obs.gpu_types), 1)
     total_gpus = max(obs.total_gpus(), 1)
     over: dict[frozenset[str], tuple[float, float, float, float]] = {}
-    logged, plain = [], []
-    for user, vc, num_gpus, milli, types in index:
+    logged, plain, ident = [], [], []
+    for user, vc, num_gpus, milli, types, *who_asked in index:
         who = user or vc  # QueuedJob.who
         mean = h.mean_run(who, num_gpus)
         mean_any = h.mean_run_any(who)
@@ -150,6 +180,7 @@ def encode(
             gpus / total if total > 0 else 0.0, held / total_gpus, log_run, short,
             est0, est is not None, group0, held,
         ))  # fmt: skip
+        ident.append(_identity(h, user, *who_asked) if identity else _NO_IDENTITY)
     per_kind = np.array(plain, dtype=np.float64)
     logs = np.log10(1.0 + np.array(logged, dtype=np.float64))
     has_est = per_kind[:, 14]
@@ -157,7 +188,7 @@ def encode(
     per_kind[:, 0] = np.log2(per_kind[:, 0])
     per_kind[:, 15] = _rank(per_kind[:, 15])  # est_rank: sjf-est's key, no history first
     per_kind[:, 16] = _rank(per_kind[:, 16])  # the VC's share's rank
-    by_kind = np.concatenate((per_kind, logs), axis=1)[kind]
+    by_kind = np.concatenate((per_kind, logs, np.array(ident, dtype=np.float64)), axis=1)[kind]
 
     attained = np.fromiter(map(_ATTAINED, jobs), np.float64, n)
     submit = np.fromiter(map(_SUBMIT, jobs), np.float64, n)
@@ -172,12 +203,56 @@ def encode(
     per_job[:, 2:] *= job_has_est[:, None]
     pressure = getattr(obs, "offload_pressure", None)
     offload = np.fromiter(map(pressure, jobs), np.float64, n) if pressure else np.zeros(n)
-    x[:n] = np.concatenate((by_kind, per_job, offload[:, None]), axis=1)[:, _ORDER]
+    if identity:
+        sibs = np.array([_siblings(h, j) for j in jobs], dtype=np.float64)
+    else:
+        sibs = np.zeros((n, 2))
+    x[:n] = np.concatenate((by_kind, per_job, offload[:, None], sibs), axis=1)[:, _ORDER]
     return x, mask
 
 
-# what a job's features but its wait, service and offload pressure are a function of
-_KIND = operator.attrgetter("user", "vc", "num_gpus", "gpu_milli", "gpu_types")
+_NO_IDENTITY = (0.0,) * 12
+
+
+def _identity(
+    h: History, user: str, project: str, app: str, limit: float | None
+) -> tuple[float, ...]:
+    """The IDENTITY_FEATURES of one kind of job, but the siblings' (per job), in
+    `_BLOCKS` order: per user, project and app the finished jobs (log10(1 + count)),
+    the mean log10(1 + run s) of the last few and the mean run / requested time (0
+    where unknown); the request (log10(1 + s)), whether there is one, and Tsafrir's
+    prediction (`History.predict`, log10(1 + s); 0 if none). Finished jobs only."""
+    out: list[float] = []
+    for field, name in (("user", user), ("project", project), ("app", app)):
+        st = h.identity_stats(field, name)
+        if st is None:
+            out += (0.0, 0.0, 0.0)
+        else:
+            count, log_run, ratio = st
+            out += (math.log10(1.0 + count), log_run, max(ratio, 0.0))
+    pred = h.predict(user, limit)
+    out += (_log10(limit), 1.0 if limit else 0.0, _log10(pred))
+    return tuple(out)
+
+
+def _siblings(h: History, job: QueuedJob) -> tuple[float, float]:
+    """(mean log10(1 + run s), log10(1 + count)) of the job's finished siblings: its
+    class's jobs submitted within `History.SIBLING_S` of it; (0, 0) if none."""
+    found = h.siblings(job.who, job.num_gpus, job.submit_s)
+    return (0.0, 0.0) if found is None else (found[1], math.log10(1.0 + found[0]))
+
+
+def needs_of(features: Sequence[str]) -> tuple[str, ...]:
+    """The trace fields (TraceJob / JobSpec names) that `features` are computed from."""
+    return tuple(dict.fromkeys(n for f in features for n in FEATURE_NEEDS.get(f, ())))
+
+
+# what a job's features but its wait, service, siblings and offload pressure are a
+# function of
+_KIND = operator.attrgetter(
+    "user", "vc", "num_gpus", "gpu_milli", "gpu_types", "project", "app", "time_limit_s"
+)
+_KIND_PLAIN = operator.attrgetter("user", "vc", "num_gpus", "gpu_milli", "gpu_types")
 _ATTAINED = operator.attrgetter("attained_gpu_s")
 _SUBMIT = operator.attrgetter("submit_s")
 # where each JOB_FEATURES column is in what `encode` concatenates ("-": only used there)
@@ -190,8 +265,13 @@ _BLOCKS = (
     # per kind, log10(1 + x)
     "log_mean_run_group_s", "log_mean_run_who_s", "log_est_run_s", "log_group_runs",
     "log_last_run_s", "log_est_gpu_s",
+    # per kind, identity (`_identity`)
+    "log_user_runs", "user_log_run", "user_run_over_req",
+    "log_project_runs", "project_log_run", "project_run_over_req",
+    "log_app_runs", "app_log_run", "app_run_over_req", "log_req_s", "has_req", "log_pred_s",
     # per job
     "log_wait_s", "log_attained_gpu_s", "log_est_bsld", "log_wait_over_est", "offload_pressure",
+    "sibling_log_run", "log_siblings",
 )  # fmt: skip
 _ORDER = np.array([_BLOCKS.index(f) for f in JOB_FEATURES], dtype=np.intp)
 

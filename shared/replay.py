@@ -2,6 +2,10 @@
 
 Pure: the pacing is a schedule of wall-clock offsets, the publishing is the
 caller's. A replayed JobSpec never carries the trace's true run time.
+
+A replay publishes each spec with the header `rltune-origin: replay`
+(`REPLAY_HEADERS`): the arrival service then tells the trace's jobs from a
+user's, which a simulated cluster cannot run (`--user-jobs`).
 """
 
 from __future__ import annotations
@@ -12,7 +16,11 @@ from dataclasses import dataclass
 from shared.messages import JobSpec, OffloadSpec
 from shared.traces import TraceJob
 
-__all__ = ["Paced", "job_spec_of", "paced"]
+__all__ = ["ORIGIN_HEADER", "REPLAY_HEADERS", "REPLAY_ORIGIN", "Paced", "job_spec_of", "paced"]
+
+ORIGIN_HEADER = "rltune-origin"
+REPLAY_ORIGIN = b"replay"
+REPLAY_HEADERS = [(ORIGIN_HEADER, REPLAY_ORIGIN)]
 
 
 def job_spec_of(job: TraceJob) -> JobSpec:
@@ -29,6 +37,9 @@ def job_spec_of(job: TraceJob) -> JobSpec:
         weight=job.weight,
         priority_class=job.priority_class,
         offload=OffloadSpec(param_bytes=job.param_bytes) if job.param_bytes else None,
+        project=job.project,
+        app=job.app,
+        time_limit_s=job.time_limit_s,
     )
 
 

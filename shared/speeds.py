@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-from shared.traces.gpu_names import canonical
+from shared.gpu_names import canonical
 
 __all__ = ["DEFAULT_SPEEDS", "default_speed", "gavel_speeds", "speed_of"]
 

@@ -195,7 +195,7 @@ class Producer:
 
     def __init__(self, settings: BusSettings, client_id: str = "rltune") -> None:
         self._p = AIOKafkaProducer(
-            bootstrap_servers=settings.bootstrap,
+            **settings.client_kwargs(),
             client_id=client_id,
             acks="all",
             linger_ms=2,
@@ -363,7 +363,7 @@ async def read_back(
     """Read `topics` from the beginning to their current end, calling `on_record` for
     each record. Returns the count of records seen by topic."""
     c = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap,
+        **settings.client_kwargs(),
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         max_partition_fetch_bytes=8 << 20,

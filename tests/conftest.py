@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -40,6 +41,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             f"the checkout); missing: {', '.join(str(p) for p in missing)}",
             returncode=4,
         )
+
+
+_INTEGRATION = Path(__file__).resolve().parent / "integration"
+# fixtures that start a broker (a test that starts one in a subprocess is marked itself)
+_BROKER_FIXTURES = {"broker", "own_broker"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`integration`: every test under tests/integration/ and every test on a broker, so
+    that `pytest -m "not integration"` is the quick loop that starts none."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if item.path.is_relative_to(_INTEGRATION) or fixtures & _BROKER_FIXTURES:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

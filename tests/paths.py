@@ -16,3 +16,7 @@ ALIBABA_2023 = TRACES / "alibaba-2023"
 GAVEL = TRACES / "gavel" / "throughputs.json"
 
 REQUIRED = (PHILLY, RLTUNE_TRACE, ALIBABA_2023, GAVEL, TOOLS / "check_jobs.py")
+THETAGPU = TRACES / "alcf" / "thetagpu-2023-jan-apr.csv"
+KTH_SWF = TRACES / "swf" / "KTH-SP2-1996-unfiltered.swf"
+LLNL_SWF = TRACES / "swf" / "LLNL-Atlas-2006-2.1-cln.swf"
+ITP = TRACES / "itp"

@@ -14,7 +14,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from shared.config import BusSettings
-from shared.messages import JobEvent, JobSpec
+from shared.messages import JobEvent, JobSpec, Rejection
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -40,7 +40,9 @@ async def submitted(bus: BusSettings, timeout_s: float) -> list[tuple[bytes, byt
         await consumer.stop()
 
 
-async def test_readme_script_submits_and_follows_its_job_to_the_end(bus: BusSettings) -> None:
+async def _run(bus: BusSettings, answers: list[tuple[str, bytes]]) -> tuple[JobSpec, int, str]:
+    """Run the README's script; once its job is on `jobs.submit`, publish `answers`
+    ((topic, JSON) with `{job}` standing for its job id); its spec, exit code and output."""
     prefix = bus.topic_prefix
     code = (
         readme_script().replace("localhost:9092", bus.bootstrap).replace('"rltune.', f'"{prefix}')
@@ -51,35 +53,52 @@ async def test_readme_script_submits_and_follows_its_job_to_the_end(bus: BusSett
     try:
         records = await submitted(bus, timeout_s=60)
         assert len(records) == 1
-        key, value = records[0]
-        assert key == b"train-42"
+        _, value = records[0]
         spec = msgspec.json.decode(value, type=JobSpec)  # what arrival decodes it with
-        assert (spec.job_id, spec.num_gpus, spec.gpu_types) == ("train-42", 4, ["V100", "A100"])
-
-        # what a host agent would publish: another job's end (not printed), this job's
-        # start and end (the script stops there), and a later event it never reads
-        events = [
-            JobEvent(job_id="other-1", kind="finished", time=5.0),
-            JobEvent(job_id="train-42", kind="started", time=10.0, node_ids=["v100-0"]),
-            JobEvent(job_id="train-42", kind="finished", time=70.0, node_ids=["v100-0"]),
-            JobEvent(job_id="train-42", kind="failed", time=80.0),
-        ]
         producer = AIOKafkaProducer(bootstrap_servers=bus.bootstrap)
         await producer.start()
         try:
-            for e in events:
-                await producer.send_and_wait(
-                    bus.topics.jobs_events, msgspec.json.encode(e), key=e.job_id.encode()
-                )
+            for topic, body in answers:
+                raw = body.replace(b"{job}", spec.job_id.encode())
+                await producer.send_and_wait(topic, raw, key=spec.job_id.encode())
         finally:
             await producer.stop()
-        out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=180)
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
     assert proc.returncode == 0, err.decode()
-    assert out.decode().splitlines() == [
-        "started 10.0 ['v100-0'] ",
-        "finished 70.0 ['v100-0'] ",
-    ]
+    return spec, proc.returncode, out.decode()
+
+
+def _event(job_id: str, kind: str, nodes: list[str], detail: str = "") -> bytes:
+    e = JobEvent(job_id=job_id, kind=kind, time=1.0, node_ids=nodes, detail=detail)  # type: ignore[arg-type]
+    return msgspec.json.encode(e)
+
+
+async def test_readme_script_submits_and_follows_its_job_to_the_end(bus: BusSettings) -> None:
+    """What a host agent would publish: another job's end (not printed), this job's start
+    and end (the script stops there), and a later event it never reads."""
+    t = bus.topics
+    spec, _, out = await _run(
+        bus,
+        [
+            (t.jobs_events, _event("other-1", "finished", [])),
+            (t.jobs_events, _event("{job}", "started", ["host-0"], "host-0:2")),
+            (t.jobs_events, _event("{job}", "finished", ["host-0"])),
+            (t.jobs_events, _event("{job}", "failed", [])),
+        ],
+    )
+    assert spec.job_id.startswith("hello-")
+    assert (spec.num_gpus, spec.command) == (1, ["echo", "hello"])
+    assert out.splitlines() == ["started ['host-0'] host-0:2", "finished ['host-0'] "]
+
+
+async def test_readme_script_ends_on_a_rejection_with_its_reason(bus: BusSettings) -> None:
+    """A job the cluster cannot hold is answered on jobs.rejected: the script prints the
+    reason and stops (it used to wait out its timeout without a word)."""
+    reason = "num_gpus: 1 GPU of a type no node has"
+    rejection = Rejection(job_id="{job}", reason=reason, raw="")
+    _, _, out = await _run(bus, [(bus.topics.jobs_rejected, msgspec.json.encode(rejection))])
+    assert out.splitlines() == [f"rejected [] {reason}"]

@@ -36,8 +36,8 @@ from offload_agent.gpt import GPT, GPTConfig, batch
 from offload_agent.ipc import AgentClient
 from offload_agent.nvme import NvmeStore, swap_dir
 from offload_agent.optim import AdamW
-from services.profiler.planner import build_plan
 from shared.messages import OffloadStats
+from shared.offload.planner import build_plan
 
 log = logging.getLogger("train_gpt")
 

@@ -212,6 +212,9 @@ def accepted_bytes(spec: JobSpec, timestamp_s: float) -> bytes:
             spec.duration_hint_s,
             spec.weight,
             spec.offload,
+            spec.project,
+            spec.app,
+            spec.time_limit_s,
             spec.priority_class,
         )
     )

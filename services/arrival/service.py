@@ -4,31 +4,75 @@ Also reads `cluster.nodes` (the inventory that decides whether a job could ever
 fit) and `jobs.events` (a finished job's id may be submitted again). Bad
 messages on those two are counted and ignored here: the telemetry service owns
 their dead-letter topics.
+
+Users' jobs during a trace replay (`--user-jobs`): a simulated cluster runs only
+the jobs of the trace it replays (their run times are its own), so a job a user
+publishes meanwhile would be accepted and then never run. A replay marks its
+specs (`shared.replay.REPLAY_HEADERS`); any other valid spec is then refused at
+once on `jobs.rejected`, with a reason that says why and what to run instead:
+always under `reject` (what `rltune up --trace` runs), never under `run`, and
+under `auto` (the default) once this service has seen a replayed spec.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import msgspec
 
-from services.arrival.admission import Admission
+from services.arrival.admission import Admission, decode_spec
 from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, serve_service
 from shared.config import BusSettings
 from shared.messages import JobEvent, NodeStatus
+from shared.reject import Reject
+from shared.replay import ORIGIN_HEADER, REPLAY_ORIGIN
 
-__all__ = ["ArrivalHandler", "serve", "service_spec"]
+__all__ = ["ArrivalHandler", "ArrivalSettings", "add_args", "from_args", "serve", "service_spec"]
 
 NAME = "arrival"
-_ENDED = frozenset({"finished", "failed"})
+_ENDED = frozenset({"finished", "failed", "cancelled"})
+USER_JOBS = ("auto", "run", "reject")
+NOT_RUN_IN_REPLAY = (
+    "job {job_id} is not run: this deployment replays a trace on a simulated cluster, which "
+    "runs only the trace's own jobs (it has no host to run a command on, and no run time "
+    "for a job that is not in the trace). To run your own jobs, start `rltune up` without "
+    "--trace (a local cluster that runs each job's command), or compose without its replay "
+    "overlay"
+)
+
+
+@dataclass(frozen=True)
+class ArrivalSettings:
+    user_jobs: str = "auto"  # users' jobs beside a replay: see the module docstring
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--user-jobs",
+        default="auto",
+        choices=USER_JOBS,
+        help="jobs not marked as a replay's: refuse them (reject), accept them (run), or "
+        "refuse them once a replayed job has been seen (auto, the default)",
+    )
+
+
+def from_args(args: argparse.Namespace) -> ArrivalSettings:
+    return ArrivalSettings(args.user_jobs)
 
 
 class ArrivalHandler:
     """Routes each record to the admission logic by topic."""
 
-    def __init__(self, settings: BusSettings, stats: ServiceStats) -> None:
+    def __init__(
+        self, settings: BusSettings, stats: ServiceStats, conf: ArrivalSettings | None = None
+    ) -> None:
         t = settings.topics
+        self.conf = conf or ArrivalSettings()
+        self.replaying = self.conf.user_jobs == "reject"  # refuse users' jobs now
         self.topics = t
         self.admission = Admission()
         self.stats = stats
@@ -45,6 +89,14 @@ class ArrivalHandler:
         return self._routes[rec.topic](rec)
 
     def _submit(self, rec: Record) -> Sequence[Outgoing]:
+        if rec.header(ORIGIN_HEADER) == REPLAY_ORIGIN:
+            self.replaying = self.replaying or self.conf.user_jobs == "auto"
+        elif self.replaying:
+            spec = decode_spec(rec.value)  # a malformed spec: the reason names its field
+            self.stats.extra["user_jobs_refused_in_replay"] += 1
+            raise Reject(
+                NOT_RUN_IN_REPLAY.format(job_id=spec.job_id), key=spec.job_id, kind="replay_only"
+            )
         job_id, job = self.admission.admit_bytes(rec.value, rec.timestamp_ms / 1000.0)
         self.stats.extra["accepted"] += 1
         return [Outgoing(self._accepted_topic, job_id, job)]
@@ -77,9 +129,11 @@ class ArrivalHandler:
             self._apply_event(rec)
 
 
-def service_spec(settings: BusSettings, stats: ServiceStats) -> ServiceSpec:
+def service_spec(
+    settings: BusSettings, stats: ServiceStats, conf: ArrivalSettings | None = None
+) -> ServiceSpec:
     t = settings.topics
-    handler = ArrivalHandler(settings, stats)
+    handler = ArrivalHandler(settings, stats, conf)
     return ServiceSpec(
         name=NAME,
         topics=[t.jobs_submit, t.cluster_nodes, t.jobs_events],
@@ -94,5 +148,7 @@ async def serve(
     stop: asyncio.Event | None = None,
     ready: asyncio.Event | None = None,
     group_id: str | None = None,
+    conf: ArrivalSettings | None = None,
 ) -> ServiceStats:
-    return await serve_service(settings, service_spec, stop, ready, group_id)
+    spec = functools.partial(service_spec, conf=conf)
+    return await serve_service(settings, spec, stop, ready, group_id)

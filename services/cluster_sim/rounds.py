@@ -40,12 +40,11 @@ blocking call into the service's event loop.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services.placement.registry import OFFLOAD_SUFFIX, REPLACE_SUFFIX
-from services.placement.replace import Move, QueuePlan, ReplaceConfig, RunningOffload
 from shared.cluster import ClusterSpec
 from shared.messages import (
     ExpectedRelease,
@@ -59,10 +58,13 @@ from shared.messages import (
 )
 from shared.placement_api import Allocation, JobRequest, NodeFree, PlacementResult, RoundContext
 from shared.policy_api import Observation, PolicyContext, QueuedJob
-from shared.sim.engine import SimConfig, Simulator, _Run
+from shared.sched.replacement import Move, QueuePlan, ReplaceConfig, RunningOffload
+from shared.sim.engine import SimConfig, Simulator
+from shared.sim.observer import SimObserver
+from shared.sim.run import Run
 from shared.sim.state import Claim
 
-__all__ = ["BusSimulator", "Channel", "RemotePlacer", "RemotePolicy", "Rounds"]
+__all__ = ["BusEvents", "Channel", "RemotePlacer", "RemotePolicy", "Rounds", "bus_simulator"]
 
 
 class Channel(Protocol):
@@ -338,9 +340,12 @@ class RemotePolicy:
 
 
 class RemotePlacer:
-    """A `Placer` whose every answer is the placement service's."""
+    """A `Placer` whose every answer is the placement service's, which applies the
+    order rule and the discipline itself (`OrdersWindow`)."""
 
+    orders_window = True
     leaves_cycles = False
+    cycles = 0
 
     def __init__(self, name: str, rounds: Rounds) -> None:
         self.name = name  # the placer the service runs: the simulator reads it
@@ -375,42 +380,51 @@ class RemotePlacer:
         return self.rounds.place(jobs, ctx)
 
 
-class BusSimulator(Simulator):
-    """The simulator, telling the rounds of every start and finish (as `JobEvent`s)."""
+def bus_simulator(
+    cluster: ClusterSpec, policy: RemotePolicy, placer: RemotePlacer, config: SimConfig
+) -> Simulator:
+    """The simulator, its rounds asked over the bus, telling them of every start and
+    finish (`BusEvents`). The placement service wraps its placer in the order rule and
+    the discipline (shared.sched.ordered): the simulator asks it, not a wrapper of its
+    own (`RemotePlacer.orders_window`)."""
+    sim = Simulator(cluster, policy, placer, config)
+    policy.rounds.sim = sim
+    sim.observers.append(BusEvents(sim, policy.rounds))
+    return sim
 
-    def __init__(
-        self, cluster: ClusterSpec, policy: RemotePolicy, placer: RemotePlacer, config: SimConfig
-    ) -> None:
-        super().__init__(cluster, policy, placer, config)
-        # the placement service wraps its placer in the order rule and the discipline
-        # (services.placement.ordered): the simulator asks it, not a wrapper of its own
-        self.placer = placer  # type: ignore[assignment]
-        self.rounds = policy.rounds
-        self.rounds.sim = self
 
-    def _start(self, run: _Run, claim: Claim, now: float, alloc: Allocation) -> None:
-        super()._start(run, claim, now, alloc)
-        nodes = [self.state.node_ids[i] for i, _ in claim]
+class BusEvents(SimObserver):
+    """A simulator's starts, moves, preemptions and finishes as the `JobEvent`s, and its
+    offloading jobs' rates as the `OffloadStats`, that go out with the next round."""
+
+    def __init__(self, sim: Simulator, rounds: Rounds) -> None:
+        self.sim = sim
+        self.rounds = rounds
+
+    def _nodes(self, claim: Claim) -> list[str]:
+        return [self.sim.state.node_ids[i] for i, _ in claim]
+
+    def started(self, run: Run, now: float) -> None:
         self.rounds.pending.events.append(
-            JobEvent(run.job.job_id, "started", now, nodes, run.nodes)
+            JobEvent(run.job.job_id, "started", now, self._nodes(run.claim), run.nodes)
         )
 
-    def _rerate(self, seqs: set[int], now: float) -> None:
+    def rerated(self, seqs: Set[int], now: float) -> None:
         """Offloading jobs whose rate changed (a job started or stopped on their nodes):
         their figures from the cost model go out on `offload.stats` with the next round,
         as an offload agent's would (the reward's offload terms, in simulation): every
         change, each stamped with its time, so the figures over a job's run can be
         integrated from the topic alone."""
-        super()._rerate(seqs, now)
+        sim = self.sim
         for seq in sorted(seqs):
-            run = self.runs[seq]
+            run = sim.runs[seq]
             if run.step is None or not run.claim:
                 continue
             cost = run.step
-            traffic = self.offload.demand_of(seq).traffic
+            traffic = sim.offload.demand_of(seq).traffic
             self.rounds.offload.append(OffloadStats(
                 job_id=run.job.job_id,
-                node_id=self.state.node_ids[run.claim[0][0]],
+                node_id=sim.state.node_ids[run.claim[0][0]],
                 hit_rate=cost.hit_rate,
                 # the model gives one mean copy time per rate: no spread to report
                 migration_ms_p50=cost.migration_ms,
@@ -420,31 +434,29 @@ class BusSimulator(Simulator):
                 time=now,
             ))  # fmt: skip
 
-    def _move(self, run: _Run, move: Move, now: float) -> bool:
-        """Apply placement's move as in-process; the new segment goes out as `started`
-        (a refused one as `rejected_placement`: the job runs on where it was)."""
+    def moved(self, run: Run, move: Move, now: float, done: bool) -> None:
+        """Placement's move, applied as in-process: the new segment goes out as
+        `started` (a refused one as `rejected_placement`: the job runs on where it was)."""
         jid = run.job.job_id
-        if not super()._move(run, move, now):
+        if not done:
             nodes = sorted({n for n, _ in move.alloc.gpus})
             self.rounds.pending.events.append(
                 JobEvent(jid, "rejected_placement", now, nodes, "move: GPUs not free")
             )
-            return False
-        nodes = [self.state.node_ids[i] for i, _ in run.claim]
-        self.rounds.pending.events.append(JobEvent(jid, "started", now, nodes, run.nodes))
-        return True
+            return
+        self.rounds.pending.events.append(
+            JobEvent(jid, "started", now, self._nodes(run.claim), run.nodes)
+        )
 
-    def preempt(self, run: _Run, now: float, keep_s: float | None = None) -> None:
-        nodes = sorted({self.state.node_ids[i] for i, _ in run.claim})
-        self.rounds.requeue = run.job.job_id
-        try:
-            super().preempt(run, now, keep_s)
-        finally:
-            self.rounds.requeue = None
+    def preempting(self, run: Run, now: float) -> None:
+        self.rounds.requeue = run.job.job_id  # the policy's `add` is this job's return
+
+    def preempted(self, run: Run, claim: Claim, now: float) -> None:
+        self.rounds.requeue = None
+        nodes = sorted(set(self._nodes(claim)))
         self.rounds.pending.events.append(JobEvent(run.job.job_id, "preempted", now, nodes))
 
-    def _finish(self, run: _Run, now: float) -> None:
-        nodes = sorted({self.state.node_ids[i] for i, _ in run.claim})
-        super()._finish(run, now)
+    def finished(self, run: Run, claim: Claim, now: float) -> None:
+        nodes = sorted(set(self._nodes(claim)))
         self.rounds.pending.finished.append(run.job.job_id)
         self.rounds.pending.events.append(JobEvent(run.job.job_id, "finished", now, nodes))

@@ -53,20 +53,22 @@ from typing import Any
 
 import msgspec
 
-from services.cluster_sim.rounds import BusSimulator, RemotePlacer, RemotePolicy, Rounds
+from services.cluster_sim.rounds import RemotePlacer, RemotePolicy, Rounds, bus_simulator
 from shared.bus import (
     Outgoing,
     Producer,
     Record,
     ServiceSpec,
     ServiceStats,
+    Stopped,
+    deliver,
     read_back,
     run_service,
 )
-from shared.cli.common import round_interval
 from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
+from shared.jsonfile import finite_or_null, write_json
 from shared.messages import (
     JobEvent,
     NodeStatus,
@@ -77,9 +79,10 @@ from shared.messages import (
     encode,
 )
 from shared.placement_api import DISCIPLINES
+from shared.recipe import RunRecipe, check_round_interval
 from shared.reject import Reject
-from shared.replay import job_spec_of
-from shared.sim import SimConfig, write_jobs_csv
+from shared.replay import REPLAY_HEADERS, job_spec_of
+from shared.sim import write_jobs_csv
 from shared.sim.offload_jobs import describe_marking, load_marked
 from shared.traces import SkipStats, TraceJob
 
@@ -114,8 +117,25 @@ class SimSettings:
     # None: when the first round is asked (`rltune up` passes its replay's start)
     epoch: float | None = None
 
+    def recipe(self) -> RunRecipe:
+        """The run as `rltune simulate` would describe it (the simulator's settings)."""
+        return RunRecipe(
+            trace=self.trace,
+            format=self.format,
+            cluster=self.cluster,
+            policy=self.policy,
+            seed=self.seed,
+            limit=self.limit,
+            placer=self.placer,
+            window=self.window,
+            preempt=self.preempt,
+            discipline=self.discipline,
+            round_interval_s=self.round_interval_s,
+            offload_fraction=self.offload_fraction,
+        )
+
     def run_settings(self) -> dict[str, object]:
-        """The summary JSON's `settings` (as simulate's, `shared.cli.simulate.run_settings`,
+        """The summary JSON's `settings` (as simulate's, `RunRecipe.settings`,
         for what this service has), plus the policy and how time ran."""
         return {
             "trace": self.trace,
@@ -193,7 +213,7 @@ def from_args(args: argparse.Namespace) -> SimSettings:
         raise UserError(f"--resend must be positive, got {args.resend}")
     if args.epoch is not None and not math.isfinite(args.epoch):
         raise UserError(f"--epoch must be a time in Unix seconds, got {args.epoch:g}")
-    round_interval(args.round_interval)
+    check_round_interval(args.round_interval)
     return SimSettings(
         trace=args.trace, format=args.format, cluster=args.cluster, policy=args.policy,
         placer=args.placer, limit=args.limit, window=args.window, seed=args.seed,
@@ -222,10 +242,6 @@ def time_invariant(policy: str) -> bool:
 
     cls = POLICIES.get(policy)
     return bool(getattr(cls, "time_invariant", False)) if cls is not None else False
-
-
-class Stopped(Exception):
-    """The service is stopping while the simulator waits for a round."""
 
 
 @dataclass
@@ -260,6 +276,10 @@ class BusChannel:
         self.known: dict[str, dict[int, Any]] = {"score": {}, "place": {}}
         self.submitted: set[str] = set()  # job ids already on jobs.submit (read back)
         self.asked = -1  # the last round asked (or answered from what was read back)
+        # rounds a previous run of this service asked (read back from sched.rounds): an
+        # answer to one of those may come before this run asks it again; to any other
+        # round not asked yet, it is refused
+        self.requested: dict[str, set[int]] = {"score": set(), "place": set()}
 
     def recover(self, rec: Record) -> None:
         """A record read back at start (see the module docstring, "Restart")."""
@@ -273,6 +293,7 @@ class BusChannel:
                 self.known["place"][place.round_id] = place
             elif rec.topic == self.t.sched_rounds:
                 req = msgspec.json.decode(rec.value or b"", type=RoundRequest)
+                self.requested["score" if req.phase == "score" else "place"].add(req.round_id)
                 if self.t0 is None and req.phase == "score" and rec.timestamp_ms > 0:
                     ago = time.time() - rec.timestamp_ms / 1e3  # wall clock: the broker's
                     self.t0 = (req.time, time.monotonic() - ago)
@@ -330,8 +351,18 @@ class BusChannel:
 
     # on the event loop
     async def _publish(self, outs: list[Outgoing]) -> None:
-        await self.producer.publish([(o, []) for o in outs])
-        self.stats.published += len(outs)
+        """Through the bus's one retry loop: an outage of any length is waited out
+        (Stopped if the service stops first). The trace's own jobs go marked as a
+        replay's (the arrival service tells them apart from users')."""
+        replayed = self.t.jobs_submit
+        self.stats.published += await deliver(
+            self.producer,
+            outs,
+            self.stop,
+            NAME,
+            lambda o: (o, list(REPLAY_HEADERS) if o.topic == replayed else []),
+            stats=self.stats,
+        )
 
     async def _pace(self, now: float) -> None:
         if self.conf.lockstep:
@@ -348,6 +379,12 @@ class BusChannel:
         self.asked = max(self.asked, req.round_id)
         phase = "score" if req.phase == "score" else "place"  # replace: answered as place
         known = self.known[phase].pop(req.round_id, None)
+        if known is not None and req.round_id not in self.requested[phase]:
+            # on the topic before any run of this service asked that round: not an answer
+            log.warning("round %d (%s): ignored an answer read back for a round never asked",
+                        req.round_id, phase)  # fmt: skip
+            self.stats.extra["answers_never_asked"] += 1
+            known = None
         if known is not None:  # answered before a restart: everything is on the topics
             self.stats.extra["rounds_recovered"] += 1
             return known
@@ -385,14 +422,26 @@ class BusChannel:
         return fut.result()
 
     def answer(self, rid: int, phase: str, value: Any) -> None:
+        """Take an answer to round `rid`: the first to a round asked and waiting, or
+        (restarting) to a round a previous run asked; a repeat (a resend's second
+        answer, or one already read back) is counted and dropped. An answer to a round
+        never asked is refused (Reject: to the dead-letter topic), so a forged batch
+        cannot slip into a round before it is asked."""
         waits = self.waits.score if phase == "score" else self.waits.place
         fut = waits.get(rid)
         if fut is not None and not fut.done():
             fut.set_result(value)
-        else:  # a resend's second answer, or (restarting) an answer not yet asked for
-            self.stats.extra["answers_unasked"] += 1
-            if rid > self.asked:
-                self.known[phase][rid] = value
+        elif rid <= self.asked or (rid in self.requested[phase] and rid in self.known[phase]):
+            self.stats.extra["answers_repeated"] += 1
+        elif rid in self.requested[phase]:
+            self.stats.extra["answers_before_asked"] += 1
+            self.known[phase][rid] = value
+        else:
+            what = "priorities" if phase == "score" else "placements"
+            raise Reject(
+                f"{what} for round {rid}, which was never asked (the last asked is {self.asked})",
+                kind="unasked",
+            )
 
 
 class Handler:
@@ -472,17 +521,11 @@ async def serve(
         if conf.replay:
             channel.replay = {j.job_id: j for j in jobs}
         rounds = Rounds(channel, conf.window)
-        sim = BusSimulator(
+        sim = bus_simulator(
             cluster,
             RemotePolicy(conf.policy, time_invariant(conf.policy), rounds, _local(conf)),
             RemotePlacer(conf.placer, rounds),
-            SimConfig(
-                window=conf.window,
-                seed=conf.seed,
-                discipline=conf.discipline,
-                preempt=conf.preempt,
-                round_interval_s=conf.round_interval_s,
-            ),
+            conf.recipe().sim_config(),
         )
         if ready is not None:
             ready.set()
@@ -509,9 +552,8 @@ async def serve(
             if conf.jobs_out:
                 write_jobs_csv(result.records, conf.jobs_out)
             if conf.json_out:
-                from shared.cli.simulate import write_json
-
-                write_json({**result.summary(), "settings": conf.run_settings()}, conf.json_out)
+                summary = {**result.summary(), "settings": conf.run_settings()}
+                write_json(finite_or_null(summary), conf.json_out)
             x = stats.extra
             log.info(
                 "done: %d rounds asked, %d recovered from the topics; %s",

@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from services.placement.frag import FragTable, Workload
-from services.placement.greedy import greedy_allocations
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, PlacementResult
+from shared.sched.greedy import greedy_allocations
 
 __all__ = ["BestFitPlacer", "FgdPlacer", "FirstFitPlacer", "sequential_allocations"]
 

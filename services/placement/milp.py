@@ -83,12 +83,12 @@ from dataclasses import dataclass, field
 
 from services.placement.classes import index_classes
 from services.placement.frag import Workload
-from services.placement.greedy import greedy_allocations
 from services.placement.milp_hint import class_greedy_hint
 from services.placement.milp_model import WindowModel
 from services.placement.objective import Contention, ObjectiveWeights, Scorer
 from services.placement.state import apply_allocations
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, PlacementResult
+from shared.sched.greedy import greedy_allocations
 
 __all__ = ["MilpConfig", "MilpPlacer", "relevant_nodes"]
 

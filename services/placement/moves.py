@@ -39,10 +39,10 @@ from dataclasses import dataclass
 
 import msgspec
 
-from services.placement.replace import Move, QueuePlan, RunningOffload
 from shared.cluster import ClusterSpec
 from shared.messages import Job, JobEvent, OffloadRunning, OffloadSpec
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
+from shared.sched.replacement import Move, QueuePlan, RunningOffload
 from shared.sim.offload_state import OffloadState
 
 __all__ = ["RunningOffloads"]

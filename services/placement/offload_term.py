@@ -70,51 +70,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from functools import partial
-from typing import Protocol
 
 from services.placement.classes import STREAM, slot_gpus
-from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpPlacer
-from services.placement.replace import (
-    Move,
-    QueuePlan,
-    ReplaceConfig,
-    RunningOffload,
-    choose_move,
-)
+from services.placement.replace import choose_move
 from services.placement.state import apply_allocations
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, PlacementResult, Placer
+from shared.sched.greedy import greedy_allocations
+from shared.sched.replacement import Move, OffloadView, QueuePlan, ReplaceConfig, RunningOffload
 
 __all__ = [
     "WEIGHT",
     "OffloadAwarePlacer",
-    "OffloadView",
     "SameRound",
     "offload_classes",
     "offload_cost",
 ]
 
 WEIGHT = 16.0  # charge per GPU of throughput lost, in job values per GPU (module doc)
-
-
-class OffloadView(Protocol):
-    def job(self, job_id: str) -> tuple[int, int] | None:
-        """(param bytes, GPUs) of an offloading job; None if it does not offload."""
-        ...
-
-    def signature(self, node_id: str) -> tuple[object, ...]:
-        """What the estimates read of a node besides its GPU type: nodes of one type
-        with equal signatures give every job the same estimate."""
-        ...
-
-    def estimate(
-        self, param_bytes: int, gpus: int, node_id: str, take: int, extra: int = 0
-    ) -> tuple[float, float]: ...
-
-    def moves_on(self, param_bytes: int, gpus: int, node_id: str) -> bool:
-        """Whether a job of this size streams anything on the node (one that fits its
-        GPU budget there moves no byte, shares no bandwidth, and costs 1.0)."""
-        ...
 
 
 def offload_cost(view: OffloadView, job: JobRequest, node_id: str, extra: int = 0) -> float:

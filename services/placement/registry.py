@@ -7,9 +7,9 @@ from collections.abc import Callable
 from services.placement.baselines import BestFitPlacer, FgdPlacer, FirstFitPlacer
 from services.placement.greedy import GreedyPlacer
 from services.placement.milp import MilpConfig, MilpPlacer
-from services.placement.replace import ReplaceConfig
 from shared.errors import UserError
 from shared.placement_api import Placer
+from shared.sched.replacement import ReplaceConfig
 
 __all__ = ["OFFLOAD_SUFFIX", "PLACERS", "REPLACE_SUFFIX", "make_placer"]
 

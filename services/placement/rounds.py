@@ -3,7 +3,7 @@
 Placement keeps its own view of the free GPUs (`FreeView`, from `cluster.nodes`)
 and the accepted jobs, and solves with the placer `rltune simulate` uses
 (`services.placement.registry.make_placer`) inside the order rule and the
-queueing discipline (`services.placement.ordered.OrderedPlacer`), as the
+queueing discipline (`shared.sched.ordered.OrderedPlacer`), as the
 simulator does:
 
 * free rounds: a `PriorityBatch` from scoring is solved over the batch's jobs
@@ -29,8 +29,6 @@ import time
 from collections import Counter
 
 from services.placement.moves import RunningOffloads
-from services.placement.ordered import OrderedPlacer
-from services.placement.replace import Move, QueuePlan
 from services.placement.view import FreeView
 from shared.cluster import ClusterSpec
 from shared.messages import (
@@ -50,6 +48,8 @@ from shared.placement_api import (
     Release,
     RoundContext,
 )
+from shared.sched.ordered import OrderedPlacer
+from shared.sched.replacement import Move, QueuePlan
 from shared.speeds import speed_of
 
 __all__ = ["PlacementState", "job_request"]
@@ -105,7 +105,7 @@ class PlacementState:
     def event(self, ev: JobEvent) -> None:
         if self.offload is not None:
             self.offload.event(ev)
-        if ev.kind in ("started", "finished", "failed"):
+        if ev.kind in ("started", "finished", "failed", "cancelled"):
             self.placed.discard(ev.job_id)
             self.gone.add(ev.job_id)
         elif ev.kind in ("rejected_placement", "preempted"):

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import msgspec
 
-from services.placement.ordered import OrderedPlacer
 from services.placement.registry import OFFLOAD_SUFFIX, make_placer
 from services.placement.rounds import PlacementState
 from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, run_service
@@ -44,6 +43,7 @@ from shared.messages import (
 from shared.placement_api import DISCIPLINES
 from shared.prom import SOLVE_SECONDS
 from shared.reject import Reject
+from shared.sched.ordered import OrderedPlacer
 
 __all__ = ["PlacementSettings", "add_args", "from_args", "serve"]
 
@@ -110,9 +110,15 @@ class PlacementHandler:
         }
         self._replayed_places: list[RoundRequest] | None = []
         self._replayed_answers: set[int] = set()
+        # read back: our own answers, and the round ids that were asked (round requests,
+        # priority batches); an "answer" on sched.placements to no asked round is not
+        # ours, and is not taken as what was placed
+        self._replayed_batches: list[PlacementBatch] = []
+        self._asked_ids: set[int] = set()
 
     def __call__(self, rec: Record) -> Sequence[Outgoing]:
         if self._replayed_places is not None:  # after a restart: what was asked, not answered
+            self._take_replayed_answers()
             for req in self._replayed_places:
                 if req.round_id not in self._replayed_answers:
                     self.state.request(req)
@@ -166,18 +172,39 @@ class PlacementHandler:
             return []  # the executor names this round's window (sched.rounds, phase place)
         return [self.state.free_round(batch.round_id, batch.time, batch.jobs)]
 
+    def _take_replayed_answers(self) -> None:
+        """Once read back: a batch on sched.placements for a round nobody asked (no round
+        request, no priority batch names it) is not ours: what it placed is taken back
+        (unless an answer of ours placed the same job) and it is counted."""
+        ours = [b for b in self._replayed_batches if b.round_id in self._asked_ids]
+        kept = {a.job_id for b in ours for a in b.assignments}
+        for b in self._replayed_batches:
+            if b.round_id in self._asked_ids:
+                continue
+            self.stats.extra["answers_never_asked"] += 1
+            self._replayed_answers.discard(b.round_id)
+            for a in b.assignments:
+                if a.job_id not in kept:
+                    self.state.placed.discard(a.job_id)
+        self._replayed_batches = []
+
     def replay(self, rec: Record) -> None:
         """Read back at start: the jobs, the latest state of every node, what started."""
         if rec.topic == self.t.sched_placements:
             with contextlib.suppress(msgspec.MsgspecError):
                 b = msgspec.json.decode(rec.value or b"", type=PlacementBatch)
+                self._replayed_batches.append(b)  # checked once read back
                 self._replayed_answers.add(b.round_id)
                 for a in b.assignments:
                     if a.job_id not in self.state.gone:
                         self.state.placed.add(a.job_id)
+        elif rec.topic == self.t.sched_priorities:
+            with contextlib.suppress(msgspec.MsgspecError):
+                self._asked_ids.add(self._prio.decode(rec.value or b"").round_id)
         elif rec.topic == self.t.sched_rounds:
             with contextlib.suppress(msgspec.MsgspecError):
                 req = self._round.decode(rec.value or b"")
+                self._asked_ids.add(req.round_id)
                 if req.phase == "score":
                     self.state.request(req)
                 elif self._replayed_places is not None:
@@ -213,6 +240,7 @@ async def serve(
             t.jobs_events,
             t.cluster_nodes,
             t.sched_rounds,
+            t.sched_priorities,
             t.sched_placements,
         ],
         replay=handler.replay,

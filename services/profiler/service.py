@@ -20,20 +20,24 @@ import contextlib
 import multiprocessing
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from typing import TypeVar
 
 import msgspec
 
-from services.profiler.planner import Budgets, PlanError, build_plan
 from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, serve_service
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import PrefetchPlan, TensorProfile, encode
+from shared.offload.planner import Budgets, PlanError, build_plan
 from shared.reject import Reject
 
 __all__ = ["PlanWorker", "ProfileHandler", "plan_budget_s", "serve", "service_spec"]
+
+_T = TypeVar("_T")
 
 NAME = "profiler"
 DEFAULT_BUDGET_S = 10.0
@@ -76,21 +80,24 @@ def _work(conn: Connection) -> None:  # pragma: no cover - runs in the worker pr
 _START_TIMEOUT_S = 120.0
 
 
-async def _readable(conn: Connection, timeout_s: float) -> None:
-    """Until `conn` has something to read; TimeoutError after `timeout_s`."""
-    loop = asyncio.get_running_loop()
-    answered = loop.create_future()
+async def _blocking(call: Callable[[], _T], timeout_s: float) -> _T:
+    """`call()` on a worker thread, TimeoutError after `timeout_s`.
 
-    def readable() -> None:
-        if not answered.done():
-            answered.set_result(None)
+    The pipe stays in blocking mode and is never registered with the event loop:
+    an event loop that polls a descriptor switches it to non-blocking (libuv does),
+    and a `Connection.send` of more than the pipe's buffer then fails half-written
+    with BlockingIOError, leaving the next answer out of step with its question. A
+    thread left blocked after a timeout is released when the worker is killed and
+    the pipe closes under it."""
+    return await asyncio.wait_for(asyncio.to_thread(call), timeout_s)
 
-    loop.add_reader(conn.fileno(), readable)
-    try:
-        await asyncio.wait_for(answered, timeout_s)
-    finally:
-        with contextlib.suppress(Exception):
-            loop.remove_reader(conn.fileno())
+
+def _wait_readable(conn: Connection, timeout_s: float) -> Callable[[], None]:
+    def wait() -> None:
+        if not conn.poll(timeout_s):
+            raise TimeoutError(f"no answer in {timeout_s:g} s")
+
+    return wait
 
 
 class PlanWorker:
@@ -113,8 +120,8 @@ class PlanWorker:
             theirs.close()
             self._proc, self._conn = proc, mine
             try:
-                await _readable(mine, _START_TIMEOUT_S)
-                mine.recv()  # "ready"
+                await _blocking(_wait_readable(mine, _START_TIMEOUT_S), _START_TIMEOUT_S + 1)
+                await _blocking(mine.recv, _START_TIMEOUT_S)  # "ready"
             except (TimeoutError, EOFError, OSError) as exc:
                 self.close()
                 raise RuntimeError(f"the planner process did not start: {exc!r}") from None
@@ -123,10 +130,14 @@ class PlanWorker:
     async def plan(self, raw: bytes, budgets: Budgets, version: int, budget_s: float) -> bytes:
         """The plan's JSON; PlanError if the planner refuses; OverBudget after `budget_s`."""
         conn = await self._start()
-        conn.send((raw, budgets.fast, budgets.host, version))
+        deadline = asyncio.get_running_loop().time() + budget_s
         try:
-            await _readable(conn, budget_s)
-            kind, body = conn.recv()
+            await _blocking(
+                partial(conn.send, (raw, budgets.fast, budgets.host, version)), budget_s
+            )
+            left = max(deadline - asyncio.get_running_loop().time(), 0.0)
+            await _blocking(_wait_readable(conn, left), left + 1)
+            kind, body = await _blocking(conn.recv, budget_s)
         except (TimeoutError, EOFError, OSError) as exc:
             self.close()
             raise OverBudget(str(exc)) from None
@@ -165,6 +176,8 @@ class ProfileHandler:
             profile = self._profile.decode(rec.value or b"")
         except (msgspec.MsgspecError, RecursionError) as exc:
             raise Reject(f"not a TensorProfile: {exc}") from exc
+        except UnicodeDecodeError as exc:  # msgspec decodes strings with Python's codec
+            raise Reject(f"not a TensorProfile: a string is not valid UTF-8 ({exc})") from exc
         if profile.fast_budget_bytes <= 0:
             raise Reject(
                 f"profile of {profile.job_id} has no fast_budget_bytes to plan for",

@@ -47,7 +47,8 @@ def queued_job(job: Job, seq: int) -> QueuedJob:
     milli = job.gpu_milli if job.num_gpus == 1 else FULL_GPU
     return QueuedJob(
         seq, job.job_id, job.submit_time, job.num_gpus, milli, frozenset(job.gpu_types),
-        job.user, job.vc, job.weight,
+        job.user, job.vc, job.weight, project=job.project, app=job.app,
+        time_limit_s=job.time_limit_s,
     )  # fmt: skip
 
 
@@ -109,7 +110,11 @@ class ScoringState:
 
     def event(self, ev: JobEvent, free: bool) -> None:
         jid = ev.job_id
-        if ev.kind == "failed" and jid not in self.started_at and jid not in self.ended:
+        if (
+            ev.kind in ("failed", "cancelled")
+            and jid not in self.started_at
+            and jid not in self.ended
+        ):
             self._cancel(jid, free)  # killed before it started: it never runs
         elif ev.kind == "started":
             if jid in self.started_at or jid in self.ended:
@@ -334,12 +339,20 @@ class ScoringState:
                 else:
                     self._enqueue(job)
             return
+        # The events read back marked every finished job ended, but the rounds applied
+        # below must see each one arrive, start and finish in their order, as the live
+        # state did (its run time enters the history at the finish, in that order, and
+        # its place in the queue until then): only the jobs cancelled before they
+        # started stay out of the queue meanwhile (the rounds never name them started).
+        finished = self.ended - self.cancelled
+        self.ended -= finished
         for req in sorted(requests, key=lambda r: r.round_id):
             if req.round_id <= answered and req.round_id > self.rounds.applied:
                 self._apply(req)
                 self.rounds.applied = req.round_id
             elif req.round_id > answered:
                 self.rounds.pending[req.round_id] = req
+        self.ended |= finished
 
     @property
     def queue_length(self) -> int:

@@ -16,7 +16,7 @@ learned policies only) they train the policy online with PPO
 `--learn-episodes` rewards one update changes the weights it ranks with.
 
 A `KillRequest` on `jobs.kill` for a job that is still waiting (free rounds) takes
-it out of the queue and publishes it `failed` on `jobs.events` ("killed while
+it out of the queue and publishes it `cancelled` on `jobs.events` ("killed while
 queued"), so placement never places it and telemetry counts it; a kill that comes
 before the job's accepted record is remembered (the last `PENDING_KILLS`) and
 applied when it arrives. A job already given GPUs or running is the host agent's
@@ -41,7 +41,16 @@ import msgspec
 
 from services.scoring.policies import make_policy
 from services.scoring.queue import ScoringState
-from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
+from shared.bus import (
+    Outgoing,
+    Producer,
+    Record,
+    ServiceSpec,
+    ServiceStats,
+    Stopped,
+    deliver,
+    run_service,
+)
 from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
@@ -210,7 +219,7 @@ class ScoringHandler:
         if not self.free or not self.state.cancel(job_id):
             return
         detail = f"killed while queued{f' ({reason})' if reason else ''}"
-        event = JobEvent(job_id, "failed", time.time(), [], detail)
+        event = JobEvent(job_id, "cancelled", time.time(), [], detail)
         self._out.append(Outgoing(self.t.jobs_events, job_id, encode(event)))
         self.stats.extra["kills_queued"] += 1
         log.info("%s %s", job_id, detail)
@@ -344,8 +353,12 @@ async def _ticker(
             batch = handler.free_round()
             if batch is not None:
                 out = Outgoing(settings.topics.sched_priorities, str(batch.round_id), encode(batch))
-                await producer.publish([(out, [])])
-                stats.published += 1
+                try:  # the bus's one retry loop: an outage is waited out
+                    stats.published += await deliver(
+                        producer, [out], stop, NAME, lambda o: (o, []), stats=stats
+                    )
+                except Stopped:
+                    break
             if path is not None and time.monotonic() >= next_reload:
                 next_reload = time.monotonic() + conf.reload_s
                 now = _mtime(path)

@@ -54,7 +54,7 @@ class Answer:
     """What `explain` found; `lines` is the text `rltune why` prints."""
 
     job_id: str
-    state: str  # unknown, rejected, waiting, placed, running, finished, failed
+    state: str  # unknown, rejected, ahead, waiting, placed, running, finished, failed, cancelled
     now: float
     lines: list[str] = field(default_factory=list)
     rank: int | None = None  # 1 = first, in the latest round that ranked it
@@ -149,7 +149,7 @@ class WhyState:
             self.running[jid] = _Run(ev.time, list(ev.node_ids))
             self.started_at.setdefault(jid, ev.time)
             self.placed.pop(jid, None)
-        elif ev.kind in ("finished", "failed", "preempted"):
+        elif ev.kind in ("finished", "failed", "preempted", "cancelled"):
             run = self.running.pop(jid, None)
             held = self.held.get(jid, 0.0) + (ev.time - run.start if run else 0.0)
             self.placed.pop(jid, None)
@@ -233,6 +233,14 @@ class WhyState:
                 "host to start it (a host that cannot gives it back to the queue)"
             )
             return a
+        if job.submit_time > now:
+            a = Answer(jid, "ahead", now)
+            a.lines.append(
+                f"{jid} is submitted for {_t(job.submit_time)}, {_dur(job.submit_time - now)} "
+                f"ahead of the cluster's clock ({_t(now)}): no round considers it before the "
+                "clock gets there"
+            )
+            return a
         a = Answer(jid, "waiting", now)
         types = self._types(job)
         a.lines.append(
@@ -260,6 +268,8 @@ class WhyState:
                     f"; it waits behind the {len(a.ahead)} jobs ranked ahead of it"
                     if a.ahead
                     else "; the next round should place it"
+                    if a.rank is not None
+                    else "; no round has seen it yet: the next one should place it"
                 )
             )
         else:

@@ -31,7 +31,16 @@ import msgspec
 
 from services.telemetry.prom import GPU_UTIL, JCT, JOBS, OFFLOAD_HIT, OFFLOAD_MIGRATION
 from services.telemetry.windows import Telemetry
-from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
+from shared.bus import (
+    Outgoing,
+    Producer,
+    Record,
+    ServiceSpec,
+    ServiceStats,
+    Stopped,
+    deliver,
+    run_service,
+)
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import Job, JobEvent, NodeStatus, OffloadStats, PlacementBatch, encode
@@ -137,23 +146,47 @@ async def _publisher(
     handler: TelemetryHandler,
     conf: TelemetrySettings,
     stop: asyncio.Event,
+    built: asyncio.Event,
     stats: ServiceStats,
 ) -> None:
+    """Snapshots and rewards every `interval_s`, once the state is rebuilt from the
+    topics (`built`): before that the windows are empty, and a snapshot of zeros or
+    a reward over no jobs would be taken for the run's. Every publish goes through
+    the bus's retry loop, so an outage is waited out, not fatal."""
     t = settings.topics
     window = f"last:{conf.window_s:g}s"
     async with Producer(settings, client_id=f"{NAME}-snapshots") as producer:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), conf.interval_s)
-            s = handler.state
-            now = time.time()
-            export(s)
-            snaps = [s.snapshot(now), s.snapshot(now, window)]
-            reward = s.reward()
-            outs = [Outgoing(t.metrics, snap.source, encode(snap)) for snap in snaps]
-            outs.append(Outgoing(t.rl_rewards, reward.window, encode(reward)))
-            await producer.publish([(o, []) for o in outs])
-            stats.published += len(outs)
+        with contextlib.suppress(TimeoutError, Stopped):
+            await _until_either(built, stop)
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), conf.interval_s)
+                s = handler.state
+                now = time.time()
+                export(s)
+                snaps = [s.snapshot(now), s.snapshot(now, window)]
+                reward = s.reward()
+                outs = [Outgoing(t.metrics, snap.source, encode(snap)) for snap in snaps]
+                outs.append(Outgoing(t.rl_rewards, reward.window, encode(reward)))
+                stats.published += await deliver(
+                    producer, outs, stop, NAME, lambda o: (o, []), stats=stats
+                )
+
+
+async def _relay(built: asyncio.Event, ready: asyncio.Event | None) -> None:
+    """The caller's `ready` once the state is built."""
+    await built.wait()
+    if ready is not None:
+        ready.set()
+
+
+async def _until_either(first: asyncio.Event, second: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 async def serve(
@@ -180,9 +213,12 @@ async def serve(
         replay_topics=inputs,
         replay=lambda rec: handler.apply(rec, strict=False),
     )
-    publisher = asyncio.create_task(_publisher(settings, handler, conf, stop, stats))
+    built = asyncio.Event()
+    publisher = asyncio.create_task(_publisher(settings, handler, conf, stop, built, stats))
+    relay = asyncio.create_task(_relay(built, ready))
     try:
-        return await run_service(settings, spec, stop, stats, ready)
+        return await run_service(settings, spec, stop, stats, built)
     finally:
         stop.set()
+        relay.cancel()
         await publisher

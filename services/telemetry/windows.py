@@ -39,6 +39,9 @@ from shared.placement_api import FULL_GPU
 __all__ = ["RewardWeights", "Telemetry"]
 
 
+AGENT_START = "pid "  # a host agent's `started` detail: "pid P gpus 0,1"
+
+
 @dataclass(frozen=True)
 class RewardWeights:
     """value = -bsld + hit_rate_weight × hit rate − migration_weight × migration p99 (s)
@@ -92,8 +95,15 @@ class Telemetry:
             return
         if js.done:
             return
-        if ev.kind == "started" and js.open_start is not None and ev.detail != js.open_nodes:
-            # a move (MoveOrder): its segment ends, one on the new GPUs begins
+        if (
+            ev.kind == "started"
+            and js.open_start is not None
+            and ev.detail != js.open_nodes
+            and not ev.detail.startswith(AGENT_START)
+        ):
+            # a move (MoveOrder): its segment ends, one on the new GPUs begins. (Host
+            # agents never move a job, and each reports its own node's start of a job
+            # given several: those are one segment.)
             self._close(js, ev.time)
             self.counts["moves"] += 1
             at, cost = self.move_cost.pop(ev.job_id, (ev.time, 0.0))
@@ -110,7 +120,7 @@ class Telemetry:
                 js.done = True
                 js.failed = ev.kind == "failed"
                 self.finished_at.append((ev.time, ev.job_id))
-        elif ev.kind == "failed" and js.open_start is None:  # killed while it waited
+        elif ev.kind in ("failed", "cancelled") and js.open_start is None:  # never ran
             js.done = js.failed = True
             self.counts["cancelled"] += 1
         elif ev.kind == "rejected_placement":

@@ -4,7 +4,7 @@ Virtual time jumps from event to event. At one instant, finishes are applied
 before arrivals (GPUs are released before they are asked for), then one round
 runs: the policy names the first `window` waiting jobs in its order, those that
 could fit the free capacity alone go to the placer in that order, and the
-placer, wrapped in services.placement.ordered (the order and the discipline
+placer, wrapped in shared.sched.ordered (the order and the discipline
 decide which jobs start, the placer where), answers; its allocations start.
 Under `strict` the window is cut at the first job that cannot start; under
 `easy` that job (the head) is passed too, for its reservation, which is built
@@ -38,11 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
-from typing import Any
 
-from services.placement.checker import inversions
-from services.placement.ordered import OrderedPlacer
-from services.placement.replace import Move, QueuePlan, ReplaceConfig, RunningOffload
 from shared.cluster import ClusterSpec
 from shared.metrics import JobRecord, Segment, summarize
 from shared.offload_metrics import offload_summary
@@ -57,12 +53,24 @@ from shared.placement_api import (
     RoundContext,
 )
 from shared.policy_api import History, Policy, QueuedJob, policy_context
+from shared.sched.checker import inversions
+from shared.sched.ordered import OrderedPlacer, OrdersWindow
+from shared.sched.replacement import (
+    LeavesCycles,
+    Move,
+    OffloadAware,
+    QueuePlan,
+    ReplaceConfig,
+    Replacing,
+    RunningOffload,
+)
 from shared.sim.admit import admit_reason
 from shared.sim.observe import SimObservation, WaitingIndex
-from shared.sim.offload_cost import StepCost
+from shared.sim.observer import SimObserver
 from shared.sim.offload_state import OffloadRecord, OffloadState
 from shared.sim.preempt import Preemptor
 from shared.sim.reclaim import RECLAIM_EVENT, Reclaimer
+from shared.sim.run import Run
 from shared.sim.state import Claim, ClusterState
 from shared.speeds import speed_of
 from shared.traces import TraceJob
@@ -141,53 +149,6 @@ class SimResult:
         return out
 
 
-class _Run:
-    """The simulator's private state of one job (its true run time lives here)."""
-
-    __slots__ = (
-        "claim",
-        "epoch",
-        "est",
-        "factor",
-        "finish_at",
-        "job",
-        "mark",
-        "nodes",
-        "offload",
-        "restart_until",
-        "seg_restart",
-        "seg_start",
-        "seg_unhidden",
-        "segments",
-        "speed",
-        "step",
-        "types",
-        "work",
-    )
-
-    def __init__(self, job: QueuedJob, work: float) -> None:
-        self.job = job
-        self.work = work  # remaining run time on the reference type, seconds
-        self.claim: Claim = ()
-        self.epoch = 0  # bumps on preemption: older events of this job are stale
-        self.seg_start = 0.0
-        self.speed = 1.0
-        self.types = ""
-        self.nodes = ""
-        self.segments: list[Segment] = []
-        # offloading jobs only (offload_state.py): slowdown now, since when, due finish
-        self.offload: OffloadRecord | None = None
-        self.factor = 1.0
-        self.mark = 0.0
-        self.finish_at = -1.0
-        self.seg_unhidden = 0.0
-        self.step: StepCost | None = None  # its step cost at the current rate
-        # re-placement (replace.py): estimate at start, restore of a move until when, its cost
-        self.est = 0.0
-        self.restart_until = 0.0
-        self.seg_restart = 0.0
-
-
 def simulate(
     trace: Iterable[TraceJob],
     cluster: ClusterSpec,
@@ -214,7 +175,15 @@ class Simulator:
         if not (config.round_interval_s >= 0 and math.isfinite(config.round_interval_s)):
             raise ValueError(f"round interval {config.round_interval_s} s: give 0 or more")
         inner = placer.inner if isinstance(placer, OrderedPlacer) else placer
-        self.placer = OrderedPlacer(inner, config.discipline)
+        # the order rule and the discipline: the simulator's own wrapper, unless the
+        # placer applies them itself (the placement service, over the bus); an OrderedPlacer
+        # handed in is made again for this run's discipline
+        self.placer: OrdersWindow
+        if isinstance(placer, OrdersWindow) and placer.orders_window and inner is placer:
+            self.placer = placer
+        else:
+            self.placer = OrderedPlacer(inner, config.discipline)
+        self.observers: list[SimObserver] = []  # told of starts, moves, finishes (observer.py)
         self.cluster, self.policy, self.config = cluster, policy, config
         self.easy = config.discipline == "easy"
         # running jobs' (start + estimate, seq) in order, and their releases (EASY)
@@ -222,10 +191,11 @@ class Simulator:
         self.releases: dict[int, Release] = {}
         self.head_id: str | None = None  # the head of the last round's window (EASY)
         self._reqs: dict[int, JobRequest] = {}  # waiting job -> its last window request
-        self._est: dict[tuple[str, int], float] = {}  # (who, GPUs) -> estimate until a finish
+        # (who, GPUs, requested time) -> estimate until a finish
+        self._est: dict[tuple[str, int, float | None], float] = {}
         self.node_type = {n.node_id: n.gpu_type for n in cluster.nodes}
         # a full collection scans every live job: only for placers that leave garbage cycles
-        self._collect = bool(getattr(placer, "leaves_cycles", False))
+        self._collect = isinstance(placer, LeavesCycles) and placer.leaves_cycles
         self._collected = 0  # the placer's `cycles` at the last collection
         self.state = ClusterState(cluster)
         self.speed = {t: speed_of(t, cluster.speed) for t in cluster.gpu_types}
@@ -235,7 +205,7 @@ class Simulator:
         self.vc_held: dict[str, float] = {}
         self.queue_held: dict[str, float] = {}
         self.obs = SimObservation(self.state, self.waiting, self.history, self.vc_held)
-        self.runs: list[_Run] = []
+        self.runs: list[Run] = []
         self.events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, epoch)
         self.settled = True
         self.progress: Callable[[int, int], None] | None = None
@@ -256,11 +226,14 @@ class Simulator:
         )
         self.offload = OffloadState(cluster)
         self.obs.offload = self.offload  # the policy's offload_pressure feature reads it
-        if hasattr(inner, "offload_view"):
+        if isinstance(inner, OffloadAware):
             inner.offload_view = self.offload  # an offload-aware placer reads it
-        # an offload-aware placer with re-placement on (services/placement/replace.py)
-        self.replace: ReplaceConfig | None = getattr(inner, "replace", None)
-        self._replacer: Any = inner  # its `replacement` decides the moves
+        # an offload-aware placer with re-placement on (services/placement/replace.py):
+        # its `replacement` decides the moves
+        self._replacer: Replacing | None = inner if isinstance(inner, Replacing) else None
+        self.replace: ReplaceConfig | None = (
+            self._replacer.replace if self._replacer is not None else None
+        )
         # waiting jobs in arrival order, for re-placement's queue check (replace.py)
         self._fifo: dict[int, QueuedJob] | None = (
             {} if self.replace is not None and self.replace.queue_check != "off" else None
@@ -388,9 +361,10 @@ class Simulator:
         milli = tj.gpu_milli if tj.num_gpus == 1 else FULL_GPU
         job = QueuedJob(
             seq, tj.job_id, tj.submit_s, tj.num_gpus, milli, frozenset(tj.gpu_types),
-            tj.user, tj.vc, tj.weight,
+            tj.user, tj.vc, tj.weight, project=tj.project, app=tj.app,
+            time_limit_s=tj.time_limit_s,
         )  # fmt: skip
-        run = _Run(job, tj.duration_s if tj.duration_s is not None else 0.0)
+        run = Run(job, tj.duration_s if tj.duration_s is not None else 0.0)
         self.runs.append(run)
         if tj.param_bytes:
             run.offload = OffloadRecord(tj.job_id, tj.param_bytes)
@@ -565,7 +539,7 @@ class Simulator:
         job `ahead` of it starts (untyped whole-GPU jobs that `whole`, the whole free
         GPUs left after them, counts exactly): the time its GPUs come back and how many
         whole GPUs beyond its own are expected free then. The same walk as
-        services.placement.reservation (running jobs' releases and the jobs ahead at
+        shared.sched.reservation (running jobs' releases and the jobs ahead at
         now + estimate, in time order, ties alike) on counts. A job behind the head
         that ends after that time and needs more than the spare GPUs is refused there
         whatever else starts (the spare only shrinks), so the round need not carry it.
@@ -587,8 +561,9 @@ class Simulator:
         return None
 
     def _estimate(self, j: QueuedJob) -> float:
-        """History's run-time estimate of `j`, once per (user, size) between finishes."""
-        key = (j.user or j.vc, j.num_gpus)  # QueuedJob.who, inline: called per candidate
+        """History's run-time estimate of `j`, once per (user, size, request) between
+        finishes."""
+        key = (j.user or j.vc, j.num_gpus, j.time_limit_s)  # QueuedJob.who, inline
         e = self._est.get(key)
         if e is None:
             e = self._est[key] = self.history.estimate(j)
@@ -609,7 +584,7 @@ class Simulator:
             name = q.parent
         return self.reclaim is None or self.reclaim.allows(job)
 
-    def _start(self, run: _Run, claim: Claim, now: float, alloc: Allocation) -> None:
+    def _start(self, run: Run, claim: Claim, now: float, alloc: Allocation) -> None:
         job = run.job
         if self.easy:
             end = now + self.history.estimate(job)
@@ -625,8 +600,10 @@ class Simulator:
         if self._fifo is not None:
             self._fifo.pop(job.seq, None)
         self._begin(run, claim, now)
+        for o in self.observers:
+            o.started(run, now)
 
-    def _begin(self, run: _Run, claim: Claim, now: float) -> None:
+    def _begin(self, run: Run, claim: Claim, now: float) -> None:
         """A segment of a running job begins on `claim` (its GPUs already taken)."""
         job = run.job
         st = self.state
@@ -649,7 +626,7 @@ class Simulator:
             self.reclaim.started(run, now)
 
     # ---- offloading jobs: rates that change with who streams on their nodes ----------
-    def _bank(self, run: _Run, now: float) -> None:
+    def _bank(self, run: Run, now: float) -> None:
         """Credit an offloading job's progress since its last rate change."""
         dt = now - run.mark
         if dt > 0:
@@ -682,16 +659,20 @@ class Simulator:
             begin = max(now, run.restart_until)  # a moved job restores its checkpoint first
             run.finish_at = begin + max(run.work, 0.0) * self.ref_speed * run.factor / run.speed
             heapq.heappush(self.events, (run.finish_at, _FINISH, seq, run.epoch))
+        for o in self.observers:
+            o.rerated(seqs, now)
 
-    def _finish(self, run: _Run, now: float) -> None:
-        job = run.job
+    def _finish(self, run: Run, now: float) -> None:
+        job, claim = run.job, run.claim
         self._stop(run, now)
         run.work = 0.0
         run.epoch += 1  # its pending threshold checks are stale now
         self.history.record(job, sum(s.finish_s - s.start_s for s in run.segments))
         self._est.clear()  # estimates learn from every finish
+        for o in self.observers:
+            o.finished(run, claim, now)
 
-    def _stop(self, run: _Run, now: float) -> None:
+    def _stop(self, run: Run, now: float) -> None:
         """End the current segment of a running job and give back its GPUs."""
         job = run.job
         rel = self.releases.pop(job.seq, None)
@@ -731,6 +712,7 @@ class Simulator:
         assert cfg is not None
         self._next_replace = now + _REPLACE_EVERY_S
         placer = self._replacer  # an OffloadAwarePlacer, or the bus executor's RemotePlacer
+        assert placer is not None
         for _ in range(_MOVES_PER_CHECK):
             cands = self._movable(now, cfg)
             if not cands:
@@ -784,7 +766,7 @@ class Simulator:
             )  # fmt: skip
         return out
 
-    def _move(self, run: _Run, move: Move, now: float) -> bool:
+    def _move(self, run: Run, move: Move, now: float) -> bool:
         """Checkpoint `run`, free its GPUs and restart it on `move.alloc`; the restore
         (`move.cost_s`) is charged on the new GPUs at the start of the new segment."""
         job = run.job
@@ -793,6 +775,8 @@ class Simulator:
             if claim is not None:
                 self.state.release(claim, job.gpu_milli)
             self.result.conflicts += 1
+            for o in self.observers:
+                o.moved(run, move, now, False)
             return False
         rel = self.releases.get(job.seq)
         self._stop(run, now)
@@ -804,14 +788,19 @@ class Simulator:
         self._begin(run, claim, now)
         self.result.replacements += 1
         self.settled = False  # the GPUs it left may start a waiting job
+        for o in self.observers:
+            o.moved(run, move, now, True)
         return True
 
-    def preempt(self, run: _Run, now: float, keep_s: float | None = None) -> None:
+    def preempt(self, run: Run, now: float, keep_s: float | None = None) -> None:
         """Stop a running job and put it back in the queue with the work it has left:
         all it did, or only its first `keep_s` seconds of this segment (the rest is
         lost: done since its last checkpoint; `Segment.lost_s`)."""
         ran = now - run.seg_start
         kept = ran if keep_s is None else min(keep_s, ran)
+        claim = run.claim
+        for o in self.observers:
+            o.preempting(run, now)
         if run.offload is None:
             run.work -= kept * run.speed / self.ref_speed
         self._stop(run, now)  # an offloading job's progress is banked there
@@ -821,6 +810,8 @@ class Simulator:
         self.result.preemptions += 1
         self._enqueue(run.job)
         self.settled = False
+        for o in self.observers:
+            o.preempted(run, claim, now)
 
     def start_now(self, job: QueuedJob, now: float) -> bool:
         """Place one waiting job at once, before the round (a reclaim's job, on the
@@ -839,7 +830,7 @@ class Simulator:
             return True
         return False
 
-    def _record(self, run: _Run) -> JobRecord:
+    def _record(self, run: Run) -> JobRecord:
         j = run.job
         pbytes = run.offload.param_bytes if run.offload is not None else 0
         return JobRecord(

@@ -44,8 +44,8 @@ from typing import Any
 
 import msgspec
 
-from services.profiler.planner import Budgets
 from shared.messages import TensorProfile
+from shared.offload.planner import Budgets
 from shared.sim.offload_traffic import STRATEGIES, Traffic, step_traffic
 
 __all__ = [

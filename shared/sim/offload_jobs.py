@@ -24,6 +24,7 @@ from pathlib import Path
 from shared.cluster import ClusterSpec
 from shared.errors import UserError
 from shared.messages import TensorProfile
+from shared.sim.jobs_in import load_jobs
 from shared.traces import SkipStats, TraceJob
 
 __all__ = ["MODEL_SIZES", "describe_marking", "load_marked", "mark_offloading", "synth_profile"]
@@ -82,8 +83,6 @@ def load_marked(
     """The trace's jobs (`load_jobs`), a seeded `fraction` of them marked as offloading.
     cluster-sim simulates these and `rltune up` replays them: the same function over
     the same arguments, so the jobs the replay declares are the ones the cluster runs."""
-    from shared.sim import load_jobs
-
     jobs = load_jobs(path, fmt, cluster, stats, limit)
     return mark_offloading(jobs, fraction, seed) if fraction else jobs
 

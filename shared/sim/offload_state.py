@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from services.profiler.planner import Budgets
 from shared.cluster import ClusterSpec
+from shared.offload.planner import Budgets
 from shared.offload_signal import offload_pressure
 from shared.sim.offload_cost import (
     FAST_SHARE,

@@ -2,9 +2,9 @@
 
 A replay of one step's access order (`TensorProfile.order`, repeats and all)
 through the fast tier's buffers, with the rules of the offload engine
-(offload_agent/strategies.py, offload_agent/policies.py) and none of its timing:
+(offload_agent/strategies.py, shared/offload/policies.py) and none of its timing:
 
-* `tencache`: the planner's plan (services/profiler/planner.py, the one the
+* `tencache`: the planner's plan (shared/offload/planner.py, the one the
   profiler service runs): residents never move; streamed tensors use their
   buffer class's streaming buffers, evicting the one whose next use is furthest
   away (Belady, exact: the order repeats). Every fetch is a prefetch.
@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from offload_agent.policies import LayerOrderPolicy, OnDemandPolicy, PlanPolicy, Policy
-from services.profiler.planner import (
+from shared.messages import TensorProfile
+from shared.offload.planner import (
     Budgets,
     buffer_classes,
     build_plan,
@@ -36,7 +36,7 @@ from services.profiler.planner import (
     size_class,
     step_group,
 )
-from shared.messages import TensorProfile
+from shared.offload.policies import LayerOrderPolicy, OnDemandPolicy, PlanPolicy, Policy
 
 __all__ = ["STRATEGIES", "Traffic", "step_traffic"]
 
@@ -65,7 +65,7 @@ class _Layout:
     buffers: dict[int, int]  # streaming buffers per buffer class
     cls: dict[str, int]  # buffer class of every streamed tensor (residents: none)
     homes: dict[str, str]  # "gpu" (resident), "host" or "nvme"
-    policy: Policy  # the engine's own prefetch / eviction rules (offload_agent/policies.py)
+    policy: Policy  # the engine's own prefetch / eviction rules (shared/offload/policies.py)
 
 
 def step_traffic(

@@ -17,32 +17,47 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from shared.placement_api import FULL_GPU
+from shared.policy_api import Policy
+from shared.sim.observe import SimObservation, WaitingIndex
+from shared.sim.run import Run
+from shared.sim.state import ClusterState
 
-if TYPE_CHECKING:
-    from shared.sim.engine import Simulator, _Run
+__all__ = ["PreemptHost", "Preemptor"]
 
-__all__ = ["Preemptor"]
+
+class PreemptHost(Protocol):
+    """What the preemptor reads and calls of the simulator it serves."""
+
+    policy: Policy
+    events: list[tuple[float, int, int, int]]  # (time, kind, seq, epoch)
+    waiting: WaitingIndex
+    obs: SimObservation
+    state: ClusterState
+
+    def preempt(self, run: Run, now: float) -> None:
+        """Stop `run` now (its GPUs freed, the job back in the queue)."""
+
 
 _HEADS = 4  # waiting jobs per check that may preempt
 
 
 class Preemptor:
-    def __init__(self, sim: Simulator) -> None:
+    def __init__(self, sim: PreemptHost) -> None:
         self.sim = sim
         self.policy: Any = sim.policy
-        self.running: dict[int, _Run] = {}
+        self.running: dict[int, Run] = {}
         self._ranked: list[tuple[Any, int]] = []  # (rank, seq) of running jobs, sorted
         self._rank_of: dict[int, Any] = {}
 
-    def started(self, run: _Run, now: float) -> None:
+    def started(self, run: Run, now: float) -> None:
         self.running[run.job.seq] = run
         self._rank(run, run.job.attained_gpu_s)
         self._schedule(run, now, run.job.attained_gpu_s)
 
-    def ticked(self, run: _Run, now: float) -> None:
+    def ticked(self, run: Run, now: float) -> None:
         """A running job crossed a threshold: re-rank it and schedule its next one."""
         job = run.job
         if job.seq not in self.running:
@@ -52,11 +67,11 @@ class Preemptor:
         self._rank(run, attained)
         self._schedule(run, now, attained)
 
-    def stopped(self, run: _Run) -> None:
+    def stopped(self, run: Run) -> None:
         if self.running.pop(run.job.seq, None) is not None:
             self._unrank(run.job.seq)
 
-    def _rank(self, run: _Run, attained: float) -> None:
+    def _rank(self, run: Run, attained: float) -> None:
         rank = self.policy.rank(run.job, attained)
         self._rank_of[run.job.seq] = rank
         insort(self._ranked, (rank, run.job.seq))
@@ -65,7 +80,7 @@ class Preemptor:
         rank = self._rank_of.pop(seq)
         del self._ranked[bisect_left(self._ranked, (rank, seq))]
 
-    def _schedule(self, run: _Run, now: float, attained: float) -> None:
+    def _schedule(self, run: Run, now: float, attained: float) -> None:
         job = run.job
         nxt = self.policy.next_threshold(attained)
         if nxt is not None and job.gpus > 0:
@@ -86,7 +101,7 @@ class Preemptor:
                 stopped = True
         return stopped
 
-    def _victims(self, job: Any) -> list[_Run]:
+    def _victims(self, job: Any) -> list[Run]:
         """Running jobs of lower rank whose GPUs let `job` fit, least urgent first; or []."""
         sim = self.sim
         mine = self.policy.rank(job, job.attained_gpu_s)

@@ -41,7 +41,8 @@ from shared.policy_api import QueuedJob
 from shared.tenancy import ANY, Quota, Running, Usage, Waiting
 
 if TYPE_CHECKING:
-    from shared.sim.engine import Simulator, _Run
+    from shared.sim.engine import Simulator
+    from shared.sim.run import Run
 
 __all__ = ["RECLAIM_EVENT", "Reclaimer"]
 
@@ -90,7 +91,7 @@ class Reclaimer:
     def dequeued(self, job: QueuedJob) -> None:
         self.waiting.get(self.sim.cluster.queue_of(job.vc), {}).pop(job.seq, None)
 
-    def started(self, run: _Run, now: float) -> None:
+    def started(self, run: Run, now: float) -> None:
         job = run.job
         st = self.sim.state
         share = job.gpu_milli / FULL_GPU if job.gpu_milli < FULL_GPU else 1.0
@@ -105,7 +106,7 @@ class Reclaimer:
         self.usage.add(q, gpus)
         self.dirty = True
 
-    def stopped(self, run: _Run) -> None:
+    def stopped(self, run: Run) -> None:
         q = self.sim.cluster.queue_of(run.job.vc)
         r = self.running.get(q, {}).pop(run.job.seq, None)
         if r is not None:
@@ -121,7 +122,7 @@ class Reclaimer:
         q = self.sim.cluster.queue_of(job.vc)
         return self.quota.limit_reason(self.usage, q, {ANY: job.gpus}, False) is None
 
-    def keep_s(self, run: _Run, now: float) -> float:
+    def keep_s(self, run: Run, now: float) -> float:
         """Seconds of the current segment a preempted job keeps: whole checkpoint
         intervals (its class's, else the config's)."""
         c = self.cls.get(run.job.seq)

@@ -7,9 +7,12 @@ reason, in a `SkipStats` it is handed. The simulator orders by submit time.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["SkipStats", "TraceJob"]
+from shared.errors import UserError
+
+__all__ = ["SkipStats", "TraceJob", "require_fields"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +30,9 @@ class TraceJob:
     model: str = ""
     param_bytes: int | None = None  # offload model size, where the trace knows it
     weight: float = 1.0  # the job's priority weight (JobSpec.weight)
+    project: str = ""  # group / account (JobSpec.project)
+    app: str = ""  # executable or job name (JobSpec.app)
+    time_limit_s: float | None = None  # requested wall time (JobSpec.time_limit_s); None: not given
     priority_class: str = ""  # JobSpec.priority_class: a name of the cluster's priority_classes
 
 
@@ -44,3 +50,14 @@ class SkipStats:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+
+def require_fields(label: str, needs: Iterable[str], jobs: Sequence[TraceJob], trace: str) -> None:
+    """UserError (one line) if no job of `jobs` carries one of the TraceJob fields a
+    policy `needs` (e.g. `sjf-req` reads `time_limit_s`, which Philly has none of)."""
+    lacking = [f for f in needs if not any(getattr(j, f) for j in jobs)]
+    if lacking:
+        raise UserError(
+            f"policy {label} needs {' and '.join(lacking)}, which no job of {trace} "
+            f"carries; choose another policy or a trace that has it"
+        )

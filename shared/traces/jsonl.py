@@ -66,5 +66,8 @@ def read_jsonl(path: str | Path, stats: SkipStats) -> Iterator[TraceJob]:
                 model=spec.model,
                 param_bytes=param or None,
                 weight=spec.weight,
+                project=spec.project,
+                app=spec.app,
+                time_limit_s=spec.time_limit_s,
                 priority_class=spec.priority_class,
             )

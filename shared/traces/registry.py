@@ -3,7 +3,7 @@ evaluation and training read a trace.
 
 A reader is `(path, stats) -> Iterator[TraceJob]`, streaming in file order and
 counting skipped rows in `stats`. `open_trace` adds the mapping of the trace's
-GPU type names onto the cluster's (shared.traces.gpu_names).
+GPU type names onto the cluster's (shared.gpu_names).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from shared.cluster import ClusterSpec
 from shared.errors import UserError
+from shared.gpu_names import TypeMapper
 from shared.traces import SkipStats, TraceJob
-from shared.traces.gpu_names import TypeMapper
 
 __all__ = ["FORMATS", "Reader", "open_trace", "reader_for"]
 
@@ -30,6 +30,9 @@ FORMATS: dict[str, tuple[str, str]] = {
     "alibaba2023": ("alibaba2023", "read_alibaba2023"),
     "rltune": ("rltune", "read_rltune"),
     "jsonl": ("jsonl", "read_jsonl"),
+    "swf": ("swf", "read_swf"),
+    "alcf": ("alcf", "read_alcf"),
+    "itp": ("itp", "read_itp"),
 }
 
 

@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.integration  # starts a broker in a subprocess
 def test_bench_bus_reports_three_paths_and_their_ratios(tmp_path: Path) -> None:
     out = tmp_path / "bus.json"
     r = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "bench", "bus", "--messages", "2000",
+        [sys.executable, "-m", "rltune", "bench", "bus", "--messages", "2000",
          "--rounds", "1", "--json", str(out), "--latency-rates", ""],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

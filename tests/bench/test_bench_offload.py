@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import main
+from rltune import main
 
 pytest.importorskip("transformers")
 
@@ -109,7 +109,7 @@ def test_a_timed_step_runs_from_the_end_of_the_one_before_and_no_drain_is_counte
     w = Workload("x", torch.nn.Identity(), lambda m, s: torch.ones(1, requires_grad=True), {})
     planned: list[str] = []
     a = BenchArgs(warmup=1, repeats=3, steps=2)
-    out = interleaved(engines, w, a, lambda n, e: planned.append(n))  # type: ignore[arg-type]
+    out = interleaved(engines, w, a, lambda n, e: planned.append(n))  # type: ignore[type-var]
     for m in out.values():
         # each timed step is its own 1 s: neither the drain after the step before
         # (the old accounting added 100 s to every step) nor the lead-in is in it

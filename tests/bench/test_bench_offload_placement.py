@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import main
+from rltune import main
 from tests.paths import TOOLS
 from tests.shared.sim.jobs_check import recompute_offload
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from shared.cli import main
+from rltune import main
 
 
 def test_bench_sim_prints_greedy_and_milp_rates_and_ratio_per_discipline(

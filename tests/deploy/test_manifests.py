@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -19,9 +20,9 @@ import jsonschema
 import pytest
 import yaml
 
+from rltune.service import SERVICES, available
 from services.telemetry import prom as telemetry_prom
-from shared import prom
-from shared.cli.service import SERVICES, available
+from shared import acl, prom
 from shared.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,7 @@ COMPOSE = ROOT / "compose"
 K8S = ROOT / "k8s"
 COMPOSE_FILE = COMPOSE / "docker-compose.yml"
 GPU_OVERLAY = COMPOSE / "docker-compose.gpu.yml"
+REPLAY_OVERLAY = COMPOSE / "docker-compose.replay.yml"
 DESIGN_ENV = {"RLTUNE_BOOTSTRAP_SERVERS", "RLTUNE_TOPIC_PREFIX"}
 METRICS_PORT = "9100"
 STRIMZI_API = "kafka.strimzi.io/v1"
@@ -71,7 +73,7 @@ def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _env_names_read_by_code() -> set[str]:
     names: set[str] = set()
-    for pkg in ("shared", "services", "offload_agent"):
+    for pkg in ("rltune", "shared", "services", "offload_agent"):
         for path in (ROOT / pkg).rglob("*.py"):
             names |= set(re.findall(r"[\"'](RLTUNE_[A-Z0-9_]+)[\"']", path.read_text()))
     return names
@@ -155,9 +157,75 @@ def test_offload_agent_daemonset_targets_gpu_nodes() -> None:
 
 
 def test_compose_offload_agent_swaps_on_its_volume() -> None:
+    """Each agent container swaps on a volume of its own (the image's VOLUME, owned by
+    the image's user): two agents never share, and so never delete, a job's swap
+    directory; the GPU overlay's host directory is chowned to that user first."""
     agent = _compose()["services"]["offload-agent"]
-    mounts = {v.split(":")[1] for v in agent["volumes"] if v.startswith("offload-swap:")}
-    assert mounts == {agent["environment"]["RLTUNE_SWAP_DIR"]}
+    swap = agent["environment"]["RLTUNE_SWAP_DIR"]
+    dockerfile = (COMPOSE / "Dockerfile").read_text()
+    assert f'VOLUME ["{swap}"]' in dockerfile
+    assert f"mkdir -p /app {swap}" in dockerfile and "chown -R rltune:rltune" in dockerfile
+    assert not any(str(v).split(":")[-1] == swap for v in agent.get("volumes", []))
+    gpu = _load_all(GPU_OVERLAY)[0]["services"]
+    (bind,) = gpu["offload-agent"]["volumes"]
+    assert bind["target"] == swap and gpu["offload-agent-swap-owner"]["volumes"] == [bind]
+    owner = gpu["offload-agent-swap-owner"]
+    assert owner["entrypoint"] == ["chown", "10001:10001", swap]
+    assert "ARG UID=10001" in dockerfile
+    wait = gpu["offload-agent"]["depends_on"]["offload-agent-swap-owner"]
+    assert wait["condition"] == "service_completed_successfully"
+
+
+def test_compose_agents_advertise_emulated_gpus_and_the_gpu_overlay_real_ones() -> None:
+    agent = _compose()["services"]["offload-agent"]
+    env = agent["environment"]
+    assert env["RLTUNE_NODE_EMULATE"] == "1" and env["RLTUNE_NODE_GPUS"] == "${RLTUNE_NODE_GPUS:-4}"
+    assert "RLTUNE_NODE_ID" not in env  # each replica is a node named by its hostname
+    assert agent["deploy"]["replicas"] == "${RLTUNE_AGENTS:-2}"
+    gpu = _load_all(GPU_OVERLAY)[0]["services"]["offload-agent"]
+    assert gpu["environment"]["RLTUNE_NODE_EMULATE"] == "0"
+    assert gpu["environment"]["RLTUNE_NODE_GPUS"] == ""
+    assert gpu["deploy"]["replicas"] == 1
+
+
+def test_compose_binds_host_ports_to_loopback_and_grafana_has_no_default_admin() -> None:
+    services = _compose()["services"]
+    published = [p for svc in services.values() for p in svc.get("ports", [])]
+    assert published and all(str(p).startswith("${") and "127.0.0.1}:" in p for p in published)
+    kafka = services["kafka"]
+    assert kafka["ports"] == ["${KAFKA_HOST_ADDRESS:-127.0.0.1}:${KAFKA_HOST_PORT:-29092}:9092"]
+    # the host listener is the port compose publishes, never `rltune up`'s 9092
+    assert (
+        "HOST://localhost:${KAFKA_HOST_PORT:-29092}"
+        in (kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"])
+    )
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert "GF_AUTH_ANONYMOUS_ORG_ROLE" not in grafana
+
+
+def _arg(cmd: list[str], flag: str) -> str | None:
+    return cmd[cmd.index(flag) + 1] if flag in cmd else None
+
+
+def test_the_cluster_file_is_the_same_for_scoring_placement_and_cluster_sim() -> None:
+    """Live (compose's default, k8s's): scoring and placement take the cluster from the
+    nodes that report; with the replay overlay (and in k8s, cluster-sim's file), the
+    three get the same file."""
+    base = _compose()["services"]
+    replay = _load_all(REPLAY_OVERLAY)[0]["services"]
+    assert _arg(base["scoring"]["command"], "--cluster") is None
+    assert _arg(base["placement"]["command"], "--cluster") is None
+    assert base["cluster-sim"]["profiles"] == ["replay"]
+    sim = _arg(base["cluster-sim"]["command"], "--cluster")
+    assert _arg(replay["scoring"]["command"], "--cluster") == sim
+    assert _arg(replay["placement"]["command"], "--cluster") == sim
+    assert replay["offload-agent"]["deploy"]["replicas"] == 0
+    assert _arg(replay["arrival"]["command"], "--user-jobs") == "reject"
+    k8s = {str(_containers(w)[0]["args"][1]): _containers(w)[0]["args"] for w in _workloads()}
+    assert _arg(k8s["scoring"], "--cluster") is None and _arg(k8s["placement"], "--cluster") is None
+    assert sim is not None and sim.endswith(str(_arg(k8s["cluster-sim"], "--cluster")) + "}")
 
 
 def test_prometheus_scrapes_every_compose_service() -> None:
@@ -204,7 +272,7 @@ def test_env_var_names_are_the_design_ones() -> None:
     advertised = _compose()["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
     assert "//kafka:19092" in advertised
     (bus,) = [d for d in _k8s_docs() if d["kind"] == "ConfigMap"]
-    assert set(bus["data"]) == DESIGN_ENV
+    assert set(bus["data"]) >= DESIGN_ENV
     used |= set(bus["data"])
     for w in _workloads():
         used |= {e["name"] for c in _containers(w) for e in c.get("env", [])}
@@ -212,17 +280,44 @@ def test_env_var_names_are_the_design_ones() -> None:
     assert rltune_vars <= allowed, f"not DESIGN and not read by the code: {rltune_vars - allowed}"
 
 
-def test_k8s_bus_points_at_the_strimzi_plain_listener() -> None:
+def test_k8s_bus_points_at_the_strimzi_scram_listener() -> None:
+    """Services reach Kafka on the listener that authenticates them (SCRAM over TLS,
+    the cluster CA mounted) and the simple authorizer holds them to their ACLs."""
     docs = _k8s_docs()
     (kafka,) = [d for d in docs if d["kind"] == "Kafka"]
     (bus,) = [d for d in docs if d["kind"] == "ConfigMap"]
-    plain = [lst for lst in kafka["spec"]["kafka"]["listeners"] if not lst["tls"]]
+    (scram,) = kafka["spec"]["kafka"]["listeners"]
+    assert scram["tls"] and scram["authentication"] == {"type": "scram-sha-512"}
+    assert kafka["spec"]["kafka"]["authorization"] == {"type": "simple"}
+    assert "userOperator" in kafka["spec"]["entityOperator"]
     name = kafka["metadata"]["name"]
-    assert bus["data"]["RLTUNE_BOOTSTRAP_SERVERS"] == f"{name}-kafka-bootstrap:{plain[0]['port']}"
+    assert bus["data"]["RLTUNE_BOOTSTRAP_SERVERS"] == f"{name}-kafka-bootstrap:{scram['port']}"
+    assert bus["data"]["RLTUNE_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert bus["data"]["RLTUNE_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512"
     assert bus["data"]["RLTUNE_TOPIC_PREFIX"] == Topics().prefix
     for d in docs:
-        if d["kind"] in ("KafkaNodePool", "KafkaTopic"):
+        if d["kind"] in ("KafkaNodePool", "KafkaTopic", "KafkaUser"):
             assert d["metadata"]["labels"]["strimzi.io/cluster"] == name
+
+
+def test_k8s_users_are_the_acl_table_and_each_service_logs_in_as_its_own() -> None:
+    """k8s/users.yaml is exactly what shared/acl.py renders, and every workload logs in
+    as the principal of the service it runs, with the password from that user's
+    Secret and the CA file the ConfigMap names mounted."""
+    docs = _k8s_docs()
+    users = [d for d in docs if d["kind"] == "KafkaUser"]
+    assert users == acl.kafka_users(Topics())
+    names = {u["metadata"]["name"] for u in users}
+    (bus,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    ca_dir = str(Path(bus["data"]["RLTUNE_KAFKA_SSL_CAFILE"]).parent)
+    for w in _workloads():
+        (c,) = [c for c in _containers(w) if list(c.get("args", []))[:1] == ["service"]]
+        env = {e["name"]: e for e in c["env"]}
+        user = env["RLTUNE_KAFKA_SASL_USERNAME"]["value"]
+        assert user == f"rltune-{c['args'][1]}" and user in names
+        ref = env["RLTUNE_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": user, "key": "password"}
+        assert ca_dir in [m["mountPath"] for m in c["volumeMounts"]]
 
 
 # ---- Prometheus metric names -------------------------------------------------------
@@ -338,6 +433,66 @@ STRIMZI_SCHEMAS = {
             }
         ),
     ),
+    "KafkaUser": _cr(
+        "KafkaUser",
+        _obj(
+            {
+                "authentication": _obj(
+                    {"type": {"enum": ["scram-sha-512", "tls", "tls-external"]}}, ("type",)
+                ),
+                "authorization": _obj(
+                    {
+                        "type": {"enum": ["simple"]},
+                        "acls": {
+                            "type": "array",
+                            "items": _obj(
+                                {
+                                    "resource": _obj(
+                                        {
+                                            "type": {
+                                                "enum": [
+                                                    "topic",
+                                                    "group",
+                                                    "cluster",
+                                                    "transactionalId",
+                                                ]
+                                            },
+                                            "name": _STR,
+                                            "patternType": {"enum": ["literal", "prefix"]},
+                                        },
+                                        ("type",),
+                                    ),
+                                    "type": {"enum": ["allow", "deny"]},
+                                    "host": _STR,
+                                    "operations": {
+                                        "type": "array",
+                                        "items": {
+                                            "enum": [
+                                                "Read",
+                                                "Write",
+                                                "Create",
+                                                "Delete",
+                                                "Alter",
+                                                "Describe",
+                                                "ClusterAction",
+                                                "AlterConfigs",
+                                                "DescribeConfigs",
+                                                "IdempotentWrite",
+                                                "All",
+                                            ]
+                                        },
+                                    },
+                                },
+                                ("resource", "operations"),
+                            ),
+                        },
+                    },
+                    ("type", "acls"),
+                ),
+            },
+            ("authentication", "authorization"),
+        ),
+    ),
     "KafkaNodePool": _cr(
         "KafkaNodePool",
         _obj(
@@ -438,7 +593,9 @@ def test_k8s_resources_validate_against_schemas() -> None:
 def test_schema_check_rejects_a_misspelt_field() -> None:
     k8s = _k8s_validators()
     docs = _k8s_docs()
-    (deployment,) = [d for d in docs if d["metadata"]["name"] == "rltune-arrival"]
+    (deployment,) = [
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "rltune-arrival"
+    ]
     bad = copy.deepcopy(deployment)
     bad["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
     assert not k8s["apps/v1/Deployment"].is_valid(bad)
@@ -473,13 +630,20 @@ def _compose_cli() -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("files", [[COMPOSE_FILE], [COMPOSE_FILE, GPU_OVERLAY]], ids=["cpu", "gpu"])
+@pytest.mark.parametrize(
+    "files",
+    [[COMPOSE_FILE], [COMPOSE_FILE, GPU_OVERLAY], [COMPOSE_FILE, REPLAY_OVERLAY]],
+    ids=["cpu", "gpu", "replay"],
+)
 def test_docker_compose_config_is_valid(files: list[Path]) -> None:
     cli = _compose_cli()
     if cli is None:
         pytest.skip("no Docker Compose v2 client here (`docker compose` or `docker-compose`)")
     args = [a for f in files for a in ("-f", str(f))]
-    run = subprocess.run([*cli, *args, "config", "-q"], capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "GRAFANA_ADMIN_PASSWORD": "not-admin"}  # (it has no default)
+    run = subprocess.run(
+        [*cli, *args, "config", "-q"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert run.returncode == 0, run.stderr
 
 
@@ -493,7 +657,7 @@ def _check_compose(*files: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_compose_files_match_the_compose_specification_schema() -> None:
-    run = _check_compose(COMPOSE_FILE, GPU_OVERLAY)
+    run = _check_compose(COMPOSE_FILE, GPU_OVERLAY, REPLAY_OVERLAY)
     assert run.returncode == 0, run.stdout + run.stderr
 
 

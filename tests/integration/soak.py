@@ -209,7 +209,7 @@ class Soak:
             [
                 sys.executable,
                 "-m",
-                "shared.cli",
+                "rltune",
                 "service",
                 name,
                 "--prometheus-port",

@@ -75,7 +75,7 @@ def short_session_init(self, *topics, **kw):
 AIOKafkaConsumer.commit = stopping_commit
 AIOKafkaConsumer.__init__ = short_session_init
 sys.argv = ["rltune", *sys.argv[3:]]
-runpy.run_module("shared.cli", run_name="__main__", alter_sys=True)
+runpy.run_module("rltune", run_name="__main__", alter_sys=True)
 """
 
 
@@ -89,7 +89,7 @@ def _start_service(
     )
     extra = ["--group-id", group_id] if group_id else []
     if stop_past is None:
-        head = ["-m", "shared.cli"]
+        head = ["-m", "rltune"]
     else:
         head = ["-c", _STOP_BEFORE_COMMIT, str(stop_past), bus.topics.jobs_submit]
     return subprocess.Popen(

@@ -182,7 +182,7 @@ def _service(bus: BusSettings, name: str) -> subprocess.Popen[bytes]:
         os.environ, RLTUNE_BOOTSTRAP_SERVERS=bus.bootstrap, RLTUNE_TOPIC_PREFIX=bus.topic_prefix
     )
     return subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", "service", name],
+        [sys.executable, "-m", "rltune", "service", name],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -17,12 +17,12 @@ from typing import Any
 import msgspec
 
 from offload_agent import agent
+from rltune import main
 from services.arrival import service as arrival
 from services.placement import service as placement
 from services.scoring import service as scoring
 from services.telemetry import service as telemetry
 from shared.bus import Producer, Record, read_back
-from shared.cli import main
 from shared.config import BusSettings
 from shared.messages import JobEvent, JobSpec, MetricsSnapshot, encode
 from tests.integration.streaming import services
@@ -99,14 +99,18 @@ async def test_two_agents_run_placed_jobs_with_their_gpus(bus: BusSettings, tmp_
                 await asyncio.sleep(0.5)
             assert await asyncio.to_thread(main, kill("whole", "queued")) == 0
             for _ in range(60):  # (killed first: with the sleeper gone it could start)
-                if any(e.job_id == "whole" and e.kind == "failed" for e in await _events(bus)):
+                if any(e.job_id == "whole" and e.kind == "cancelled" for e in await _events(bus)):
                     break
                 await asyncio.sleep(0.5)
             assert await asyncio.to_thread(main, kill("sleeper", "test")) == 0
             await (await p.send(bus.topics.jobs_kill, "sleeper", b"{not json"))  # rejected
         ended: dict[str, JobEvent] = {}
         for _ in range(240):
-            ended = {e.job_id: e for e in await _events(bus) if e.kind in ("finished", "failed")}
+            ended = {
+                e.job_id: e
+                for e in await _events(bus)
+                if e.kind in ("finished", "failed", "cancelled")
+            }
             if len(ended) == len(jobs) + 3:
                 break
             await asyncio.sleep(0.5)
@@ -116,12 +120,12 @@ async def test_two_agents_run_placed_jobs_with_their_gpus(bus: BusSettings, tmp_
     assert set(ended) == {j.job_id for j in jobs} | {"sleeper", "whole", "early"}
     assert ended["sleeper"].kind == "failed"
     assert ended["sleeper"].detail.startswith("killed on request (test); exit code")
-    assert ended["whole"].kind == "failed" and "whole" not in started
+    assert ended["whole"].kind == "cancelled" and "whole" not in started
     assert ended["whole"].detail == "killed while queued (queued)"
-    assert ended["early"].kind == "failed" and "early" not in started  # never ran
-    assert ended["early"].detail in (  # (which of the two saw it first)
-        "killed while queued (before)",
-        "killed before it started (before)",
+    assert "early" not in started  # never ran: (which of the two saw it first)
+    assert (ended["early"].kind, ended["early"].detail) in (
+        ("cancelled", "killed while queued (before)"),
+        ("failed", "killed before it started (before)"),
     )
     for pid in map(int, pids.read_text().split()):  # the job and its child are gone
         assert not _alive(pid), pid

@@ -13,14 +13,23 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from rltune import main
 from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
 from services.telemetry import service as telemetry
 from shared.bus import Producer, Record, read_back
-from shared.cli import main
 from shared.cluster import load_cluster
 from shared.config import BusSettings
-from shared.messages import MetricsSnapshot, OffloadStats, Reward
+from shared.messages import (
+    Assignment,
+    MetricsSnapshot,
+    OffloadStats,
+    PlacementBatch,
+    PriorityBatch,
+    Rejection,
+    Reward,
+    encode,
+)
 from shared.sim import SimConfig, SimResult, load_jobs, simulate
 from shared.sim.offload_jobs import mark_offloading
 from shared.traces import SkipStats
@@ -175,3 +184,35 @@ async def test_lockstep_periodic_rounds_same_as_simulate(bus: BusSettings, tmp_p
     assert all(float(t) % 600 == 0 for t in starts if t)
     event_driven = _simulate(tmp_path, cluster, "sjf-est", "milp", 0.0, False).read_text()
     assert event_driven != expected
+
+
+async def test_forged_round_answers_are_refused_and_change_nothing(
+    bus: BusSettings, tmp_path: Path
+) -> None:
+    """Before the run, someone publishes well-formed answers to rounds not asked yet: a
+    placement of the first jobs onto the first node and a priority batch in reverse
+    order. cluster-sim refuses both (dead letters naming the round) and the per-job
+    CSV is exactly `simulate`'s."""
+    t = bus.topics
+    cluster = small_cluster(tmp_path)
+    await publish_trace(bus, cluster, LIMIT)
+    sim_csv = _simulate(tmp_path, cluster, "sjf-est", "greedy", 0.0, False).read_text()
+    ids = [line.split(",")[0] for line in sim_csv.splitlines()[1:]]
+    everyone = [(j, float(i)) for i, j in enumerate(ids)]
+    place = PlacementBatch(12, 0.0, [Assignment(ids[5], "v100-0", [0, 1, 2, 3])])
+    prio = PriorityBatch(13, 0.0, everyone, driven=True)
+    async with Producer(bus) as p:
+        await (await p.send(t.sched_placements, "12", encode(place)))
+        await (await p.send(t.sched_priorities, "13", encode(prio)))
+    runs = lockstep_runs(bus, cluster, "sjf-est", "greedy", LIMIT, tmp_path)
+    async with services(bus, runs) as tasks:
+        await asyncio.wait_for(tasks["cluster-sim"], 240)
+    dead: list[Record] = []
+    await read_back(
+        bus, [t.dead_letter(t.sched_placements), t.dead_letter(t.sched_priorities)], dead.append
+    )
+    reasons = sorted(msgspec.json.decode(r.value or b"", type=Rejection).reason for r in dead)
+    assert len(reasons) == 2
+    assert "placements for round 12, which was never asked" in reasons[0]
+    assert "priorities for round 13, which was never asked" in reasons[1]
+    assert (tmp_path / "up.csv").read_text() == sim_csv

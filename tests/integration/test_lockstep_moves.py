@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
+from rltune import main
 from services.cluster_sim import rounds
 from services.placement import registry
-from services.placement.replace import ReplaceConfig
 from services.telemetry import service as telemetry
 from services.telemetry.windows import Telemetry
 from shared.bus import Producer, Record, read_back
-from shared.cli import main
 from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.messages import encode
 from shared.replay import job_spec_of
+from shared.sched.replacement import ReplaceConfig
 from shared.sim import load_jobs
 from shared.sim.offload_jobs import mark_offloading
 from shared.traces import SkipStats

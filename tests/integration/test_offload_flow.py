@@ -85,8 +85,10 @@ async def test_profile_plan_apply_stats(bus: BusSettings, tmp_path: Path) -> Non
         got = msgspec.json.decode(
             (await _wait_for(bus, bus.topics.offload_stats, JOB)).value or b"", type=OffloadStats
         )
-        measured = msgspec.json.decode(stats_file.read_bytes(), type=OffloadStats)
-        assert got == msgspec.structs.replace(measured, node_id=NODE)
+        # the process writes its figures without a node id (its agent fills it in)
+        written = msgspec.json.decode(stats_file.read_bytes())
+        assert written["node_id"] == ""
+        assert got == msgspec.convert({**written, "node_id": NODE}, OffloadStats)
         assert got.hit_rate > 0.5 and got.bytes_in > 0 and got.step_ms > 0
     finally:
         stop.set()

@@ -14,7 +14,6 @@ import msgspec
 import pytest
 
 from services.placement import service as placement
-from services.placement.replace import ReplaceConfig, restart_cost_s
 from shared.bus import Producer, Record, read_back
 from shared.config import BusSettings
 from shared.messages import (
@@ -27,6 +26,7 @@ from shared.messages import (
     PriorityBatch,
     encode,
 )
+from shared.sched.replacement import ReplaceConfig, restart_cost_s
 from tests.integration.streaming import services
 from tests.services.placement.test_replace import GPT2XL, H
 

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import msgspec
 
+from rltune import main
 from services.arrival import service as arrival
 from services.telemetry import service as telemetry
 from shared.bus import Record, read_back
-from shared.cli import main
 from shared.config import BusSettings
 from shared.messages import MetricsSnapshot
+from tests.integration import lockstep_soak
 from tests.integration.streaming import services, small_cluster
 from tests.paths import PHILLY, TOOLS
 
@@ -35,7 +36,7 @@ SPEEDUP = 1e6  # the slice's 189 simulated days in about 16 s of wall time
 
 
 def _spawn(bus: BusSettings, name: str, flags: list[str], log: Path) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "shared.cli", "service", name]
+    argv = [sys.executable, "-m", "rltune", "service", name]
     argv += ["--bootstrap", bus.bootstrap, "--topic-prefix", bus.topic_prefix, *flags]
     with open(log, "ab") as out:
         return subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -115,3 +116,58 @@ async def test_scoring_placement_cluster_sim_killed_in_real_time(
     tail = [snap for snap in decoded if snap.source == "telemetry.all"]
     assert len(tail) >= 2
     assert tail[-1].jobs == LIMIT
+
+
+async def test_history_reading_policy_through_kills_in_lockstep(
+    bus: BusSettings, tmp_path: Path
+) -> None:
+    """A slice that queues, `sjf-est` (it ranks by the run-time history): scoring is
+    SIGKILLed twice, placement and cluster-sim once, at different rounds, each
+    restarted; the per-job CSV is exactly `rltune simulate`'s. (Scoring's rebuild
+    used to skip every job the events had already marked finished, so its history
+    came back empty and later rounds ranked differently.)"""
+    limit = 100
+    cluster = small_cluster(tmp_path)
+    up_csv, up_json = tmp_path / "up.csv", tmp_path / "up.json"
+    common = ["--cluster", str(cluster)]
+    flags = {
+        "scoring": ["--policy", "sjf-est", *common],
+        "placement": ["--placer", "greedy", *common],
+        "cluster-sim": [
+            "--trace", str(PHILLY), "--format", "philly", *common, "--policy", "sjf-est",
+            "--placer", "greedy", "--limit", str(limit), "--lockstep", "--replay",
+            "--resend", "1", "--jobs-out", str(up_csv), "--json", str(up_json),
+            "--exit-when-done",
+        ],
+    }  # fmt: skip
+    logs = {name: tmp_path / f"{name}.log" for name in flags}
+    procs = {name: _spawn(bus, name, f, logs[name]) for name, f in flags.items()}
+    runs = {"arrival": lambda stop: arrival.serve(bus, stop)}
+    try:
+        async with services(bus, runs):
+            kills = [("scoring", 20), ("placement", 45), ("scoring", 70), ("cluster-sim", 95)]
+            for name, after in kills:
+                await _kill_after(bus, procs[name], after)
+                procs[name] = _spawn(bus, name, flags[name], logs[name])
+            assert procs["cluster-sim"].wait(300) == 0
+    finally:
+        for p in procs.values():
+            p.terminate()
+            p.wait(30)
+    assert logs["scoring"].read_text().count("read back") >= 3  # started three times
+    expected = tmp_path / "sim.csv"
+    argv = ["simulate", "--trace", str(PHILLY), "--format", "philly", *common]
+    argv += ["--policy", "sjf-est", "--placer", "greedy", "--limit", str(limit)]
+    assert main([*argv, "--jobs-out", str(expected)]) == 0
+    got, want = up_csv.read_text().splitlines(), expected.read_text().splitlines()
+    assert len(got) == limit + 1
+    assert got == want
+
+
+async def test_lockstep_soak_small(bus: BusSettings, tmp_path: Path) -> None:
+    """The soak (tests/integration/lockstep_soak.py) at CI size: 80 jobs, a random
+    service SIGKILLed every 6 s (`python -m tests.integration.lockstep_soak` runs
+    5,000 jobs with a kill every 30 s)."""
+    r = await lockstep_soak.soak(bus, tmp_path, jobs=80, kill_every_s=6.0, seed=3, deadline_s=480)
+    assert sum(r.kills.values()) >= 3
+    assert r.checker_ok and r.same_as_simulate, r

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from rltune import main
 from services.scoring.why import WhyState
 from shared.bus import Producer
-from shared.cli import main
 from shared.config import BusSettings
 from shared.messages import encode
 from shared.wire import Record

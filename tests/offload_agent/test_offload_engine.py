@@ -20,10 +20,10 @@ from offload_agent.engine import OffloadEngine
 from offload_agent.gpt import GPT, GPTConfig, batch
 from offload_agent.link import LinkEmulation
 from offload_agent.nvme import NvmeStore, SwapFileError, SwapPathError
-from offload_agent.policies import PlanPolicy
 from offload_agent.residency import Tier
 from offload_agent.stats import CacheStats
-from services.profiler.planner import build_plan
+from shared.offload.planner import build_plan
+from shared.offload.policies import PlanPolicy
 from tests.offload_agent.tiny import PARAM_BYTES, TINY, MakeEngine, train
 
 STEPS = 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -10,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from offload_agent.device import ALIGN, CpuDevice
+from offload_agent.jobs import JobRunner
 from offload_agent.launcher import Gpu, gpu_inventory, launch, node_status
+from shared.messages import Assignment, Job, JobEvent, PlacementBatch
 
 
 def test_no_gpu_means_no_node_status() -> None:
@@ -53,7 +56,8 @@ def test_runner_starts_each_placed_job_once() -> None:
     batch = PlacementBatch(1, 0.0, [Assignment("j1", "n1", [0, 1]), Assignment("j2", "n2", [0])])
     events, procs = runner.place(batch, 5.0)
     assert [(e.job_id, e.kind) for e in events] == [("j1", "started")] and len(procs) == 1
-    assert calls == [(["train"], [0, 1], {"X": "1", "RLTUNE_JOB_ID": "j1"})]
+    env = {"X": "1", "RLTUNE_JOB_ID": "j1", "RLTUNE_NODE_ID": "n1", "RLTUNE_JOB_NODES": "n1"}
+    assert calls == [(["train"], [0, 1], env)]
     assert runner.place(batch, 6.0) == ([], [])  # a redelivered placement starts nothing
     assert runner.exited("j1", 3, 7.0).kind == "failed"
     # placed before its accepted record arrived: waits, starts when the command is known
@@ -187,3 +191,129 @@ def test_a_move_is_refused_by_its_new_nodes_agent_and_the_job_runs_on() -> None:
     assert st.free_round(4, 8 * H + 2, [(mv.job_id, 1.0)]).assignments == []
     st.event(ev)  # a redelivered refusal changes nothing
     assert mv.job_id in st.offload.running
+
+
+def test_a_commands_exit_code_and_last_stderr_lines_come_back(tmp_path: Path) -> None:
+    """Real processes: finished with exit code 0, failed with the code and the last five
+    lines of stderr, killed by a signal with its negative number, a command that cannot
+    start failed with the reason (and its GPUs freed); stdout kept in the job's log."""
+    runner = JobRunner("n1", launch, {"PATH": os.environ["PATH"]}, gpus=4, logs=tmp_path / "j")
+    lines = "; ".join(f"print('line {i}', file=sys.stderr)" for i in range(8))
+    jobs = {
+        "ok": [sys.executable, "-c", "print('to stdout')"],
+        "bad": [sys.executable, "-c", f"import sys; {lines}; sys.exit(7)"],
+        "sig": [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"],
+        "missing": [str(tmp_path / "nope")],
+    }
+    script = tmp_path / "plain.sh"
+    script.write_text("#!/bin/sh\n")
+    jobs["noexec"] = [str(script)]
+    for i, (job_id, cmd) in enumerate(jobs.items()):
+        runner.learn(Job(job_id, 1, 0.0, command=cmd), 0.0)
+        events, procs = runner.place(
+            PlacementBatch(i, 0.0, [Assignment(job_id, "n1", [i % 4])]), 1.0
+        )
+        (ev,) = events
+        if job_id in ("missing", "noexec"):
+            assert ev.kind == "failed" and not procs and ev.exit_code is None
+            continue
+        (p,) = procs
+        end = runner.exited(job_id, p.process.wait(30), 2.0)
+        jobs[job_id] = [end.kind, end.detail, str(end.exit_code)]
+    assert jobs["ok"] == ["finished", "exit code 0", "0"]
+    tail = "\n".join(f"line {i}" for i in range(3, 8))
+    assert jobs["bad"] == ["failed", f"exit code 7; stderr:\n{tail}", "7"]
+    assert jobs["sig"] == ["failed", "exit code -15", "-15"]
+    out, _ = runner.log_paths("ok")
+    assert out.read_text() == "to stdout\n"
+    assert runner.busy == {}  # every GPU back, the failed starts' included
+
+
+def test_a_command_that_cannot_start_says_why() -> None:
+    runner = JobRunner("n1", launch, {"PATH": "/usr/bin"}, gpus=2)
+    runner.learn(Job("j", 1, 0.0, command=["/no/such/trainer", "--x"]), 0.0)
+    (ev,), procs = runner.place(PlacementBatch(0, 0.0, [Assignment("j", "n1", [1])]), 1.0)
+    assert not procs and (ev.kind, ev.node_ids) == ("failed", ["n1"])
+    assert ev.detail == "cannot start '/no/such/trainer': No such file or directory"
+    assert runner.busy == {}
+
+
+def test_a_log_folder_that_cannot_be_written_does_not_stop_the_job(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the log folder should be
+    runner = JobRunner("n1", launch, {"PATH": "/usr/bin"}, gpus=1, logs=blocker / "jobs")
+    runner.learn(Job("j", 1, 0.0, command=[sys.executable, "-c", "raise SystemExit(2)"]), 0.0)
+    (ev,), (p,) = runner.place(PlacementBatch(0, 0.0, [Assignment("j", "n1", [0])]), 1.0)
+    assert ev.kind == "started"
+    end = runner.exited("j", p.process.wait(30), 2.0)
+    assert (end.kind, end.detail, end.exit_code) == ("failed", "exit code 2", 2)
+
+
+def test_a_failure_on_another_node_stops_the_jobs_process_here() -> None:
+    class Proc:
+        pid = 10**7  # no such process: the signal finds nothing, as after a quick exit
+
+        def poll(self) -> None:
+            return None
+
+        def send_signal(self, sig: int) -> None:
+            pass
+
+    runner = JobRunner("n1", lambda cmd, gpus, *, env: Proc(), gpus=2)  # type: ignore[arg-type,return-value]
+    runner.learn(Job("j", 4, 0.0, command=["x"]), 0.0)
+    batch = PlacementBatch(0, 0.0, [Assignment("j", "n1", [0, 1]), Assignment("j", "n2", [0, 1])])
+    runner.place(batch, 1.0)
+    assert not runner.stop_sibling(JobEvent("j", "finished", 2.0, ["n2"]))  # only a failure
+    assert not runner.stop_sibling(JobEvent("j", "failed", 2.0, ["n1"]))  # its own: no
+    assert not runner.stop_sibling(JobEvent("other", "failed", 2.0, ["n2"]))  # not here
+    assert runner.stop_sibling(JobEvent("j", "failed", 2.0, ["n2"], "exit code 3"))
+    assert not runner.stop_sibling(JobEvent("j", "failed", 2.1, ["n2"]))  # once
+    end = runner.exited("j", -15, 3.0)
+    assert (end.kind, end.detail) == ("failed", "stopped: its process on n2 failed; exit code -15")
+    assert runner.busy == {} and not runner.killing and not runner.stopping
+
+
+def test_a_job_accepted_without_a_command_fails_when_placed_and_frees_its_gpus() -> None:
+    runner = JobRunner("n1", launch, {"PATH": "/usr/bin"}, gpus=2)
+    runner.learn(Job("plain", 1, 0.0), 0.0)  # (a trace's job, say: no command)
+    (ev,), procs = runner.place(PlacementBatch(0, 0.0, [Assignment("plain", "n1", [1])]), 1.0)
+    assert not procs and (ev.kind, ev.detail) == (
+        "failed",
+        "no command to run: its JobSpec has no `command`",
+    )
+    # placed before its accepted record: waits for it, then fails the same way
+    runner.place(PlacementBatch(1, 0.0, [Assignment("late", "n1", [0])]), 2.0)
+    assert runner.waiting == {"late": [0]} and runner.busy == {0: "late"}
+    (ev,), procs = runner.learn(Job("late", 1, 0.0), 3.0)
+    assert not procs and ev.kind == "failed" and runner.busy == {} and not runner.waiting
+
+
+def test_a_job_past_its_time_limit_is_stopped_and_says_so() -> None:
+    runner = JobRunner("n1", launch, {"PATH": os.environ["PATH"]}, gpus=1)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    runner.learn(Job("slow", 1, 0.0, command=sleeper, time_limit_s=0.5), 0.0)
+    assert runner.limits == {"slow": 0.5}
+    (ev,), (p,) = runner.place(PlacementBatch(0, 0.0, [Assignment("slow", "n1", [0])]), 1.0)
+    assert ev.kind == "started"
+    assert runner.time_up("slow") and not runner.time_up("slow")  # (once)
+    end = runner.exited("slow", p.process.wait(30), 2.0)
+    assert (end.kind, end.exit_code) == ("failed", -15)
+    assert end.detail == "stopped: time limit of 0.5 s reached; exit code -15"
+    assert not runner.limits and not runner.stopping and runner.busy == {}
+    assert not runner.time_up("slow")  # ended: nothing to stop
+
+
+def test_a_processes_stats_take_their_agents_node_id_and_are_still_checked() -> None:
+    import msgspec
+
+    from offload_agent import ipc
+    from shared.messages import OffloadStats
+
+    line = ipc.encode_line(ipc.StatsMsg(OffloadStats("j", "", 0.5)))
+    msg = ipc.decode(line, "n1")
+    assert isinstance(msg, ipc.StatsMsg) and (msg.stats.node_id, msg.stats.hit_rate) == ("n1", 0.5)
+    with pytest.raises(msgspec.ValidationError):
+        ipc.decode(line)  # (no node id to give it)
+    bad = ipc.encode_line(ipc.StatsMsg(OffloadStats("j", "", 7.5)))
+    with pytest.raises(msgspec.ValidationError, match="hit_rate"):
+        ipc.decode(bad, "n1")  # a hit rate of 7.5 is refused as on offload.stats

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from offload_agent.engine import EngineConfig, OffloadEngine
 from offload_agent.nvme import NvmeStore
 from offload_agent.optim import AdamW
-from services.profiler.planner import build_plan
+from shared.offload.planner import build_plan
 from tests.offload_agent.hf import DEVICE, engine_device, exact
 
 D = 64  # every parameter is D x D: 16 KiB, one size class

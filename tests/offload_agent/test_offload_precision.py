@@ -20,7 +20,7 @@ from offload_agent.optim import AdamW
 from offload_agent.precision import LossScale
 from offload_agent.residency import Tier
 from offload_agent.strategies import specs_of
-from services.profiler.planner import build_plan
+from shared.offload.planner import build_plan
 from tests.offload_agent.hf import (
     DEVICE,
     Amp,

@@ -31,7 +31,7 @@ from offload_agent.mover import Mover
 from offload_agent.nvme import NvmeStore
 from offload_agent.optim import AdamW
 from offload_agent.residency import Tier
-from services.profiler.planner import build_plan
+from shared.offload.planner import build_plan
 
 LEAD = 2  # accesses between a copy's start and the first access that finds it done
 

@@ -19,7 +19,7 @@ from offload_agent.nvme import NvmeStore
 from offload_agent.optim import AdamW, param_groups
 from offload_agent.residency import Tier
 from offload_agent.strategies import specs_of
-from services.profiler.planner import build_plan
+from shared.offload.planner import build_plan
 from tests.offload_agent.hf import (
     DEVICE,
     Loop,

@@ -9,9 +9,9 @@ import torch
 
 from offload_agent.device import ALIGN, CpuDevice, select_device
 from offload_agent.optim import SLICE_ALIGN, AdamW, adamw_step, slices_of
-from offload_agent.policies import PREFETCH_AHEAD, LayerOrderPolicy, OnDemandPolicy, PlanPolicy
 from offload_agent.residency import Entry, Residency, TensorSpec, Tier
 from offload_agent.slabs import PoolExhausted, SlabPool
+from shared.offload.policies import PREFETCH_AHEAD, LayerOrderPolicy, OnDemandPolicy, PlanPolicy
 
 
 def test_plan_policy_follows_the_order_and_ranks_by_next_use() -> None:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from offload_agent.engine import OffloadEngine
 from offload_agent.gpt import GPT, GPTConfig, batch
-from services.profiler.planner import build_plan
+from shared.offload.planner import build_plan
 
 TINY = GPTConfig(vocab=256, seq=16, layers=2, dim=128, heads=4)
 PARAM_BYTES = sum(p.numel() * 4 for p in GPT(TINY).parameters())

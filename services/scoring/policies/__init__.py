@@ -16,7 +16,10 @@ from services.scoring.policies.multifactor import Multifactor
 from services.scoring.policies.random_order import RandomOrder
 from services.scoring.policies.sjf_est import SjfEstimate
 from services.scoring.policies.sjf_oracle import SjfOracle
+from services.scoring.policies.sjf_req import SjfRequest
 from services.scoring.policies.smallest import Smallest
+from services.scoring.policies.unicep import Unicep
+from services.scoring.policies.wfp3 import Wfp3
 from shared.errors import UserError
 from shared.policy_api import Policy
 
@@ -26,8 +29,11 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "fifo": Fifo,
     "sjf-oracle": SjfOracle,
     "sjf-est": SjfEstimate,
+    "sjf-req": SjfRequest,
     "smallest": Smallest,
     "f1": F1,
+    "wfp3": Wfp3,
+    "unicep": Unicep,
     "multifactor": Multifactor,
     "las": Las,
     "drf": Drf,

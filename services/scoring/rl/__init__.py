@@ -64,4 +64,5 @@ def load_policy(path: str | None = None) -> RLPolicy:
         max_wait_s=None if bound is None else float(bound),
         bound_gpus=int(ckpt.meta.get("bound_gpus", 1)),
         bound_scale=str(ckpt.meta.get("bound_scale", "fixed")),
+        needs=ckpt.meta.get("needs"),
     )

@@ -9,7 +9,12 @@ import itertools
 from dataclasses import dataclass
 
 from shared.errors import UserError
-from shared.policy_features import HISTORY_FEATURES, JOB_FEATURES, OFFLOAD_FEATURES
+from shared.policy_features import (
+    HISTORY_FEATURES,
+    IDENTITY_FEATURES,
+    JOB_FEATURES,
+    OFFLOAD_FEATURES,
+)
 from shared.traces._io import parse_time
 
 __all__ = [
@@ -31,11 +36,12 @@ RESIDUALS = ("drf",)  # network.BASES (that module imports torch)
 REWARDS = ("episode", "round")
 BOUND_SCALES = ("fixed", "backlog", "fifo", "fifo-head")  # see Args.bound_scale
 
-_BASE = tuple(f for f in JOB_FEATURES if f not in OFFLOAD_FEATURES)
+_BASE = tuple(f for f in JOB_FEATURES if f not in OFFLOAD_FEATURES + IDENTITY_FEATURES)
 FEATURE_SETS = {
-    "all": _BASE,  # every feature but the offload one
+    "all": _BASE,  # every feature but the offload and identity ones
     "no-history": tuple(f for f in _BASE if f not in HISTORY_FEATURES),
-    "offload": JOB_FEATURES,  # all, and the job's offload pressure
+    "offload": _BASE + OFFLOAD_FEATURES,  # all, and the job's offload pressure
+    "identity": _BASE + IDENTITY_FEATURES,  # all, and who submitted what (causal)
 }
 # none knows run times; `las` is `fifo` without preemption, so it is not run twice
 HEURISTICS = ("fifo", "sjf-est", "f1", "multifactor", "smallest", "drf")
@@ -105,7 +111,8 @@ class Args:
     the head or have started), or after --max-wait-h if given, whichever is first;
     fifo-head: when it is the oldest waiting job (or after --max-wait-h if given)"""
     features: str = "all"
-    """feature set: all, no-history (the ablation), or offload (all + offload_pressure)"""
+    """feature set: all, no-history (the ablation), offload (all + offload_pressure), or
+    identity (all + user/project/app history, requested time, siblings)"""
     hidden: int = 32
     """width of the network"""
     context: bool = True

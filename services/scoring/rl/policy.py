@@ -81,7 +81,13 @@ from services.scoring.rl.ppo import sample_ranking
 from services.scoring.rl.shadow import FifoShadow
 from shared.errors import UserError
 from shared.policy_api import Observation, PolicyContext, QueuedJob
-from shared.policy_features import JOB_FEATURES, encode, encode_global
+from shared.policy_features import (
+    IDENTITY_FEATURES,
+    JOB_FEATURES,
+    encode,
+    encode_global,
+    needs_of,
+)
 
 __all__ = ["RLPolicy", "Recorder", "Step"]
 
@@ -118,12 +124,18 @@ class RLPolicy:
         max_wait_s: float | None = None,
         bound_gpus: int = 1,
         bound_scale: str = "fixed",
+        needs: Sequence[str] | None = None,
     ) -> None:
         if bound_scale not in BOUND_SCALES:
             raise UserError(f"bound scale {bound_scale!r}: choose from {', '.join(BOUND_SCALES)}")
         self.net = net.eval()
         self._scorer = WindowScorer(net)
         self.features = tuple(features)
+        # the trace fields its features read: a run on a trace without them is refused
+        # (`shared.traces.require_fields`); a checkpoint trained on traces with and
+        # without them names what it really needs instead (its meta's `needs`)
+        self.needs = needs_of(self.features) if needs is None else tuple(needs)
+        self.reads_identity = bool(set(self.features) & set(IDENTITY_FEATURES))
         self.columns = np.asarray([JOB_FEATURES.index(f) for f in self.features], dtype=np.int64)
         self._label = label
         self.max_jobs = max_jobs
@@ -265,8 +277,9 @@ class RLPolicy:
 
     # ---- scoring ------------------------------------------------------------------------
     def encode(self, pool: list[QueuedJob], obs: Observation) -> np.ndarray:
-        """Every JOB_FEATURES column of the jobs of `pool` [len(pool), len(JOB_FEATURES)]."""
-        return encode(pool, obs, len(pool))[0]
+        """Every JOB_FEATURES column of the jobs of `pool` [len(pool), len(JOB_FEATURES)]
+        (the IDENTITY_FEATURES ones 0 unless it reads one of them)."""
+        return encode(pool, obs, len(pool), identity=self.reads_identity)[0]
 
     def scores(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
         """Scores of the rows of `x` [n, len(JOB_FEATURES)] with cluster features `g`

@@ -15,7 +15,7 @@ import torch
 
 from services.scoring.rl.policy import RLPolicy
 from shared.placement_api import FULL_GPU
-from shared.policy_api import Observation, QueuedJob
+from shared.policy_api import History, Observation, QueuedJob
 from shared.policy_features import BSLD_FLOOR_S, JOB_FEATURES, _over_types
 
 __all__ = ["ReferencePolicy", "encode_per_job", "torch_scores"]
@@ -97,8 +97,24 @@ def encode_per_job(
         np.log10(1.0 + last),
         offload,
     )
-    x[:n] = np.stack(cols, axis=1)
+    x[:n, : len(cols)] = np.stack(cols, axis=1)
+    x[:n, len(cols) :] = [_identity_row(job, h) for job in jobs]
     return x, mask
+
+
+def _identity_row(job: QueuedJob, h: History) -> list[float]:
+    """The IDENTITY_FEATURES of one job, in their order, looked up one by one."""
+    row: list[float] = []
+    for field in ("user", "project", "app"):
+        st = h.identity_stats(field, getattr(job, field))
+        count, log_run, ratio = st if st is not None else (0.0, 0.0, 0.0)
+        row += [math.log10(1.0 + count), log_run, ratio if ratio > 0 else 0.0]
+    limit = job.time_limit_s or 0.0
+    pred = h.predict(job.user, job.time_limit_s) or 0.0
+    sib = h.siblings(job.who, job.num_gpus, job.submit_s) or (0, 0.0)
+    row += [math.log10(1.0 + limit), float(limit > 0), math.log10(1.0 + pred)]
+    row += [sib[1], math.log10(1.0 + sib[0])]
+    return row
 
 
 def _rank(v: np.ndarray) -> np.ndarray:

@@ -43,7 +43,7 @@ from services.scoring.rl.ppo import (
 from services.scoring.rl.rollout import Batch, Rollouts, make_batch
 from shared.cluster import ClusterSpec, load_cluster
 from shared.errors import UserError
-from shared.policy_features import GLOBAL_FEATURES
+from shared.policy_features import GLOBAL_FEATURES, needs_of
 from shared.sim import load_jobs
 from shared.sim.offload_jobs import describe_marking, mark_offloading
 from shared.sim.share_jobs import describe_shares, mark_shares
@@ -315,6 +315,10 @@ def train(
         "max_wait_s": args.max_wait_h * 3600.0 if args.max_wait_h else None,
         "bound_gpus": args.bound_gpus,
         "bound_scale": args.bound_scale,
+        # the trace fields its identity features were computed from in training: served
+        # on a trace without one of these, it is refused (a field the training trace
+        # lacked was always 0 there, as it is on such a trace)
+        "needs": [f for f in needs_of(features) if any(getattr(j, f) for j in train_jobs)],
     }
     if args.offload_fraction:
         meta["offload_marking"] = describe_marking(args.offload_fraction, args.seed)

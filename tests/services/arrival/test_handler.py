@@ -77,3 +77,41 @@ def test_replay_rebuilds_the_live_set() -> None:
     with pytest.raises(Reject) as err:  # accepted before a restart: still live
         h(rec(T.jobs_submit, b'{"job_id": "old", "num_gpus": 1}'))
     assert err.value.kind == "duplicate"
+
+
+def _submit(h: ArrivalHandler, spec: bytes, replay: bool, offset: int = 0) -> str:
+    """'accepted', or the reason of the rejection."""
+    headers = (("rltune-origin", b"replay"),) if replay else ()
+    r = Record(T.jobs_submit, 0, offset, None, spec, timestamp_ms=7_000, headers=headers)
+    try:
+        (out,) = h(r)
+    except Reject as rej:
+        return rej.reason
+    assert out.topic == T.jobs_accepted
+    return "accepted"
+
+
+def test_users_jobs_beside_a_replay_are_refused_at_once_with_the_reason() -> None:
+    from services.arrival.service import ArrivalSettings
+
+    mine, trace = b'{"job_id": "mine", "num_gpus": 1}', b'{"job_id": "t1", "num_gpus": 1}'
+    bad = b'{"job_id": "oops", "num_gpus": 0}'
+    # reject (rltune up --trace): users' jobs never, the replay's always
+    h = ArrivalHandler(S, ServiceStats(), ArrivalSettings("reject"))
+    why = _submit(h, mine, replay=False)
+    assert why.startswith("job mine is not run: this deployment replays a trace")
+    assert "`rltune up` without --trace" in why
+    assert _submit(h, trace, replay=True) == "accepted"
+    assert "num_gpus" in _submit(h, bad, replay=False)  # a malformed one: its own reason
+    assert h.stats.extra["user_jobs_refused_in_replay"] == 1
+    # run: every valid job, marked or not
+    h = ArrivalHandler(S, ServiceStats(), ArrivalSettings("run"))
+    assert _submit(h, trace, replay=True) == "accepted"
+    assert _submit(h, mine, replay=False) == "accepted"
+    # auto (the default): users' jobs until a replayed one is seen, then refused
+    h = ArrivalHandler(S, ServiceStats())
+    assert _submit(h, mine, replay=False) == "accepted"
+    assert _submit(h, trace, replay=True) == "accepted"
+    assert _submit(h, b'{"job_id": "mine2", "num_gpus": 1}', replay=False).startswith(
+        "job mine2 is not run"
+    )

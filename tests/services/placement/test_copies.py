@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.placement import greedy
-from services.placement.greedy import GreedyState, greedy_allocations
-from services.placement.reservation import Reservation
 from shared.cluster import ClusterSpec, NodeSpec
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree, Release, RoundContext
+from shared.sched import greedy
+from shared.sched.greedy import GreedyState, greedy_allocations
+from shared.sched.reservation import Reservation
 from shared.sim.state import ClusterState
 from tests.services.placement.strategies import jobs, nodes
 

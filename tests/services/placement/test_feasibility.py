@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 
-from services.placement.checker import violations
 from services.placement.milp import MilpConfig, MilpPlacer
 from services.placement.registry import PLACERS, make_placer
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
+from shared.sched.checker import violations
 from tests.services.placement.strategies import jobs, nodes
 
 SPEED = {"A": 1.0, "B": 2.0}

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from services.placement.baselines import FgdPlacer
 from services.placement.classes import enumerate_patterns
 from services.placement.frag import PodShape, Workload, node_frag
-from services.placement.greedy import greedy_allocations
 from services.placement.milp import relevant_nodes
 from shared.placement_api import FULL_GPU, JobRequest, NodeFree
+from shared.sched.greedy import greedy_allocations
 from tests.services.placement.strategies import jobs, nodes
 
 

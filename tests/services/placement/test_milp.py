@@ -11,14 +11,14 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from services.placement import milp_model
-from services.placement.checker import violations
 from services.placement.classes import slot_gpus
-from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpConfig, MilpPlacer, _split
 from services.placement.objective import Scorer
 from services.placement.state import apply_allocations
 from shared.cluster import load_cluster
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
+from shared.sched.checker import violations
+from shared.sched.greedy import greedy_allocations
 from shared.traces import SkipStats
 from shared.traces.alibaba2023 import read_alibaba2023
 from tests.paths import ALIBABA_2023

@@ -7,9 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from services.placement.ordered import OrderedPlacer
 from services.placement.registry import make_placer
-from services.placement.replace import ReplaceConfig, restart_cost_s
 from services.placement.rounds import PlacementState
 from shared.messages import (
     Job,
@@ -20,6 +18,8 @@ from shared.messages import (
     PlacementBatch,
     RoundRequest,
 )
+from shared.sched.ordered import OrderedPlacer
+from shared.sched.replacement import ReplaceConfig, restart_cost_s
 from tests.services.placement.test_replace import CLUSTER, GPT2XL, H, _slowdown
 
 CFG = ReplaceConfig(min_gain=0.1)
@@ -150,7 +150,7 @@ def test_plain_and_offload_only_placers_issue_no_moves() -> None:
 def test_an_offload_placer_without_a_cluster_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from shared.cli import main
+    from rltune import main
 
     assert main(["service", "placement", "--placer", "milp+offload+replace"]) == 2
     err = capsys.readouterr().err

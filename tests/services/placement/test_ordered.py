@@ -1,4 +1,4 @@
-"""The order rule for every placer (services/placement/ordered.py), over many random
+"""The order rule for every placer (shared/sched/ordered.py), over many random
 cluster states: a job starts ahead of an earlier one only when the earlier one cannot
 start on what the jobs ahead of it were given."""
 
@@ -7,10 +7,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.placement.checker import inversions, violations
-from services.placement.greedy import greedy_allocations
 from services.placement.milp import MilpConfig, MilpPlacer
-from services.placement.ordered import OrderedPlacer, choose
 from services.placement.registry import PLACERS
 from shared.placement_api import (
     DISCIPLINES,
@@ -22,6 +19,9 @@ from shared.placement_api import (
     Release,
     RoundContext,
 )
+from shared.sched.checker import inversions, violations
+from shared.sched.greedy import greedy_allocations
+from shared.sched.ordered import OrderedPlacer, choose
 from tests.services.placement.strategies import TYPES, jobs, nodes
 
 SPEED = {"A": 1.0, "B": 2.0}

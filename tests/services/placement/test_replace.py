@@ -13,16 +13,11 @@ import pytest
 
 from bench.offload_breakdown import breakdown
 from services.placement.registry import make_placer
-from services.placement.replace import (
-    Move,
-    ReplaceConfig,
-    RunningOffload,
-    choose_move,
-    restart_cost_s,
-)
+from services.placement.replace import choose_move
 from services.scoring.policies import make_policy
 from shared.cluster import parse_cluster
 from shared.placement_api import Allocation, JobRequest, NodeFree
+from shared.sched.replacement import Move, ReplaceConfig, RunningOffload, restart_cost_s
 from shared.sim import SimConfig, simulate, write_jobs_csv
 from shared.sim.offload_cost import default_calibration, step_cost
 from shared.sim.offload_jobs import BYTES_PER_PARAM

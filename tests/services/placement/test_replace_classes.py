@@ -13,14 +13,9 @@ from random import Random
 
 import pytest
 
-from services.placement.replace import (
-    Move,
-    ReplaceConfig,
-    RunningOffload,
-    choose_move,
-    restart_cost_s,
-)
+from services.placement.replace import choose_move
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
+from shared.sched.replacement import Move, ReplaceConfig, RunningOffload, restart_cost_s
 
 Estimate = Callable[[int, int, str, int], tuple[float, float]]
 Place = Callable[[JobRequest, Sequence[NodeFree]], Allocation | None]

@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from services.placement.replace import QueuePlan, planned_starts, queue_allows
+from services.placement.replace import planned_starts, queue_allows
+from shared.sched.replacement import QueuePlan
 
 
 def _timeline(

@@ -3,6 +3,8 @@ the simulator's order; free rounds follow the events."""
 
 from __future__ import annotations
 
+import pytest
+
 from services.scoring.policies import make_policy
 from services.scoring.queue import ScoringState
 from shared.cluster import ClusterSpec, NodeSpec
@@ -135,7 +137,7 @@ def test_a_job_killed_while_queued_never_runs_and_teaches_no_run_time() -> None:
     for j in jobs:
         r.accepted(j, free=False)
     for ev in [
-        JobEvent("j1", "failed", 0.5, [], "killed while queued"),
+        JobEvent("j1", "cancelled", 0.5, [], "killed while queued"),
         JobEvent("j2", "failed", 1.0, ["h"], "killed before it started"),
         JobEvent("j0", "started", 1.0),
         JobEvent("j0", "finished", 11.0),
@@ -144,3 +146,89 @@ def test_a_job_killed_while_queued_never_runs_and_teaches_no_run_time() -> None:
     r.rebuild([], -1, free=True)
     assert sorted(r.queued) == ["j3"] and r.cancelled == {"j1", "j2"}
     assert r.history.mean_run("u0", 1) == 10.0 and r.history.mean_run("u1", 2) is None
+
+
+def _driven_run(
+    n_jobs: int, seed: int
+) -> tuple[list[Job], list[tuple[RoundRequest, list[JobEvent]]]]:
+    """A random driven run on one 4-GPU node: per round, the jobs that arrived, started
+    and finished (a started job finishes some rounds later), with the events the
+    executor published for them (as the simulator names them: a job starts in a round
+    after the one it arrived in)."""
+    import random
+
+    rng = random.Random(seed)
+    jobs = [Job(f"j{i}", rng.choice([1, 1, 2]), float(i), user=f"u{i % 3}") for i in range(n_jobs)]
+    rounds: list[tuple[RoundRequest, list[JobEvent]]] = []
+    waiting: list[str] = []
+    running: dict[str, int] = {}  # job -> round it finishes in
+    t, nxt, rid = 0.0, 0, 0
+    while nxt < n_jobs or waiting or running:
+        t += 10.0
+        arrived = [j.job_id for j in jobs[nxt : nxt + rng.randint(0, 3)]]
+        nxt += len(arrived)
+        finished = sorted(j for j, r in running.items() if r <= rid)
+        for j in finished:
+            del running[j]
+        # what started since the last round was placed by it: it had arrived before
+        started = [waiting.pop(0) for _ in range(min(len(waiting), rng.randint(0, 2)))]
+        waiting += arrived
+        for j in started:
+            running[j] = rid + rng.randint(1, 4)
+        events = [JobEvent(j, "finished", t - rng.uniform(0, 5)) for j in finished]
+        events += [JobEvent(j, "started", t) for j in started]
+        rounds.append(
+            (RoundRequest(rid, t, arrived=arrived, started=started, finished=finished), events)
+        )
+        rid += 1
+    return jobs, rounds
+
+
+def test_a_driven_rebuild_after_any_round_equals_the_live_state() -> None:
+    """A restart at round k reads back every job, every event (finishes included) and
+    the round requests, and answers round k+1 as the live state does: the same window
+    order, and the run-time history a history-reading policy ranks by (the events
+    mark finished jobs ended; the rebuild must still see them arrive, start and
+    finish in the rounds' order)."""
+    for seed in range(5):
+        jobs, rounds = _driven_run(24, seed)
+        live = ScoringState(make_policy("sjf-est"), CLUSTER)
+        live.node(NodeStatus("a", "V100", 4, [0, 1, 2, 3]))
+        for j in jobs:
+            live.accepted(j, free=False)
+        answers = []
+        for req, events in rounds:
+            for ev in events:
+                live.event(ev, free=False)
+            live.request(req)
+            answers += live.answer_rounds()
+        assert [b.round_id for b in answers] == [r.round_id for r, _ in rounds]
+        for k in range(0, len(rounds) - 1, 3):
+            r = ScoringState(make_policy("sjf-est"), CLUSTER)
+            r.node(NodeStatus("a", "V100", 4, [0, 1, 2, 3]))
+            for j in jobs:
+                r.accepted(j, free=False)
+            for _, events in rounds[: k + 2]:  # events may run ahead of the rounds answered
+                for ev in events:
+                    r.event(ev, free=False)
+            r.rebuild([req for req, _ in rounds[: k + 1]], k, free=False)
+            r.request(rounds[k + 1][0])
+            (again,) = r.answer_rounds()
+            assert again.jobs == answers[k + 1].jobs, (seed, k)
+            # the history, computed from the events: every job whose finish the rounds
+            # up to k+1 named, its run from its own started and finished events
+            when = {(ev.job_id, ev.kind): ev.time for _, evs in rounds for ev in evs}
+            done = [j for req, _ in rounds[: k + 2] for j in req.finished]
+            by_id = {j.job_id: j for j in jobs}
+            for who in ("u0", "u1", "u2"):
+                for g in (1, 2):
+                    runs = [
+                        when[(j, "finished")] - when[(j, "started")]
+                        for j in done
+                        if by_id[j].user == who and by_id[j].num_gpus == g
+                    ]
+                    got = r.history.mean_run(who, g)
+                    if not runs:
+                        assert got is None
+                    else:
+                        assert got == pytest.approx(sum(runs) / len(runs)), (seed, k, who, g)

@@ -213,7 +213,7 @@ def test_mismatched_checkpoint_is_refused_with_one_line(tmp_path: Path) -> None:
     cluster = tmp_path / "c.yaml"
     cluster.write_text("nodes:\n  - {name: n, gpu_type: P100, gpus: 1}\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "simulate", "--trace", str(trace), "--format",
+        [sys.executable, "-m", "rltune", "simulate", "--trace", str(trace), "--format",
          "jsonl", "--cluster", str(cluster), "--policy", f"rl:{bad}"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -115,6 +115,32 @@ def test_every_other_state() -> None:
     assert huge.eta_s is None and "can never start" in huge.lines[-1]  # 12 V100s in all
 
 
+def test_a_job_ahead_of_the_clock_a_cancelled_one_and_one_no_round_has_seen() -> None:
+    """The cluster's clock is 1002 (the latest message): a job submitted for 5000 is
+    ahead of it; a job cancelled while queued says so; a job that fits but no round
+    has ranked yet is not said to be ranked."""
+    msgs = _cluster()
+    msgs += [
+        (T.jobs_accepted, Job("later", 1, 5000.0)),
+        (T.jobs_accepted, Job("gone", 1, 996.0)),
+        (T.jobs_events, JobEvent("gone", "cancelled", 1002.0, [], "killed while queued")),
+        (T.jobs_accepted, Job("fresh", 1, 1001.0, gpu_types=["P100"])),
+    ]
+    s = _state(*msgs)
+    later = s.explain("later")
+    assert later.state == "ahead" and later.lines == [
+        "later is submitted for t=5000 s, 67 min ahead of the cluster's clock (t=1002 s): "
+        "no round considers it before the clock gets there"
+    ]
+    gone = s.explain("gone")
+    assert gone.state == "cancelled"
+    assert gone.lines == ["gone cancelled without ever starting: killed while queued"]
+    fresh = s.explain("fresh")
+    assert fresh.state == "waiting" and fresh.rank is None
+    assert "no round has ranked it yet" in fresh.lines
+    assert fresh.lines[-2].endswith("no round has seen it yet: the next one should place it")
+
+
 def _grid(now: int, free: int, rel: list[tuple[int, int]], ahead: list[tuple[int, int]],
           need: int, dur: int, horizon: int) -> float:  # fmt: skip
     """The same schedule on a one-second grid: free GPUs per second, each job in order

@@ -15,7 +15,7 @@ def test_a_job_killed_while_queued_is_failed_with_no_jct() -> None:
     t.event(JobEvent("ran", "started", 10.0, ["h"]))
     c = t.counters()
     assert (c["waiting"], c["running"], c["done"], c["failed"]) == (1, 1, 0, 0)
-    t.event(JobEvent("killed", "failed", 20.0, [], "killed while queued"))
+    t.event(JobEvent("killed", "cancelled", 20.0, [], "killed while queued"))
     t.event(JobEvent("ran", "finished", 40.0, ["h"]))
     t.event(JobEvent("killed", "failed", 41.0, ["h"], "killed before it started"))  # again
     c = t.counters()
@@ -90,3 +90,20 @@ def test_prometheus_jobs_gauge_carries_every_state_of_the_counters() -> None:
         for s in ("ahead", "waiting", "running", "done", "failed")
     }
     assert got == {"ahead": 2.0, "waiting": 1.0, "running": 1.0, "done": 0.0, "failed": 0.0}
+
+
+def test_a_job_started_by_two_host_agents_is_one_run_not_a_move() -> None:
+    """Each host agent reports its own node's start of a job given two nodes (details
+    "pid P gpus ..."): one segment, no move, one JCT of 30 s."""
+    t = Telemetry()
+    t.node(NodeStatus("a", "GPU", 4, [], time=0.0))
+    t.node(NodeStatus("b", "GPU", 4, [], time=0.0))
+    t.accepted(Job("gang", 8, 0.0))
+    t.event(JobEvent("gang", "started", 10.0, ["a"], "pid 11 gpus 0,1,2,3"))
+    t.event(JobEvent("gang", "started", 10.5, ["b"], "pid 12 gpus 0,1,2,3"))
+    t.event(JobEvent("gang", "finished", 30.0, ["a"], "exit code 0"))
+    t.event(JobEvent("gang", "finished", 30.2, ["b"], "exit code 0"))  # (the second end)
+    c = t.counters()
+    assert (c["done"], c["failed"], c["moves"], c["cancelled"]) == (1, 0, 0, 0)
+    (rec,) = t.records()
+    assert [(g.start_s, g.finish_s) for g in rec.segments] == [(10.0, 30.0)]

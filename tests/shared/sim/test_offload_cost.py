@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from bench.offload_calibration import with_profile
-from services.profiler.planner import Budgets
 from shared.messages import TensorProfile
+from shared.offload.planner import Budgets
 from shared.sim.offload_cost import (
     CALIBRATION_FILE,
     bench_traffic,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from rltune import main
 from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
-from shared.cli import main
 from shared.cluster import ClusterSpec, parse_cluster
 from shared.placement_api import DISCIPLINES
 from shared.sim import SimConfig, SimResult, simulate

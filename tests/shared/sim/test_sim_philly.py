@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import main
+from rltune import main
 from shared.cluster import load_cluster
 from shared.metrics import summarize
 from shared.sim import read_jobs_csv

@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from services.placement.checker import _Left
-from services.placement.greedy import GreedyState
 from shared.cluster import ClusterSpec, NodeSpec
 from shared.placement_api import FULL_GPU, Allocation, JobRequest, NodeFree
+from shared.sched.checker import _Left
+from shared.sched.greedy import GreedyState
 from shared.sim.state import ClusterState
 
 CLUSTER = ClusterSpec(

@@ -188,7 +188,9 @@ def test_type_names_map_onto_the_cluster(tmp_path: Path) -> None:
 
 
 def test_alibaba2023_is_registered() -> None:
-    assert set(FORMATS) == {"philly", "helios", "alibaba2020", "alibaba2023", "rltune", "jsonl"}
+    assert set(FORMATS) == {
+        "philly", "helios", "alibaba2020", "alibaba2023", "rltune", "jsonl", "swf", "alcf", "itp"
+    }  # fmt: skip
     jobs, stats = read(ALIBABA_2023 / "openb_pod_list_default.csv", "alibaba2023")
     assert len(jobs) + stats.total == 8152
 

@@ -1,0 +1,5 @@
+import sys
+
+from rltune import main
+
+sys.exit(main())

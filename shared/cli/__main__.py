@@ -1,5 +1,0 @@
-import sys
-
-from shared.cli import main
-
-sys.exit(main())
