@@ -127,6 +127,7 @@ class SimResult:
     replacements: int = 0  # running offloading jobs moved (services/placement/replace.py)
     offload: dict[str, OffloadRecord] = field(default_factory=dict)  # offloading jobs by id
     reclaim: bool = False  # reclaim was on (a queue has a guarantee)
+    reclaim_settings: dict[str, float] = field(default_factory=dict)  # grace, min run, ckpt
     reclaims: int = 0  # jobs stopped by reclaim
     lost_gpu_s: float = 0.0  # GPU-seconds of work lost to those stops (since a checkpoint)
 
@@ -146,6 +147,7 @@ class SimResult:
         if self.reclaim:  # only runs with guarantees carry the reclaim keys
             out["preemptions"] = self.reclaims
             out["restart_lost_gpu_h"] = self.lost_gpu_s / 3600.0
+            out["reclaim"] = dict(self.reclaim_settings)
         return out
 
 
@@ -223,6 +225,11 @@ class Simulator:
             discipline=config.discipline,
             round_interval_s=config.round_interval_s,
             reclaim=self.reclaim is not None,
+            reclaim_settings={
+                "grace_s": config.grace_s,
+                "min_run_s": config.min_run_s,
+                "checkpoint_s": config.checkpoint_s,
+            },
         )
         self.offload = OffloadState(cluster)
         self.obs.offload = self.offload  # the policy's offload_pressure feature reads it
