@@ -200,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
     cluster, jobs = inputs.cluster, inputs.jobs
     require_fields(policy.label, getattr(policy, "needs", ()), jobs, args.trace)
     with _LazyProgress(policy.label) as bar:
-        result = simulate(jobs, cluster, policy, placer, inputs.config, bar.tick)
+        config = dataclasses.replace(inputs.config, **_reclaim_settings(args))
+        result = simulate(jobs, cluster, policy, placer, config, bar.tick)
     summary = result.summary()
     summary["settings"] = {"policy": args.policy, **recipe.settings(inputs.load_factor)}
     if args.offload_fraction > 0:
