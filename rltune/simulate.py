@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -127,6 +128,25 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "a round at every arrival and finish",
     )
     p.add_argument(
+        "--no-reclaim",
+        action="store_true",
+        help="never preempt borrowers for a queue's guarantee (reclaim is on wherever a "
+        "queue of the cluster file has guaranteed_gpus; docs/guide/tenancy.md)",
+    )
+    p.add_argument(
+        "--grace", type=float, default=120.0, metavar="S",
+        help="reclaim: seconds a preempted job keeps running after SIGTERM (default 120)",
+    )  # fmt: skip
+    p.add_argument(
+        "--min-run", type=float, default=600.0, metavar="S",
+        help="reclaim: a job is never preempted in its first S seconds (default 600)",
+    )  # fmt: skip
+    p.add_argument(
+        "--checkpoint", type=float, default=1800.0, metavar="S",
+        help="reclaim: a preempted job loses the work since its last checkpoint, taken "
+        "every S seconds of a run (default 1800; a priority class's checkpoint_s wins)",
+    )  # fmt: skip
+    p.add_argument(
         "--offload-fraction",
         type=float,
         default=0.0,
@@ -180,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
     cluster, jobs = inputs.cluster, inputs.jobs
     require_fields(policy.label, getattr(policy, "needs", ()), jobs, args.trace)
     with _LazyProgress(policy.label) as bar:
-        result = simulate(jobs, cluster, policy, placer, inputs.config, bar.tick)
+        config = dataclasses.replace(inputs.config, **_reclaim_settings(args))
+        result = simulate(jobs, cluster, policy, placer, config, bar.tick)
     summary = result.summary()
     summary["settings"] = {"policy": args.policy, **recipe.settings(inputs.load_factor)}
     if args.offload_fraction > 0:
@@ -268,7 +289,22 @@ def mark_offload(args: argparse.Namespace, jobs: list[TraceJob]) -> list[TraceJo
 
 def sim_config(args: argparse.Namespace) -> SimConfig:
     """The simulator's settings from the run flags, checked (one line)."""
-    return recipe_of(args).sim_config()
+    return dataclasses.replace(recipe_of(args).sim_config(), **_reclaim_settings(args))
+
+
+def _reclaim_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """SimConfig's reclaim fields from the flags (benches without them: defaults)."""
+    out: dict[str, Any] = {"reclaim": not getattr(args, "no_reclaim", False)}
+    for flag, key, lo in (("grace", "grace_s", 0.0), ("min_run", "min_run_s", 0.0),
+                          ("checkpoint", "checkpoint_s", 1e-9)):  # fmt: skip
+        v = getattr(args, flag, None)
+        if v is None:
+            continue
+        if not (math.isfinite(v) and v >= lo):
+            name = "--" + flag.replace("_", "-")
+            raise UserError(f"{name} must be a number of seconds {'>' if lo else '>='} 0, got {v}")
+        out[key] = float(v)
+    return out
 
 
 def check_outcome(

@@ -6,9 +6,22 @@
     nodes:
       - {name: v100, count: 28, gpu_type: V100, gpus: 8}
     queues:
-      "nlp": {guaranteed_gpus: 32, limit_gpus: 64, weight: 1}
+      research: {guaranteed_gpus: 96, limit_gpus: 160}          # an org
+      "nlp": {parent: research, guaranteed_gpus: {V100: 32}, limit_gpus: 64, weight: 1}
+    priority_classes:
+      inference: {priority: 100, preemptible: false}
+      train: {priority: 10, preemptible: true, checkpoint_s: 1800}
 
 A node group `{name: v100, count: 28}` becomes nodes `v100-0` .. `v100-27`.
+
+Queues form at most two levels: a queue names its org as `parent`, and an org
+has no parent. `guaranteed_gpus` is a number (GPUs of any type) or a mapping
+GPU type -> GPUs (`QueueSpec.guaranteed_gpus` is then the total and
+`guaranteed_by_type` the mapping); `limit_gpus` is a number (any type). A
+promise must be keepable, so: a team's guarantee (and its teams' together) is
+at most its org's, and the top-level guarantees together (per type where typed)
+at most what the cluster has. What the rules do with these numbers:
+shared/tenancy.py.
 """
 
 from __future__ import annotations
@@ -26,7 +39,9 @@ import yaml
 from shared.errors import UserError
 from shared.speeds import DEFAULT_SPEEDS, default_speed
 
-__all__ = ["ClusterSpec", "NodeSpec", "QueueSpec", "load_cluster", "parse_cluster"]
+__all__ = [
+    "ClusterSpec", "NodeSpec", "PriorityClass", "QueueSpec", "load_cluster", "parse_cluster",
+]  # fmt: skip
 
 DEFAULT_QUEUE = "default"
 
@@ -47,6 +62,16 @@ class QueueSpec:
     guaranteed_gpus: float = 0.0
     limit_gpus: float | None = None
     weight: float = 1.0
+    parent: str | None = None  # its org (a top-level queue), or None: it is top-level
+    # per GPU type, when given as a mapping (empty: the number is for any type)
+    guaranteed_by_type: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    priority: int = 0  # higher = more important
+    preemptible: bool = True  # False: never preempted (and may start only within guarantee)
+    checkpoint_s: float | None = None  # checkpoint interval (restart cost); None: the default
 
 
 @dataclass(frozen=True)
@@ -56,6 +81,9 @@ class ClusterSpec:
     speed: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     reference: str | None = None
     queues: Mapping[str, QueueSpec] = field(default_factory=lambda: MappingProxyType({}))
+    priority_classes: Mapping[str, PriorityClass] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     @property
     def total_gpus(self) -> int:
@@ -101,9 +129,10 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     return parse_cluster(data, source=str(p))
 
 
-_TOP_KEYS = ("name", "nodes", "speed", "reference", "queues")
+_TOP_KEYS = ("name", "nodes", "speed", "reference", "queues", "priority_classes")
 _NODE_KEYS = ("name", "gpu_type", "count", "gpus", "pcie_gbps", "nvme_gbps", "host_mem_gib")
-_QUEUE_KEYS = ("guaranteed_gpus", "limit_gpus", "weight")
+_QUEUE_KEYS = ("guaranteed_gpus", "limit_gpus", "weight", "parent")
+_CLASS_KEYS = ("priority", "preemptible", "checkpoint_s")
 
 
 def _known_keys(raw: dict[Any, Any], allowed: tuple[str, ...], where: str) -> None:
@@ -148,12 +177,15 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterSpec:
             f"`speed:` (relative throughput, P100 = 1.0; built in: {known})"
         )
     queues = _queues(data.get("queues") or {}, source)
+    _check_tree(queues, nodes, source)
+    classes = _priority_classes(data.get("priority_classes") or {}, source)
     return ClusterSpec(
         name=str(data.get("name") or Path(source).stem),
         nodes=tuple(nodes),
         speed=MappingProxyType(speed),
         reference=reference,
         queues=MappingProxyType(queues),
+        priority_classes=MappingProxyType(classes),
     )
 
 
@@ -229,18 +261,108 @@ def _queues(raw: Any, source: str) -> dict[str, QueueSpec]:
         if not isinstance(q, dict):
             raise UserError(f"{where}: expected a mapping")
         _known_keys(q, _QUEUE_KEYS, where)
-        vals: dict[str, float | None] = {}
-        for k in _QUEUE_KEYS:
+        vals: dict[str, Any] = {}
+        for k in ("guaranteed_gpus", "limit_gpus", "weight"):
             v = q.get(k)
             if v is None:
                 continue
-            if not ((v == 0 and not isinstance(v, bool)) or _positive(v)):
-                raise UserError(f"{where}.{k} must be a number >= 0, got {v!r}")
-            vals[k] = float(v)
+            if isinstance(v, dict) and k == "guaranteed_gpus":
+                per = {str(t): _gpus(n, f"{where}.{k}.{t}") for t, n in v.items()}
+                vals[k.replace("_gpus", "_by_type")] = MappingProxyType(per)
+                vals[k] = float(sum(per.values()))
+                continue
+            vals[k] = _gpus(v, f"{where}.{k}")
         low, high = vals.get("guaranteed_gpus"), vals.get("limit_gpus")
         if low is not None and high is not None and low > high:
             raise UserError(f"{where}: guaranteed_gpus {low:g} is more than limit_gpus {high:g}")
-        out[str(name)] = QueueSpec(**vals)  # type: ignore[arg-type]
+        parent = q.get("parent")
+        if parent is not None:
+            if not isinstance(parent, str) or not parent:
+                raise UserError(f"{where}.parent must be a queue name, got {parent!r}")
+            vals["parent"] = parent
+        out[str(name)] = QueueSpec(**vals)
+    return out
+
+
+def _gpus(v: Any, where: str) -> float:
+    if not ((v == 0 and not isinstance(v, bool)) or _positive(v)):
+        raise UserError(f"{where} must be a number >= 0, got {v!r}")
+    return float(v)
+
+
+def _check_tree(queues: Mapping[str, QueueSpec], nodes: list[NodeSpec], source: str) -> None:
+    """Two levels at most, and guarantees the cluster (and each org) can keep."""
+    types = sorted({n.gpu_type for n in nodes})
+    have: dict[str, float] = {}
+    for n in nodes:
+        have[n.gpu_type] = have.get(n.gpu_type, 0.0) + n.gpus
+    for name, q in queues.items():
+        where = f"{source}: queues.{name}"
+        for t in q.guaranteed_by_type:
+            if t not in have:
+                raise UserError(
+                    f"{where}.guaranteed_gpus.{t}: no GPU type {t!r} in the cluster "
+                    f"(types: {', '.join(types)})"
+                )
+        if q.parent is None:
+            continue
+        org = queues.get(q.parent)
+        if org is None or q.parent == name:
+            raise UserError(f"{where}.parent: {q.parent!r} is not another queue of `queues`")
+        if org.parent is not None:
+            raise UserError(
+                f"{where}.parent: {q.parent!r} has a parent itself ({org.parent!r}); "
+                "queues form at most two levels (org, then team)"
+            )
+        if q.guaranteed_gpus > org.guaranteed_gpus:
+            raise UserError(
+                f"{where}.guaranteed_gpus {q.guaranteed_gpus:g} is more than its org "
+                f"{q.parent}'s guaranteed_gpus {org.guaranteed_gpus:g}"
+            )
+    for org_name, org in queues.items():
+        teams = [(n, q) for n, q in queues.items() if q.parent == org_name]
+        total = sum(q.guaranteed_gpus for _, q in teams)
+        if teams and total > org.guaranteed_gpus + 1e-9:
+            listed = " + ".join(f"{n} {q.guaranteed_gpus:g}" for n, q in teams)
+            raise UserError(
+                f"{source}: queues.{org_name}.guaranteed_gpus {org.guaranteed_gpus:g} is less "
+                f"than its teams' guarantees together ({listed})"
+            )
+    tops = [q for q in queues.values() if q.parent is None]
+    total = sum(q.guaranteed_gpus for q in tops)
+    if total > sum(have.values()) + 1e-9:
+        raise UserError(
+            f"{source}: queues: the top-level guaranteed_gpus add up to {total:g}, more than "
+            f"the cluster's {sum(have.values()):g} GPUs"
+        )
+    for t, count in have.items():
+        typed = sum(q.guaranteed_by_type.get(t, 0.0) for q in tops)
+        if typed > count + 1e-9:
+            raise UserError(
+                f"{source}: queues: the top-level guaranteed_gpus.{t} add up to {typed:g}, "
+                f"more than the cluster's {count:g} {t} GPUs"
+            )
+
+
+def _priority_classes(raw: Any, source: str) -> dict[str, PriorityClass]:
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: `priority_classes` must map a name to its priority")
+    out: dict[str, PriorityClass] = {}
+    for name, c in raw.items():
+        where = f"{source}: priority_classes.{name}"
+        if not isinstance(c, dict):
+            raise UserError(f"{where}: expected a mapping like {{priority: 10, preemptible: true}}")
+        _known_keys(c, _CLASS_KEYS, where)
+        prio = c.get("priority", 0)
+        if isinstance(prio, bool) or not isinstance(prio, int):
+            raise UserError(f"{where}.priority must be an integer, got {prio!r}")
+        pre = c.get("preemptible", True)
+        if not isinstance(pre, bool):
+            raise UserError(f"{where}.preemptible must be true or false, got {pre!r}")
+        ck = c.get("checkpoint_s")
+        if ck is not None and not _positive(ck):
+            raise UserError(f"{where}.checkpoint_s must be a positive number, got {ck!r}")
+        out[str(name)] = PriorityClass(prio, pre, None if ck is None else float(ck))
     return out
 
 

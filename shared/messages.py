@@ -85,6 +85,8 @@ class JobSpec(Struct, omit_defaults=True):
     project: ShortStr = ""
     app: ShortStr = ""
     time_limit_s: Annotated[float, Meta(gt=0.0, le=1e9)] | None = None
+    # a name of the cluster's `priority_classes` ("": none; checked where the classes are known)
+    priority_class: ShortStr = ""
 
 
 class Job(Struct):
@@ -107,6 +109,7 @@ class Job(Struct):
     project: str = ""
     app: str = ""
     time_limit_s: float | None = None
+    priority_class: str = ""
 
 
 class Rejection(Struct):

@@ -70,6 +70,7 @@ class Segment:
     nodes: str = ""  # `node:idx+idx;node:idx`
     offload_s: float = 0.0  # run time added by migrations compute did not hide (offloading jobs)
     restart_s: float = 0.0  # first seconds of the segment spent restoring a moved job's checkpoint
+    lost_s: float = 0.0  # last seconds of a preempted segment, lost (after its last checkpoint)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ def job_spec_of(job: TraceJob) -> JobSpec:
         gpu_milli=job.gpu_milli,
         model=job.model,
         weight=job.weight,
+        priority_class=job.priority_class,
         offload=OffloadSpec(param_bytes=job.param_bytes) if job.param_bytes else None,
         project=job.project,
         app=job.app,

@@ -337,6 +337,14 @@ def _queue(cluster: ClusterSpec, name: str, what: str, value: str, where: str) -
     if what == "limit" and value.lower() == "none":
         q = dataclasses.replace(q, limit_gpus=None)
     else:
-        q = dataclasses.replace(q, **{attr: _number(where, value, positive=what == "weight")})
+        number = _number(where, value, positive=what == "weight")
+        if attr == "limit_gpus":
+            q = dataclasses.replace(q, limit_gpus=number)
+        elif attr == "guaranteed_gpus":
+            q = dataclasses.replace(q, guaranteed_gpus=number)
+        else:
+            q = dataclasses.replace(q, weight=number)
+    if what == "guaranteed":  # a number now: for any GPU type, not per type any more
+        q = dataclasses.replace(q, guaranteed_by_type=MappingProxyType({}))
     queues = {**cluster.queues, name: q}
     return dataclasses.replace(cluster, queues=MappingProxyType(queues))

@@ -215,6 +215,7 @@ def accepted_bytes(spec: JobSpec, timestamp_s: float) -> bytes:
             spec.project,
             spec.app,
             spec.time_limit_s,
+            spec.priority_class,
         )
     )
 

@@ -26,6 +26,8 @@ def admit_reason(
         return NO_SUCH_TYPE
     if job.num_gpus > _capacity(types, state):
         return "more GPUs than the cluster has"
+    if tj.priority_class and tj.priority_class not in cluster.priority_classes:
+        return "unknown priority class"
     q = cluster.queues.get(cluster.queue_of(job.vc))
     if q is not None and q.limit_gpus is not None and job.gpus > q.limit_gpus:
         return "more GPUs than its queue's limit"

@@ -36,7 +36,7 @@ import time
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from shared.cluster import ClusterSpec
@@ -69,6 +69,7 @@ from shared.sim.observe import SimObservation, WaitingIndex
 from shared.sim.observer import SimObserver
 from shared.sim.offload_state import OffloadRecord, OffloadState
 from shared.sim.preempt import Preemptor
+from shared.sim.reclaim import RECLAIM_EVENT, Reclaimer
 from shared.sim.run import Run
 from shared.sim.state import Claim, ClusterState
 from shared.speeds import speed_of
@@ -98,6 +99,13 @@ class SimConfig:
     # the cluster and the queue; rounds (and re-placement checks) run at the next
     # multiple of S seconds of virtual time, once per tick, as long as one is wanted.
     round_interval_s: float = 0.0
+    # reclaim (shared/sim/reclaim.py), on wherever a queue has a guarantee: borrowers
+    # stop `grace_s` after the decision, never inside `min_run_s` of their segment, and
+    # lose the work since their last checkpoint (every `checkpoint_s`, or their class's)
+    reclaim: bool = True
+    grace_s: float = 120.0
+    min_run_s: float = 600.0
+    checkpoint_s: float = 1800.0
 
 
 @dataclass
@@ -118,6 +126,10 @@ class SimResult:
     order_fallbacks: int = 0  # rounds where the placer's answer broke the order (replaced)
     replacements: int = 0  # running offloading jobs moved (services/placement/replace.py)
     offload: dict[str, OffloadRecord] = field(default_factory=dict)  # offloading jobs by id
+    reclaim: bool = False  # reclaim was on (a queue has a guarantee)
+    reclaim_settings: dict[str, float] = field(default_factory=dict)  # grace, min run, ckpt
+    reclaims: int = 0  # jobs stopped by reclaim
+    lost_gpu_s: float = 0.0  # GPU-seconds of work lost to those stops (since a checkpoint)
 
     def offload_part(self) -> OffloadPart:
         """The RL reward's offload part over this run's offloading jobs (offload_signal.py)."""
@@ -132,6 +144,10 @@ class SimResult:
             out.update(offload_summary(self.records))
         if self.round_interval_s > 0:  # only periodic rounds carry their interval
             out["round_interval_s"] = self.round_interval_s
+        if self.reclaim:  # only runs with guarantees carry the reclaim keys
+            out["preemptions"] = self.reclaims
+            out["restart_lost_gpu_h"] = self.lost_gpu_s / 3600.0
+            out["reclaim"] = dict(self.reclaim_settings)
         return out
 
 
@@ -199,11 +215,21 @@ class Simulator:
         self.preemptor = (
             Preemptor(self) if config.preempt and getattr(policy, "preemptive", False) else None
         )
+        self.reclaim: Reclaimer | None = None
+        if config.reclaim and any(q.guaranteed_gpus > 0 for q in cluster.queues.values()):
+            self.reclaim = Reclaimer(self, config.grace_s, config.min_run_s, config.checkpoint_s)
+            self.has_limits |= self.reclaim.nonpreemptible
         self.result = SimResult(
             records=[],
             total_gpus=cluster.total_gpus,
             discipline=config.discipline,
             round_interval_s=config.round_interval_s,
+            reclaim=self.reclaim is not None,
+            reclaim_settings={
+                "grace_s": config.grace_s,
+                "min_run_s": config.min_run_s,
+                "checkpoint_s": config.checkpoint_s,
+            },
         )
         self.offload = OffloadState(cluster)
         self.obs.offload = self.offload  # the policy's offload_pressure feature reads it
@@ -258,9 +284,12 @@ class Simulator:
             # a tick with no event of its own is not counted as an event
             happens = bool(events and events[0][0] <= now) or (i < n and ordered[i].submit_s <= now)
             self.obs.now = now
-            freed = ticked = False
+            freed = ticked = reclaim_due = False
             while events and events[0][0] <= now:
                 t_ev, kind, seq, epoch = heapq.heappop(events)
+                if kind == RECLAIM_EVENT:
+                    reclaim_due = True
+                    continue
                 run = self.runs[seq]
                 if epoch != run.epoch:
                     continue
@@ -272,6 +301,8 @@ class Simulator:
                 elif self.preemptor is not None:
                     self.preemptor.ticked(run, now)
                     ticked = True
+            if reclaim_due and self.reclaim is not None:
+                freed |= self.reclaim.due(now)
             arrivals_fit = False
             first_new = i
             while i < n and ordered[i].submit_s <= now:
@@ -299,6 +330,8 @@ class Simulator:
                     continue
                 tick, wanted = None, False
                 self._round(now)
+                if self.reclaim is not None:  # what the round left waiting
+                    self.reclaim.check(now)
                 if not self.settled:  # jobs past the window read: another round next tick
                     wanted, tick = True, now + interval
                 if self.replace is not None and (replace_wanted or now >= self._next_replace):
@@ -314,11 +347,16 @@ class Simulator:
                 or (self.easy and i > first_new and self._new_head())
             ):
                 self._round(now)
+            if self.reclaim is not None:  # what the round left waiting
+                self.reclaim.check(now)
             if self.replace is not None and (freed or now >= self._next_replace):
                 self._replace(now)
         if self.progress is not None:
             self.progress(n, n)
         self.result.order_fallbacks = self.placer.fallbacks
+        if self.reclaim is not None:
+            self.result.reclaims = self.reclaim.preemptions
+            self.result.lost_gpu_s = self.reclaim.lost_gpu_s
         self.result.records = [self._record(r) for r in self.runs]
         self.result.offload = {r.job.job_id: r.offload for r in self.runs if r.offload is not None}
         self.result.wall_s = time.perf_counter() - t0
@@ -339,6 +377,8 @@ class Simulator:
             run.offload = OffloadRecord(tj.job_id, tj.param_bytes)
             self.offload.add_job(seq, tj.job_id, tj.param_bytes, tj.num_gpus)
         reason = admit_reason(tj, job, self.cluster, self.state)
+        if self.reclaim is not None:
+            self.reclaim.arrived(seq, tj.priority_class)
         if reason is not None:
             self.result.rejected[reason] += 1
             run.epoch = -1
@@ -347,6 +387,8 @@ class Simulator:
         return self.state.fits(job.num_gpus, job.gpu_milli, job.gpu_types)
 
     def _enqueue(self, job: QueuedJob) -> None:
+        if self.reclaim is not None:
+            self.reclaim.enqueued(job)
         if self._fifo is not None:
             self._fifo[job.seq] = job
         self.waiting.add(job)
@@ -393,6 +435,8 @@ class Simulator:
                 or alloc.gpu_milli != job.gpu_milli
                 or not self._queue_allows(job)
             ):
+                if claim is not None:  # taken, then refused: give the GPUs back
+                    self.state.release(claim, job.gpu_milli)  # type: ignore[union-attr]
                 self.result.conflicts += 1
                 continue
             self._start(self.runs[job.seq], claim, now, alloc)
@@ -533,13 +577,19 @@ class Simulator:
         return e
 
     def _queue_allows(self, job: QueuedJob) -> bool:
-        q = self.cluster.queues.get(self.cluster.queue_of(job.vc))
-        if q is None or q.limit_gpus is None:
-            return True
-        return (
-            self.queue_held.get(self.cluster.queue_of(job.vc), 0.0) + job.gpus
-            <= q.limit_gpus + 1e-9
-        )
+        """Within the limits of its queue and of the queue's org (and, reclaiming,
+        a non-preemptible job within its guarantee)."""
+        name: str | None = self.cluster.queue_of(job.vc)
+        while name is not None:
+            q = self.cluster.queues.get(name)
+            if q is None:
+                break
+            if q.limit_gpus is not None and (
+                self.queue_held.get(name, 0.0) + job.gpus > q.limit_gpus + 1e-9
+            ):
+                return False
+            name = q.parent
+        return self.reclaim is None or self.reclaim.allows(job)
 
     def _start(self, run: Run, claim: Claim, now: float, alloc: Allocation) -> None:
         job = run.job
@@ -551,6 +601,8 @@ class Simulator:
             run.est = self.history.estimate(job)
         self.policy.remove(job)
         self.waiting.remove(job)
+        if self.reclaim is not None:
+            self.reclaim.dequeued(job)
         self._reqs.pop(job.seq, None)
         if self._fifo is not None:
             self._fifo.pop(job.seq, None)
@@ -577,6 +629,8 @@ class Simulator:
             heapq.heappush(self.events, (finish, _FINISH, job.seq, run.epoch))
         if self.preemptor is not None:
             self.preemptor.started(run, now)
+        if self.reclaim is not None:
+            self.reclaim.started(run, now)
 
     # ---- offloading jobs: rates that change with who streams on their nodes ----------
     def _bank(self, run: Run, now: float) -> None:
@@ -645,11 +699,16 @@ class Simulator:
         run.claim = ()
         if self.preemptor is not None:
             self.preemptor.stopped(run)
+        if self.reclaim is not None:
+            self.reclaim.stopped(run)
 
     def _hold(self, job: QueuedJob, gpus: float) -> None:
         self.vc_held[job.vc] = self.vc_held.get(job.vc, 0.0) + gpus
         q = self.cluster.queue_of(job.vc)
         self.queue_held[q] = self.queue_held.get(q, 0.0) + gpus
+        spec = self.cluster.queues.get(q)
+        if spec is not None and spec.parent is not None:  # a team's GPUs count to its org
+            self.queue_held[spec.parent] = self.queue_held.get(spec.parent, 0.0) + gpus
 
     # ---- re-placement of running offloading jobs (services/placement/replace.py) ------
     def _replace(self, now: float) -> None:
@@ -740,20 +799,43 @@ class Simulator:
             o.moved(run, move, now, True)
         return True
 
-    def preempt(self, run: Run, now: float) -> None:
-        """Stop a running job and put it back in the queue with the work it has left."""
+    def preempt(self, run: Run, now: float, keep_s: float | None = None) -> None:
+        """Stop a running job and put it back in the queue with the work it has left:
+        all it did, or only its first `keep_s` seconds of this segment (the rest is
+        lost: done since its last checkpoint; `Segment.lost_s`)."""
+        ran = now - run.seg_start
+        kept = ran if keep_s is None else min(keep_s, ran)
         claim = run.claim
         for o in self.observers:
             o.preempting(run, now)
         if run.offload is None:
-            run.work -= (now - run.seg_start) * run.speed / self.ref_speed
+            run.work -= kept * run.speed / self.ref_speed
         self._stop(run, now)  # an offloading job's progress is banked there
+        if kept < ran:
+            run.segments[-1] = replace(run.segments[-1], lost_s=ran - kept)
         run.epoch += 1
         self.result.preemptions += 1
         self._enqueue(run.job)
         self.settled = False
         for o in self.observers:
             o.preempted(run, claim, now)
+
+    def start_now(self, job: QueuedJob, now: float) -> bool:
+        """Place one waiting job at once, before the round (a reclaim's job, on the
+        GPUs its victims just freed); False if it does not fit."""
+        req = JobRequest(
+            job.job_id, job.num_gpus, job.gpu_milli, job.gpu_types, job.weight,
+            float(self.config.window), self._estimate(job) if self.easy else 0.0,
+        )  # fmt: skip
+        result = self.placer.place([req], self.state.free_nodes(), self.speed, self._context(now))
+        for alloc in result.allocations:
+            claim = self.state.claim(alloc, job.num_gpus) if alloc.job_id == job.job_id else None
+            if claim is None or alloc.gpu_milli != job.gpu_milli:
+                self.result.conflicts += 1
+                return False
+            self._start(self.runs[job.seq], claim, now, alloc)
+            return True
+        return False
 
     def _record(self, run: Run) -> JobRecord:
         j = run.job

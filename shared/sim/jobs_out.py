@@ -2,7 +2,10 @@
 submit order, empty start/finish for jobs that never ran. Times are written
 with `repr` (the shortest text that reads back as the same float), so the file
 is byte-identical for identical runs and the metrics recomputed from it match
-the summary exactly.
+the summary exactly. When a reclaim stopped a job and it lost work (shared/sim/
+reclaim.py), a last column `lost_s` gives each segment's lost seconds (the
+summary's `restart_lost_gpu_h` is the sum of num_gpus x lost_s / 3600); files of
+runs without such a stop have no such column.
 """
 
 from __future__ import annotations
@@ -37,18 +40,24 @@ HEADER = (
 def write_jobs_csv(records: Iterable[JobRecord], path: str | Path) -> None:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(HEADER)
+    records = list(records)
+    lost = any(s.lost_s for r in records for s in r.segments)
+    w.writerow((*HEADER, "lost_s") if lost else HEADER)
+    tail: tuple[str, ...] = ("",) if lost else ()
     for r in records:
         sub = repr(r.submit_s)
         pb = r.param_bytes or ""
         if not r.segments:
-            w.writerow((r.job_id, r.vc, sub, "", "", r.num_gpus, r.gpu_milli, "", "", pb, "", ""))
+            w.writerow(
+                (r.job_id, r.vc, sub, "", "", r.num_gpus, r.gpu_milli, "", "", pb, "", "", *tail)
+            )
         for s in r.segments:
             off = repr(s.offload_s) if r.param_bytes else ""
             rst = repr(s.restart_s) if r.param_bytes else ""
+            los = (repr(s.lost_s),) if lost else ()
             w.writerow(
                 (r.job_id, r.vc, sub, repr(s.start_s), repr(s.finish_s), r.num_gpus, r.gpu_milli,
-                 s.gpu_type, s.nodes, pb, off, rst)
+                 s.gpu_type, s.nodes, pb, off, rst, *los)
             )  # fmt: skip
     if str(path) == "-":  # stdout, as `--json -` is
         sys.stdout.write(buf.getvalue())
@@ -74,6 +83,7 @@ def read_jobs_csv(path: str | Path) -> list[JobRecord]:
                 seg = Segment(
                     float(row["start_s"]), float(row["finish_s"]), row["gpu_type"], row["nodes"],
                     float(row.get("offload_s") or 0.0), float(row.get("restart_s") or 0.0),
+                    float(row.get("lost_s") or 0.0),
                 )  # fmt: skip
                 rec = JobRecord(rec.job_id, rec.vc, rec.submit_s, rec.num_gpus, rec.gpu_milli,
                                 (*rec.segments, seg), rec.param_bytes)  # fmt: skip

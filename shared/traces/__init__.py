@@ -33,6 +33,7 @@ class TraceJob:
     project: str = ""  # group / account (JobSpec.project)
     app: str = ""  # executable or job name (JobSpec.app)
     time_limit_s: float | None = None  # requested wall time (JobSpec.time_limit_s); None: not given
+    priority_class: str = ""  # JobSpec.priority_class: a name of the cluster's priority_classes
 
 
 @dataclass

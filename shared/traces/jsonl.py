@@ -69,4 +69,5 @@ def read_jsonl(path: str | Path, stats: SkipStats) -> Iterator[TraceJob]:
                 project=spec.project,
                 app=spec.app,
                 time_limit_s=spec.time_limit_s,
+                priority_class=spec.priority_class,
             )
