@@ -33,20 +33,40 @@ from __future__ import annotations
 import heapq
 import math
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from shared.cluster import PriorityClass
+from shared.cluster import ClusterSpec, PriorityClass
 from shared.placement_api import FULL_GPU
 from shared.policy_api import QueuedJob
 from shared.tenancy import ANY, Quota, Running, Usage, Waiting
 
 if TYPE_CHECKING:
-    from shared.sim.engine import Simulator
     from shared.sim.run import Run
+    from shared.sim.state import ClusterState
 
 __all__ = ["RECLAIM_EVENT", "Reclaimer"]
 
 RECLAIM_EVENT = 2  # the engine's event kind for a reclaim's grace end or a re-check
+
+
+class ReclaimHost(Protocol):
+    """What the reclaimer reads and calls of the simulator it serves."""
+
+    cluster: ClusterSpec
+    events: list[tuple[float, int, int, int]]  # (time, kind, seq, epoch)
+    runs: list[Run]
+    state: ClusterState
+
+    def preempt(self, run: Run, now: float, keep_s: float | None = None) -> None:
+        """Stop `run` now, keeping `keep_s` of its work (its GPUs freed, the job queued)."""
+
+    def start_now(self, job: QueuedJob, now: float) -> bool:
+        """Start `job` now on what is free, if it fits; whether it started."""
+
+    def _queue_allows(self, job: QueuedJob) -> bool:
+        """Whether the job's queue and org limits let it start."""
+
+
 _HEADS = 2  # waiting jobs per queue and check that may reclaim
 _SCAN = 16  # oldest waiting jobs per queue and check looked at
 RECHECK_S = 30.0  # a queue whose reclaim failed is asked again after this at the latest
@@ -55,7 +75,7 @@ _NO_CLASS = PriorityClass()
 
 class Reclaimer:
     def __init__(
-        self, sim: Simulator, grace_s: float, min_run_s: float, checkpoint_s: float
+        self, sim: ReclaimHost, grace_s: float, min_run_s: float, checkpoint_s: float
     ) -> None:
         self.sim = sim
         cl = sim.cluster
