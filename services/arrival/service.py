@@ -122,11 +122,15 @@ class ArrivalHandler:
             self.admission.ended(ev.job_id, rec.source)
 
     def replay(self, rec: Record) -> None:
-        """Rebuild the live-job set from what was accepted and what ended before a restart."""
+        """Rebuild the live-job set from what was accepted and what ended before a restart,
+        and the inventory from every node's statuses (a restart that knew only the
+        nodes reporting after it would refuse jobs the whole cluster can hold)."""
         if rec.topic == self.topics.jobs_accepted and rec.key:
             self.admission.accepted(rec.key.decode("utf-8", "replace"))
         elif rec.topic == self.topics.jobs_events:
             self._apply_event(rec)
+        elif rec.topic == self.topics.cluster_nodes:
+            self._node(rec)
 
 
 def service_spec(
@@ -138,7 +142,7 @@ def service_spec(
         name=NAME,
         topics=[t.jobs_submit, t.cluster_nodes, t.jobs_events],
         handle=handler,
-        replay_topics=[t.jobs_accepted, t.jobs_rejected, t.jobs_events],
+        replay_topics=[t.jobs_accepted, t.jobs_rejected, t.jobs_events, t.cluster_nodes],
         replay=handler.replay,
     )
 

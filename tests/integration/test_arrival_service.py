@@ -235,3 +235,57 @@ async def test_oversized_message_is_rejected_with_its_head_and_nothing_is_lost(
     ((raw, n),) = got.rejected.items()
     assert n == 1 and raw == big[: 1 << 16].decode()
     assert "exceeds 1 MiB" in got.reasons[0]
+
+
+async def test_a_restarted_arrival_knows_every_node_not_only_those_reporting_since(
+    bus: BusSettings,
+) -> None:
+    """Two nodes of four GPUs reported before a restart, one again after it: an 8-GPU job
+    fits the cluster and is accepted (the inventory used to start empty and learn only
+    the nodes reporting after the restart, so the job was refused as too large)."""
+    from shared.bus import Producer, Record, read_back
+    from shared.messages import JobSpec, NodeStatus, encode
+
+    t = bus.topics
+
+    async def publish(*msgs: tuple[str, str, bytes]) -> None:
+        async with Producer(bus) as p:
+            for topic, key, value in msgs:
+                await (await p.send(topic, key, value))
+
+    async def run_until(n_answers: int, *msgs: tuple[str, str, bytes]) -> list[Record]:
+        """Arrival until `n_answers` are out; `msgs` are published once it has started,
+        the second a moment after the first (so it has seen the first by then)."""
+        stop, ready = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(arrival.serve(bus, stop, ready))
+        try:
+            await asyncio.wait_for(ready.wait(), 60)
+            for i, msg in enumerate(msgs):
+                await publish(msg)
+                if i == 0 and len(msgs) > 1:
+                    await asyncio.sleep(3.0)
+            for _ in range(150):
+                got: list[Record] = []
+                await read_back(bus, [t.jobs_accepted, t.jobs_rejected], got.append)
+                if len(got) >= n_answers:
+                    return got
+                await asyncio.sleep(0.2)
+            return got
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 60)
+
+    node = [NodeStatus(f"n{i}", "V100", 4, [0, 1, 2, 3]) for i in range(2)]
+    await publish(*[(t.cluster_nodes, n.node_id, encode(n)) for n in node])
+    small = JobSpec(job_id="small", num_gpus=2)
+    await run_until(1, (t.jobs_submit, "small", encode(small)))  # it has seen both nodes
+    big = JobSpec(job_id="big", num_gpus=8)
+    answers = await run_until(
+        2,
+        (t.cluster_nodes, "n0", encode(node[0])),  # only n0 reports after the restart
+        (t.jobs_submit, "big", encode(big)),
+    )
+    assert sorted((r.topic, r.key) for r in answers) == [
+        (t.jobs_accepted, b"big"),
+        (t.jobs_accepted, b"small"),
+    ]
