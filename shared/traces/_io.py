@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import calendar
+import csv
 import math
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from shared.errors import UserError
 
@@ -45,3 +47,35 @@ def finite(x: float) -> float:
     if not math.isfinite(x):
         raise ValueError(f"not a finite number: {x}")
     return x
+
+
+_J = TypeVar("_J")
+
+
+def csv_jobs(
+    path: str | Path,
+    required: tuple[str, ...],
+    what: str,
+    job_of: Callable[[dict[str, str]], _J | None],
+) -> Iterator[_J]:
+    """A CSV trace's rows as jobs, streamed: the header is checked for `required` columns
+    at once (a UserError saying the file is not `what`, naming the missing ones),
+    then each row goes through `job_of` (None: skipped, counted by `job_of`) and the
+    file is closed when the rows run out."""
+    fh = open_text(path)
+    rows = csv.DictReader(fh)
+    missing = [c for c in required if c not in (rows.fieldnames or [])]
+    if missing:
+        fh.close()
+        raise UserError(f"{path}: not {what} (missing columns {missing})")
+    return _jobs(fh, rows, job_of)
+
+
+def _jobs(
+    fh: IO[str], rows: csv.DictReader[str], job_of: Callable[[dict[str, str]], _J | None]
+) -> Iterator[_J]:
+    with fh:
+        for row in rows:
+            job = job_of(row)
+            if job is not None:
+                yield job

@@ -16,15 +16,12 @@ time"), rows that do not parse ("bad row").
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
-from shared.errors import UserError
 from shared.traces import SkipStats, TraceJob
-from shared.traces._io import open_text
+from shared.traces._io import csv_jobs
 
 __all__ = ["GPUS_PER_NODE", "GPU_TYPE", "read_alcf"]
 
@@ -34,21 +31,7 @@ _REQUIRED = ("job", "node_num", "submit_time", "run_time", "wall_time")
 
 
 def read_alcf(path: str | Path, stats: SkipStats) -> Iterator[TraceJob]:
-    fh = open_text(path)
-    rows = csv.DictReader(fh)
-    missing = [c for c in _REQUIRED if c not in (rows.fieldnames or [])]
-    if missing:
-        fh.close()
-        raise UserError(f"{path}: not an ALCF job log (missing columns {missing})")
-    return _jobs(fh, rows, stats)
-
-
-def _jobs(fh: IO[str], rows: csv.DictReader[str], stats: SkipStats) -> Iterator[TraceJob]:
-    with fh:
-        for row in rows:
-            job = _job_of(row, stats)
-            if job is not None:
-                yield job
+    return csv_jobs(path, _REQUIRED, "an ALCF job log", lambda row: _job_of(row, stats))
 
 
 def _number(text: str | None) -> float:

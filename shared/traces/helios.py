@@ -10,14 +10,11 @@ no duration ("unfinished"), rows that do not parse ("bad row").
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
-from shared.errors import UserError
 from shared.traces import SkipStats, TraceJob
-from shared.traces._io import finite, open_text, parse_time
+from shared.traces._io import csv_jobs, finite, parse_time
 
 __all__ = ["read_helios"]
 
@@ -26,21 +23,7 @@ _UNFINISHED = {"RUNNING", "PENDING", "REQUEUED", "SUSPENDED"}
 
 
 def read_helios(path: str | Path, stats: SkipStats) -> Iterator[TraceJob]:
-    fh = open_text(path)
-    rows = csv.DictReader(fh)
-    missing = [c for c in _REQUIRED if c not in (rows.fieldnames or [])]
-    if missing:
-        fh.close()
-        raise UserError(f"{path}: not a Helios cluster_log.csv (missing columns {missing})")
-    return _jobs(fh, rows, stats)
-
-
-def _jobs(fh: IO[str], rows: csv.DictReader[str], stats: SkipStats) -> Iterator[TraceJob]:
-    with fh:
-        for row in rows:
-            job = _job_of(row, stats)
-            if job is not None:
-                yield job
+    return csv_jobs(path, _REQUIRED, "a Helios cluster_log.csv", lambda row: _job_of(row, stats))
 
 
 def _job_of(row: dict[str, str], stats: SkipStats) -> TraceJob | None:
