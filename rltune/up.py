@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -185,13 +186,8 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     stats = SkipStats()
     schedule = list(paced(replay_jobs(args, cluster, stats), args.speedup))
-    port = args.port if args.port is not None else _default_port()
-    logs = args.logs or Path(tempfile.mkdtemp(prefix="rltune-up-"))
-    logs.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
-    with EmbeddedBroker(port, log_path=logs / "broker.log") as broker:
-        settings = BusSettings.resolve(broker.bootstrap, args.topic_prefix)
-        run_async(ensure_topics(settings))
+    with _broker(args) as (broker, settings, logs):
         console.print(
             f"broker on {broker.bootstrap}; {len(schedule)} jobs from {args.trace.name} "
             f"({stats.total} rows skipped) on {cluster.name} ({cluster.total_gpus} GPUs), "
@@ -245,13 +241,8 @@ def run_local(args: argparse.Namespace) -> int:
     else:
         args.hosts = args.hosts or LOCAL_HOSTS
         args.gpus = args.gpus or LOCAL_GPUS
-    port = args.port if args.port is not None else _default_port()
-    logs = args.logs or Path(tempfile.mkdtemp(prefix="rltune-up-"))
-    logs.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
-    with EmbeddedBroker(port, log_path=logs / "broker.log") as broker:
-        settings = BusSettings.resolve(broker.bootstrap, args.topic_prefix)
-        run_async(ensure_topics(settings))
+    with _broker(args) as (broker, settings, logs):
         kind = "real GPUs (pynvml)" if real else "emulated GPUs"
         console.print(
             f"broker on {broker.bootstrap}; a local cluster of {args.hosts} host(s) x "
@@ -274,6 +265,19 @@ def run_local(args: argparse.Namespace) -> int:
     if final.get("failed"):
         raise UserError(f"{final['failed']}; see {logs}")
     return 0
+
+
+@contextlib.contextmanager
+def _broker(args: argparse.Namespace) -> Iterator[tuple[EmbeddedBroker, BusSettings, Path]]:
+    """What both modes start with: the embedded broker on `--port` (or a free default),
+    the deployment's topics on it, and the logs folder (`--logs`, or a fresh one)."""
+    port = args.port if args.port is not None else _default_port()
+    logs = args.logs or Path(tempfile.mkdtemp(prefix="rltune-up-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    with EmbeddedBroker(port, log_path=logs / "broker.log") as broker:
+        settings = BusSettings.resolve(broker.bootstrap, args.topic_prefix)
+        run_async(ensure_topics(settings))
+        yield broker, settings, logs
 
 
 def _real_gpus() -> list[str]:
