@@ -156,7 +156,7 @@ async def _publisher(
     t = settings.topics
     window = f"last:{conf.window_s:g}s"
     async with Producer(settings, client_id=f"{NAME}-snapshots") as producer:
-        with contextlib.suppress(TimeoutError, Stopped):
+        with contextlib.suppress(Stopped):  # stopped while waiting for the broker
             await _until_either(built, stop)
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
