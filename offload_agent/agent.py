@@ -20,6 +20,10 @@ Relays between the training processes on this host (a Unix socket, see
   later, it is answered `failed`, "killed before it started"); one that does not
   decode goes to `jobs.rejected`. (A job still waiting in the queue is taken out
   by the scoring service.)
+* `jobs.kill` with `requeue` (a preemption, from scoring's reclaim): the job's
+  process group gets SIGTERM, SIGKILL after the request's `grace_s` (else
+  `kill_grace_s`); its exit is reported `preempted` and the job goes back to the
+  queue (a later placement starts it again). A job not running here is left alone.
 * `jobs.events`: a `failed` event from another node for a job that also runs here
   stops it here (a job given several nodes runs or fails as one);
 * `sched.placements` for this node → the job's command (from `jobs.accepted`)
@@ -177,6 +181,17 @@ class HostAgent:
             req = self._kill.decode(rec.value or b"")
         except msgspec.MsgspecError as exc:
             raise Reject(f"invalid KillRequest: {exc}", kind="invalid") from None
+        if req.requeue:
+            if not self.runner.preempt(req.job_id, req.reason):
+                self.stats.extra["preempt_not_here"] += 1  # not running here (or stopping)
+                return ()
+            self.stats.extra["preemptions"] += 1
+            log.info("preempting %s (%s)", req.job_id, req.reason or "no reason given")
+            grace = req.grace_s if req.grace_s is not None else self.config.kill_grace_s
+            task = asyncio.create_task(self._escalate(req.job_id, grace))
+            self.watchers.add(task)
+            task.add_done_callback(self.watchers.discard)
+            return ()
         if not self.runner.kill(req.job_id, req.reason):
             self.stats.extra["kill_not_here"] += 1  # not running here: never start it here
             return await self._announce(self.runner.forbid(req.job_id, req.reason, time.time()), [])
@@ -198,9 +213,12 @@ class HostAgent:
             self.watchers.add(task)
             task.add_done_callback(self.watchers.discard)
 
-    async def _escalate(self, job_id: str) -> None:
-        """SIGKILL a job that has not stopped `kill_grace_s` after SIGTERM."""
-        await asyncio.sleep(self.config.kill_grace_s)
+    async def _escalate(self, job_id: str, grace_s: float | None = None) -> None:
+        """SIGKILL a job that has not stopped `grace_s` (`kill_grace_s`) after SIGTERM."""
+        proc = self.runner.running.get(job_id)
+        await asyncio.sleep(self.config.kill_grace_s if grace_s is None else grace_s)
+        if proc is None or self.runner.running.get(job_id) is not proc:
+            return  # it stopped (and may run again, a new process: not this one's to kill)
         if self.runner.kill(job_id, "", signal.SIGKILL):
             self.stats.extra["kills_escalated"] += 1
 
@@ -213,6 +231,8 @@ class HostAgent:
                 ev = self._event.decode(rec.value or b"")
                 if ev.kind == "started" and self.config.node_id in ev.node_ids:
                     self.runner.started.add(ev.job_id)
+                elif ev.kind == "preempted" and self.config.node_id in ev.node_ids:
+                    self.runner.started.discard(ev.job_id)  # back in the queue
                 elif ev.kind in ("failed", "cancelled") and ev.job_id not in self.runner.started:
                     self.runner.forbid(ev.job_id, ev.detail, ev.time)  # ended unstarted
 

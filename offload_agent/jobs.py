@@ -31,6 +31,12 @@ nothing, so no GPU is ever given twice, whatever view placement had. A re-placem
 move (`PlacementBatch.moves`) is refused by the agent of the move's first new node
 (`rejected_placement`, detail `MOVE_REFUSED`): the agent cannot checkpoint and restart
 a running process, and placement then keeps the job where it runs.
+
+A preemption (`preempt`, a `KillRequest` with `requeue`) stops the job as a kill
+does, but its exit is reported `preempted` ("preempted (reason); exit code N"): the
+job is not over, it goes back to the queue, and a later placement starts its
+command again (here or elsewhere); a placement of the round that started the
+stopped run, delivered again, does not.
 """
 
 from __future__ import annotations
@@ -89,6 +95,10 @@ class JobRunner:
     nodes: dict[str, list[str]] = field(default_factory=dict)  # job -> every node it was given
     stopping: dict[str, str] = field(default_factory=dict)  # job -> why (a sibling failed)
     limits: dict[str, float] = field(default_factory=dict)  # job -> its time_limit_s
+    preempting: dict[str, str] = field(default_factory=dict)  # job -> why (a preemption)
+    round_of: dict[str, int] = field(default_factory=dict)  # job -> round that started it
+    # job -> round of its run that was preempted: only a later round starts it again
+    requeued: dict[str, int] = field(default_factory=dict)
 
     def learn(self, job: Job, now: float) -> tuple[list[JobEvent], list[Started]]:
         """Remember a job's command; start it if it was already placed here. A job
@@ -111,7 +121,10 @@ class JobRunner:
         for a in batch.assignments:
             if a.node_id != self.node_id or a.job_id in self.started:
                 continue
+            if batch.round_id <= self.requeued.get(a.job_id, -1):
+                continue  # the placement of a run since preempted, delivered again
             self.nodes[a.job_id] = given[a.job_id]
+            self.round_of[a.job_id] = batch.round_id
             if a.job_id in self.forbidden:
                 self.started.add(a.job_id)  # (a redelivery is not answered twice)
                 refused.append(self._killed_before_start(a.job_id, now))
@@ -281,6 +294,17 @@ class JobRunner:
         self.stopping[job_id] = f"time limit of {self.limits.get(job_id, 0):g} s reached"
         return True
 
+    def preempt(self, job_id: str, reason: str) -> bool:
+        """Stop a job running here to requeue it (SIGTERM to its group; True if it ran
+        here). Its exit is then `preempted`, and a later placement starts it again."""
+        if job_id in self.killing or job_id in self.stopping or job_id in self.preempting:
+            return False
+        if not self.kill(job_id, ""):
+            return False
+        self.killing.pop(job_id, None)
+        self.preempting[job_id] = reason
+        return True
+
     def stop_sibling(self, event: JobEvent) -> bool:
         """`event` says the job's process on another node failed: stop the one running
         here (SIGTERM to its group; True if there was one). Its exit is then `failed`,
@@ -305,6 +329,14 @@ class JobRunner:
         detail = f"exit code {returncode}"
         node = [self.node_id]
         self.limits.pop(job_id, None)
+        if job_id in self.preempting:
+            why = self.preempting.pop(job_id)
+            self.killing.pop(job_id, None)  # (the SIGKILL that may have followed)
+            self.started.discard(job_id)  # a later placement runs it again
+            self.requeued[job_id] = self.round_of.pop(job_id, -1)
+            detail = f"preempted{f' ({why})' if why else ''}; {detail}"
+            return JobEvent(job_id, "preempted", now, node, detail, exit_code=returncode)
+        self.round_of.pop(job_id, None)
         if job_id in self.stopping:
             why = self.stopping.pop(job_id)
             self.killing.pop(job_id, None)  # (the SIGKILL that may have followed)

@@ -9,7 +9,10 @@ Two kinds of cluster:
   where pynvml sees GPUs and neither flag is given, one agent on those). A placed
   job's `command` runs as a real process with `CUDA_VISIBLE_DEVICES` set to the
   GPUs it was given; its stdout and stderr go to the run's log folder
-  (jobs/<host>/<job>.out, .err). Nothing is replayed.
+  (jobs/<host>/<job>.out, .err). Nothing is replayed. With `--queues FILE` (the
+  `queues:` and `priority_classes:` of a cluster file) the team queues hold on
+  these hosts: scoring reclaims a queue's guarantee by preempting borrowers
+  (`--grace`, `--min-run`), and the host agents stop and requeue their processes.
 * with `--trace`, the simulated cluster (cluster-sim) and a replay of the trace.
   A job a user publishes meanwhile is refused at once on `jobs.rejected` with the
   reason (the arrival service runs with `--user-jobs reject`): the simulated
@@ -45,6 +48,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import msgspec
+import yaml
 from aiokafka import AIOKafkaConsumer
 from rich.console import Console, Group
 from rich.live import Live
@@ -59,7 +63,7 @@ from rltune.common import (
 )
 from shared.broker import EmbeddedBroker, _die_with_parent, ensure_topics, free_port
 from shared.bus import Producer, partitions_of
-from shared.cluster import ClusterSpec, load_cluster
+from shared.cluster import ClusterSpec, load_cluster, parse_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import MetricsSnapshot, encode
@@ -124,6 +128,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=LOCAL_GPU_TYPE,
         help=f"the emulated GPUs' type name (default {LOCAL_GPU_TYPE})",
     )
+    p.add_argument(
+        "--queues",
+        type=Path,
+        default=None,
+        help="the local cluster's team queues: a YAML file with `queues:` and "
+        "`priority_classes:` as a cluster file has them (guarantees are reclaimed by "
+        "preempting borrowers: docs/guide/tenancy.md)",
+    )
+    p.add_argument(
+        "--grace", type=float, default=None, metavar="S",
+        help="the local cluster's reclaim: SIGTERM, then SIGKILL after S s (default 120)",
+    )  # fmt: skip
+    p.add_argument(
+        "--min-run", type=float, default=None, metavar="S",
+        help="the local cluster's reclaim: never preempt a job in its first S s (default 600)",
+    )  # fmt: skip
     p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
     p.add_argument("--placer", default="milp", help="placement (default milp)")
     p.add_argument("--window", type=int, default=128, help="jobs per round (K)")
@@ -167,6 +187,11 @@ def run(args: argparse.Namespace) -> int:
         return run_local(args)
     if args.hosts is not None or args.gpus is not None:
         raise UserError("--hosts and --gpus size the local cluster: they go without --trace")
+    if args.queues is not None or args.grace is not None or args.min_run is not None:
+        raise UserError(
+            "--queues, --grace and --min-run are the local cluster's: a replay takes its "
+            "queues from --cluster (and simulate's reclaim flags)"
+        )
     args.format = args.format or "jsonl"
     args.cluster = args.cluster or str(CLUSTER)
     args.speedup = 1000.0 if args.speedup is None else args.speedup
@@ -241,8 +266,12 @@ def run_local(args: argparse.Namespace) -> int:
     else:
         args.hosts = args.hosts or LOCAL_HOSTS
         args.gpus = args.gpus or LOCAL_GPUS
+    tenancy = _tenancy(args)
     console = Console(stderr=True)
     with _broker(args) as (broker, settings, logs):
+        if tenancy is not None:  # the hosts, with the queues: scoring's cluster file
+            args.local_cluster = logs / "cluster.yaml"
+            args.local_cluster.write_text(yaml.safe_dump(tenancy, sort_keys=False))
         kind = "real GPUs (pynvml)" if real else "emulated GPUs"
         console.print(
             f"broker on {broker.bootstrap}; a local cluster of {args.hosts} host(s) x "
@@ -265,6 +294,35 @@ def run_local(args: argparse.Namespace) -> int:
     if final.get("failed"):
         raise UserError(f"{final['failed']}; see {logs}")
     return 0
+
+
+def _tenancy(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The local cluster as a cluster file (its hosts, then `--queues`' queues and
+    priority classes), checked as any cluster file is; None without `--queues`."""
+    for flag, v in (("--grace", args.grace), ("--min-run", args.min_run)):
+        if v is not None and not 0.0 <= v <= 86_400.0:
+            raise UserError(f"{flag} must be within [0, 86400] seconds, got {v:g}")
+    if args.queues is None:
+        if args.grace is not None or args.min_run is not None:
+            raise UserError("--grace and --min-run go with --queues (the reclaim they tune)")
+        return None
+    try:
+        raw = yaml.safe_load(args.queues.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read --queues {args.queues}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise UserError(f"--queues {args.queues} is not valid YAML") from exc
+    keys = ("queues", "priority_classes")
+    if not isinstance(raw, dict) or not raw or any(k not in keys for k in raw):
+        raise UserError(f"--queues {args.queues}: a mapping of {' and '.join(keys)} only")
+    data = {
+        "name": "local",
+        "nodes": [{"name": "host", "count": args.hosts, "gpu_type": args.gpu_type,
+                   "gpus": args.gpus}],
+        **raw,
+    }  # fmt: skip
+    parse_cluster(data, source=f"--queues {args.queues}")  # a bad file: one line, exit 2
+    return data
 
 
 @contextlib.contextmanager
@@ -304,6 +362,17 @@ def _default_port() -> int:
 
     with socket.socket() as s:
         return 9092 if s.connect_ex(("127.0.0.1", 9092)) != 0 else free_port()
+
+
+def _reclaim_args(args: argparse.Namespace) -> list[str]:
+    """Scoring's cluster file (the local hosts and their queues) and reclaim settings."""
+    path = getattr(args, "local_cluster", None)
+    if path is None:
+        return []
+    out = ["--cluster", str(path)]
+    out += ["--grace", repr(args.grace)] if args.grace is not None else []
+    out += ["--min-run", repr(args.min_run)] if args.min_run is not None else []
+    return out
 
 
 class Services:
@@ -350,7 +419,8 @@ class Services:
             "arrival": bus,
             "telemetry": bus,
             "scoring": [*bus, "--policy", args.policy, "--rounds", "free",
-                        "--window", str(args.window), "--seed", str(args.seed)],
+                        "--window", str(args.window), "--seed", str(args.seed),
+                        *_reclaim_args(args)],
             "placement": [*bus, "--placer", args.placer, "--discipline", args.discipline],
             "profiler": bus,
         }  # fmt: skip

@@ -284,10 +284,14 @@ class JobEvent(Struct, omit_defaults=True):
 class KillRequest(Struct, omit_defaults=True):
     """`jobs.kill` (public): stop a running job. The host agent running it terminates
     its process group (SIGTERM, SIGKILL after a grace period) and reports `failed`
-    with the reason."""
+    with the reason. With `requeue` (a preemption: scoring's reclaim on live hosts)
+    the job is not ended: its stop is reported `preempted`, it goes back to the
+    queue and runs again when placed; `grace_s` is then its grace period."""
 
     job_id: JobId
     reason: ShortStr = ""
+    requeue: bool = False
+    grace_s: Annotated[float, Meta(ge=0.0, le=86_400.0)] | None = None
 
 
 class MetricsSnapshot(Struct, omit_defaults=True):

@@ -317,3 +317,25 @@ def test_a_processes_stats_take_their_agents_node_id_and_are_still_checked() -> 
     bad = ipc.encode_line(ipc.StatsMsg(OffloadStats("j", "", 7.5)))
     with pytest.raises(msgspec.ValidationError, match="hit_rate"):
         ipc.decode(bad, "n1")  # a hit rate of 7.5 is refused as on offload.stats
+
+
+def test_a_preempted_job_is_reported_preempted_and_runs_again_on_a_later_round() -> None:
+    runner = JobRunner("n1", launch, {"PATH": os.environ["PATH"]}, gpus=2)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    runner.learn(Job("j", 2, 0.0, command=sleeper), 0.0)
+    placed = PlacementBatch(7, 0.0, [Assignment("j", "n1", [0, 1])])
+    (ev,), (p,) = runner.place(placed, 1.0)
+    assert ev.kind == "started"
+    assert not runner.preempt("other", "x")  # not running here
+    assert runner.preempt("j", "reclaim") and not runner.preempt("j", "reclaim")  # once
+    end = runner.exited("j", p.process.wait(30), 2.0)
+    assert (end.kind, end.exit_code) == ("preempted", -15)
+    assert end.detail == "preempted (reclaim); exit code -15"
+    assert runner.busy == {} and not runner.preempting and not runner.killing
+    # the placement that started the stopped run, delivered again, starts nothing
+    assert runner.place(placed, 3.0) == ([], [])
+    # a later round's placement starts it again (a new process)
+    (ev,), (p2,) = runner.place(PlacementBatch(9, 0.0, [Assignment("j", "n1", [1, 0])]), 4.0)
+    assert ev.kind == "started" and p2.process.pid != p.process.pid
+    assert runner.kill("j", "done")
+    assert runner.exited("j", p2.process.wait(30), 5.0).kind == "failed"
