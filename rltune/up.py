@@ -402,7 +402,7 @@ class Services:
             sim += ["--json", args.json] if args.json else []
             sim += ["--jobs-out", args.jobs_out] if args.jobs_out else []
         self.argv = {
-            "arrival": [*bus, "--user-jobs", "reject"],
+            "arrival": [*bus, "--user-jobs", "reject", *common],
             "telemetry": bus,
             "scoring": bus + common + ["--policy", args.policy, "--rounds", "driven"]
             + ["--window", str(args.window), "--seed", str(args.seed)],
@@ -416,7 +416,7 @@ class Services:
         """The local cluster: the scheduler's services and one host agent per host (the
         cluster is the hosts as they report: no cluster file)."""
         self.argv = {
-            "arrival": bus,
+            "arrival": [*bus, *_reclaim_args(args)[:2]],  # (its cluster file's classes)
             "telemetry": bus,
             "scoring": [*bus, "--policy", args.policy, "--rounds", "free",
                         "--window", str(args.window), "--seed", str(args.seed),

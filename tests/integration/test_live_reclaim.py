@@ -107,3 +107,7 @@ def test_a_guaranteed_job_preempts_a_borrower_which_restarts_and_finishes(
     # the owners ran once each, never stopped
     for owner in ("urgent", "urgent-2"):
         assert _kinds(up, owner) == ["started", "finished"]
+    # arrival knows the queue file's priority classes: an unknown one is refused
+    up.publish({"job_id": "odd", "num_gpus": 1, "priority_class": "nope", "command": ["true"]})
+    reason = up.wait("rejected", "odd")["reason"]
+    assert reason == "priority_class 'nope' is not a priority class of this cluster (it has train)"
