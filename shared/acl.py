@@ -15,7 +15,9 @@ own snapshots to `metrics` and the dead letters of what it reads (`<topic>.dlq`
 for internal topics, `jobs.rejected` for public ones); cluster-sim writes
 `sched.rounds` (its round requests) and `jobs.submit` (a trace replay submits as
 a user would); scoring writes `jobs.events` (`cancelled` for a job killed while
-it waited).
+it waited) and `jobs.kill` (preemptions: reclaim on live hosts, a `KillRequest`
+with `requeue`); a user reads `jobs.kill` (`rltune why --cluster` names the
+preemptions under way).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ __all__ = ["PRINCIPALS", "READS", "WRITES", "kafka_users", "writes"]
 WRITES: dict[str, tuple[str, ...]] = {
     "user": ("jobs.submit", "jobs.kill"),
     "arrival": ("jobs.accepted",),
-    "scoring": ("sched.priorities", "jobs.events"),
+    "scoring": ("sched.priorities", "jobs.events", "jobs.kill"),
     "placement": ("sched.placements",),
     "telemetry": ("rl.rewards",),
     "profiler": ("offload.plans",),
@@ -46,7 +48,14 @@ WRITES: dict[str, tuple[str, ...]] = {
 
 # principal -> topic suffixes it reads (inputs and what it reads back at a restart)
 READS: dict[str, tuple[str, ...]] = {
-    "user": ("jobs.rejected", "jobs.accepted", "jobs.events", "metrics", "sched.priorities"),
+    "user": (
+        "jobs.rejected",
+        "jobs.accepted",
+        "jobs.events",
+        "metrics",
+        "sched.priorities",
+        "jobs.kill",
+    ),
     "arrival": ("jobs.submit", "jobs.accepted", "jobs.rejected", "cluster.nodes", "jobs.events"),
     "scoring": (
         "jobs.accepted",
