@@ -30,6 +30,12 @@ of deciding themselves:
   service (`rank`, `next_threshold`), computed here by the same policy class; each
   stop goes out as a `preempted` event and in the next round's `preempted` list,
   and scoring puts the job back in its queue with the service it attained.
+* With queue guarantees in the cluster file, the simulator's reclaim
+  (shared/sim/reclaim.py) stops borrowers as `simulate` does: each stop is a
+  `preempted` event and an entry of the next round's `preempted` list. The
+  reclaiming job's start, asked of the placer between rounds, goes with a score
+  round of its own (`Rounds._stale`): placement answers a place request once, by
+  round id, on the node states that round names.
 
 Everything else (arrivals from the trace, run times, finishes, conflicts, the
 per-job records and the summary) is the simulator's, unchanged, so that the
