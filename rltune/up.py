@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -86,7 +87,7 @@ NOT_GIVEN = (None, False)
 # flags of a replay alone: with no --trace each is a mistake, said in one line
 REPLAY_ONLY = (
     "cluster", "format", "limit", "speedup", "lockstep", "round_interval", "offload_fraction",
-    "preempt", "until_done", "json", "jobs_out",
+    "preempt", "until_done", "json", "jobs_out", "checkpoint", "no_reclaim",
 )  # fmt: skip
 STOP_GRACE_S = 10.0
 FIGURES = "telemetry.all"  # the source of telemetry's figures over every finished job
@@ -138,12 +139,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--grace", type=float, default=None, metavar="S",
-        help="the local cluster's reclaim: SIGTERM, then SIGKILL after S s (default 120)",
+        help="reclaim: a preempted job gets SIGTERM, then SIGKILL after S s (default 120)",
     )  # fmt: skip
     p.add_argument(
         "--min-run", type=float, default=None, metavar="S",
-        help="the local cluster's reclaim: never preempt a job in its first S s (default 600)",
+        help="reclaim: a job is never preempted in its first S s (default 600)",
     )  # fmt: skip
+    p.add_argument(
+        "--checkpoint", type=float, default=None, metavar="S",
+        help="a replay's reclaim: a preempted job loses the work since its last checkpoint, "
+        "every S s (default 1800, as simulate's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--no-reclaim", action="store_true", help="a replay without reclaim (as simulate's)"
+    )
     p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
     p.add_argument("--placer", default="milp", help="placement (default milp)")
     p.add_argument("--window", type=int, default=128, help="jobs per round (K)")
@@ -187,11 +196,12 @@ def run(args: argparse.Namespace) -> int:
         return run_local(args)
     if args.hosts is not None or args.gpus is not None:
         raise UserError("--hosts and --gpus size the local cluster: they go without --trace")
-    if args.queues is not None or args.grace is not None or args.min_run is not None:
-        raise UserError(
-            "--queues, --grace and --min-run are the local cluster's: a replay takes its "
-            "queues from --cluster (and simulate's reclaim flags)"
-        )
+    if args.queues is not None:
+        raise UserError("--queues is the local cluster's: a replay takes its queues from --cluster")
+    for flag, v, lo in (("--grace", args.grace, 0.0), ("--min-run", args.min_run, 0.0),
+                        ("--checkpoint", args.checkpoint, 1e-9)):  # fmt: skip
+        if v is not None and not (math.isfinite(v) and v >= lo):
+            raise UserError(f"{flag} must be a number of seconds {'>' if lo else '>='} 0, got {v}")
     args.format = args.format or "jsonl"
     args.cluster = args.cluster or str(CLUSTER)
     args.speedup = 1000.0 if args.speedup is None else args.speedup
@@ -397,6 +407,10 @@ class Services:
         sim += ["--preempt"] if args.preempt else []
         sim += ["--round-interval", str(args.round_interval)] if args.round_interval else []
         sim += [] if args.lockstep else ["--epoch", repr(args.epoch)]
+        sim += ["--no-reclaim"] if args.no_reclaim else []
+        for flag, v in (("--grace", args.grace), ("--min-run", args.min_run),
+                        ("--checkpoint", args.checkpoint)):  # fmt: skip
+            sim += [flag, repr(v)] if v is not None else []
         if args.until_done:
             sim += ["--exit-when-done"]
             sim += ["--json", args.json] if args.json else []

@@ -34,23 +34,34 @@ queues:
 """
 
 
+DEFAULTS = {"grace_s": 120.0, "min_run_s": 600.0, "checkpoint_s": 1800.0}
+SETTINGS = {"grace_s": 60.0, "min_run_s": 300.0, "checkpoint_s": 900.0}
+FLAGS = {"grace_s": "--grace", "min_run_s": "--min-run", "checkpoint_s": "--checkpoint"}
+
+
 @pytest.mark.parametrize(
-    ("queues", "policy", "at_least"),
-    [(FLAT, "sjf-est", 5), (ORGS, "fifo", 2)],
-    ids=["flat", "two-orgs"],
+    ("queues", "policy", "at_least", "settings"),
+    [(FLAT, "sjf-est", 5, {}), (ORGS, "fifo", 2, {}), (ORGS, "sjf-est", 5, SETTINGS)],
+    ids=["flat", "two-orgs", "two-orgs-settings"],
 )
 async def test_lockstep_reclaim_same_csv_as_simulate(
-    bus: BusSettings, tmp_path: Path, queues: str, policy: str, at_least: int
+    bus: BusSettings,
+    tmp_path: Path,
+    queues: str,
+    policy: str,
+    at_least: int,
+    settings: dict[str, float],
 ) -> None:
     cluster = tmp_path / "small-queues.yaml"
     cluster.write_text(SMALL_CLUSTER + queues)
     await publish_trace(bus, cluster, LIMIT)
-    runs = lockstep_runs(bus, cluster, policy, "milp", LIMIT, tmp_path)
+    runs = lockstep_runs(bus, cluster, policy, "milp", LIMIT, tmp_path, reclaim=settings)
     async with services(bus, runs) as tasks:
         await asyncio.wait_for(tasks["cluster-sim"], 240)
     out, js = tmp_path / "sim.csv", tmp_path / "sim.json"
     argv = ["simulate", "--trace", str(PHILLY), "--format", "philly", "--cluster", str(cluster)]
     argv += ["--policy", policy, "--limit", str(LIMIT), "--jobs-out", str(out), "--json", str(js)]
+    argv += [x for k, v in settings.items() for x in (FLAGS[k], str(v))]
     assert main(argv) == 0
     expected = out.read_text()
     header, *lines = expected.splitlines()
@@ -65,6 +76,7 @@ async def test_lockstep_reclaim_same_csv_as_simulate(
     up, sim = json.loads((tmp_path / "up.json").read_text()), json.loads(js.read_text())
     for key in ("jobs", "preemptions", "restart_lost_gpu_h", "reclaim", "avg_jct_s"):
         assert up[key] == sim[key], key
+    assert sim["reclaim"] == {**DEFAULTS, **settings}  # (the settings reached both runs)
     assert sim["preemptions"] == stopped
     # every stop went out on jobs.events as `preempted`, once per stopped segment
     recs: list[Record] = []

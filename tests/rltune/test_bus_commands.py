@@ -110,6 +110,8 @@ async def test_submit_wait_and_metrics(
         (["up", "--grace", "5"], "--grace and --min-run go with --queues"),
         (["up", "--queues", "q.yaml", "--min-run", "-1"], "--min-run must be within"),
         (["up", "--trace", SAMPLE, "--queues", "q.yaml"], "a replay takes its queues from"),
+        (["up", "--trace", SAMPLE, "--grace", "-1"], "--grace must be a number of seconds"),
+        (["up", "--checkpoint", "60"], "--checkpoint go with --trace"),
         (["submit", "--job-id", "x", "--num-gpus", "1", "--command", "a 'b"], "--command"),
         (["submit", "--job-id", "x", "--num-gpus", "1", "--command", " "], "--command is empty"),
         (["submit", "--job-id", "x", "--num-gpus", "1", "--wait", "done"], "invalid choice"),
