@@ -104,8 +104,14 @@ class AgentConfig:
         emulate = os.environ.get("RLTUNE_NODE_EMULATE", "") not in ("", "0")
         if emulate and inventory is None:
             raise UserError("RLTUNE_NODE_EMULATE needs RLTUNE_NODE_GPUS (the emulated GPUs)")
+        sock = ipc.socket_path()
+        if len(os.fsencode(sock)) > 107:  # sun_path: 108 bytes with the terminating NUL
+            raise UserError(
+                f"RLTUNE_OFFLOAD_SOCKET={str(sock)!r} is {len(os.fsencode(sock))} bytes; "
+                "a Unix socket's path is at most 107"
+            )
         return cls(
-            ipc.socket_path(),
+            sock,
             node,
             swap_root=swap_dir(),
             inventory=inventory,
