@@ -132,6 +132,7 @@ acl --allow-principal User:rltune-telemetry \
     --topic rltune.jobs.accepted \
     --topic rltune.jobs.events \
     --topic rltune.jobs.events.dlq \
+    --topic rltune.jobs.exits.dlq \
     --topic rltune.jobs.rejected \
     --topic rltune.metrics \
     --topic rltune.offload.plans.dlq \
@@ -206,6 +207,8 @@ acl --allow-principal User:rltune-offload-agent \
     --topic rltune.cluster.nodes.dlq \
     --topic rltune.jobs.events \
     --topic rltune.jobs.events.dlq \
+    --topic rltune.jobs.exits \
+    --topic rltune.jobs.exits.dlq \
     --topic rltune.jobs.rejected \
     --topic rltune.metrics \
     --topic rltune.offload.plans.dlq \
@@ -221,6 +224,7 @@ acl --allow-principal User:rltune-offload-agent \
     --topic rltune.cluster.nodes \
     --topic rltune.jobs.accepted \
     --topic rltune.jobs.events \
+    --topic rltune.jobs.exits \
     --topic rltune.jobs.kill \
     --topic rltune.offload.plans \
     --topic rltune.offload.profiles \

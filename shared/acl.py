@@ -53,7 +53,13 @@ WRITES: dict[str, tuple[str, ...]] = {
         "offload.stats",
         "jobs.submit",
     ),
-    "offload-agent": ("cluster.nodes", "jobs.events", "offload.stats", "offload.profiles"),
+    "offload-agent": (
+        "cluster.nodes",
+        "jobs.events",
+        "jobs.exits",
+        "offload.stats",
+        "offload.profiles",
+    ),
 }
 
 # principal -> topic suffixes it reads (inputs and what it reads back at a restart)
@@ -105,6 +111,7 @@ READS: dict[str, tuple[str, ...]] = {
         "jobs.accepted",
         "jobs.events",
         "jobs.kill",
+        "jobs.exits",
         "cluster.nodes",
         "offload.stats",
         "offload.profiles",
