@@ -45,3 +45,19 @@ def test_the_device_script_reports_inventory_events_and_times(tmp_path: Path) ->
     assert 0 < report["broker_ready_s"] <= report["first_node_status_s"]
     assert report["first_node_status_s"] <= report["submitted_s"] < report["up_to_end_s"]
     assert report["started_to_finished_s"] >= 0
+
+
+def test_the_carried_wheels_are_the_locked_versions() -> None:
+    """fetch-wheels.sh pins what requirements.lock pins (a bump of the lock must
+    reach the GPU machine too)."""
+    text = (ROOT / "scripts" / "device" / "fetch-wheels.sh").read_text()
+    block = text.split("WHEELS=(", 1)[1].split(")", 1)[0]
+    wheels = dict(w.lower().split("==") for w in block.split())
+    lock = dict(
+        line.strip().lower().split("==")
+        for line in (ROOT / "requirements.lock").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    assert len(wheels) == 14
+    for name, version in wheels.items():
+        assert lock.get(name) == version, name
