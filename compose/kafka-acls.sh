@@ -46,8 +46,10 @@ acl --allow-principal User:rltune-arrival \
     --operation Describe \
     --resource-pattern-type literal \
     --topic rltune.cluster.nodes \
+    --topic rltune.cluster.nodes.dlq \
     --topic rltune.jobs.accepted \
     --topic rltune.jobs.events \
+    --topic rltune.jobs.events.dlq \
     --topic rltune.jobs.rejected \
     --topic rltune.jobs.submit
 acl --allow-principal User:rltune-arrival \
@@ -73,14 +75,20 @@ acl --allow-principal User:rltune-scoring \
     --operation Describe \
     --resource-pattern-type literal \
     --topic rltune.cluster.nodes \
+    --topic rltune.cluster.nodes.dlq \
     --topic rltune.jobs.accepted \
     --topic rltune.jobs.events \
+    --topic rltune.jobs.events.dlq \
     --topic rltune.jobs.kill \
     --topic rltune.jobs.rejected \
     --topic rltune.rl.rewards \
+    --topic rltune.rl.rewards.dlq \
     --topic rltune.sched.placements \
+    --topic rltune.sched.placements.dlq \
     --topic rltune.sched.priorities \
-    --topic rltune.sched.rounds
+    --topic rltune.sched.priorities.dlq \
+    --topic rltune.sched.rounds \
+    --topic rltune.sched.rounds.dlq
 acl --allow-principal User:rltune-scoring \
     --operation Read \
     --resource-pattern-type literal \
@@ -102,11 +110,17 @@ acl --allow-principal User:rltune-placement \
     --operation Describe \
     --resource-pattern-type literal \
     --topic rltune.cluster.nodes \
+    --topic rltune.cluster.nodes.dlq \
     --topic rltune.jobs.accepted \
     --topic rltune.jobs.events \
+    --topic rltune.jobs.events.dlq \
+    --topic rltune.jobs.rejected \
     --topic rltune.sched.placements \
+    --topic rltune.sched.placements.dlq \
     --topic rltune.sched.priorities \
-    --topic rltune.sched.rounds
+    --topic rltune.sched.priorities.dlq \
+    --topic rltune.sched.rounds \
+    --topic rltune.sched.rounds.dlq
 acl --allow-principal User:rltune-placement \
     --operation Read \
     --resource-pattern-type literal \
@@ -162,7 +176,9 @@ acl --allow-principal User:rltune-profiler \
     --operation Describe \
     --resource-pattern-type literal \
     --topic rltune.offload.plans \
-    --topic rltune.offload.profiles
+    --topic rltune.offload.plans.dlq \
+    --topic rltune.offload.profiles \
+    --topic rltune.offload.profiles.dlq
 acl --allow-principal User:rltune-profiler \
     --operation Read \
     --resource-pattern-type literal \
@@ -189,12 +205,19 @@ acl --allow-principal User:rltune-cluster-sim \
     --operation Describe \
     --resource-pattern-type literal \
     --topic rltune.cluster.nodes \
+    --topic rltune.cluster.nodes.dlq \
     --topic rltune.jobs.events \
+    --topic rltune.jobs.events.dlq \
+    --topic rltune.jobs.rejected \
     --topic rltune.jobs.submit \
     --topic rltune.offload.stats \
+    --topic rltune.offload.stats.dlq \
     --topic rltune.sched.placements \
+    --topic rltune.sched.placements.dlq \
     --topic rltune.sched.priorities \
-    --topic rltune.sched.rounds
+    --topic rltune.sched.priorities.dlq \
+    --topic rltune.sched.rounds \
+    --topic rltune.sched.rounds.dlq
 acl --allow-principal User:rltune-cluster-sim \
     --operation Read \
     --resource-pattern-type literal \
@@ -222,14 +245,22 @@ acl --allow-principal User:rltune-offload-agent \
     --operation Describe \
     --resource-pattern-type literal \
     --topic rltune.cluster.nodes \
+    --topic rltune.cluster.nodes.dlq \
     --topic rltune.jobs.accepted \
     --topic rltune.jobs.events \
+    --topic rltune.jobs.events.dlq \
     --topic rltune.jobs.exits \
+    --topic rltune.jobs.exits.dlq \
     --topic rltune.jobs.kill \
+    --topic rltune.jobs.rejected \
     --topic rltune.offload.plans \
+    --topic rltune.offload.plans.dlq \
     --topic rltune.offload.profiles \
+    --topic rltune.offload.profiles.dlq \
     --topic rltune.offload.stats \
-    --topic rltune.sched.placements
+    --topic rltune.offload.stats.dlq \
+    --topic rltune.sched.placements \
+    --topic rltune.sched.placements.dlq
 acl --allow-principal User:rltune-offload-agent \
     --operation Read \
     --resource-pattern-type prefixed \

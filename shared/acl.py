@@ -132,7 +132,12 @@ def writes(principal: str, topics: Topics) -> list[str]:
 
 
 def reads(principal: str, topics: Topics) -> list[str]:
+    """Every topic `principal` may read: its inputs and, for a service, the dead
+    letters of those inputs, which it reads back with its outputs whenever it takes
+    its partitions (shared.bus: the inputs it already answered)."""
     out = [topics.name(s) for s in READS[principal]]
+    if principal != "user":
+        out += [topics.dead_letter(topics.name(s)) for s in READS[principal]]
     if principal == "telemetry":  # counts every dead letter
         out += [t for t in topics.all() if t.endswith(".dlq")]
     return sorted(set(out))

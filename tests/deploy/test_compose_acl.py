@@ -163,6 +163,8 @@ def test_every_service_logs_in_as_its_own_user_with_a_password_from_a_file(
     assert users == {acl.principal_name(p) for p in acl.PRINCIPALS if p != "user"}
     init = doc["services"]["kafka-init"]
     assert init["environment"]["RLTUNE_KAFKA_SASL_USERNAME"] == "admin"
+    # its probe logs in too (a SASL listener drops an anonymous one)
+    assert "wait_for_broker(bus.bootstrap, 120, bus.security)" in init["entrypoint"][-1]
     assert init["depends_on"]["kafka-acls"]["condition"] == "service_completed_successfully"
     for n, svc in doc["services"].items():  # no password anywhere in the files
         for k, v in (svc.get("environment") or {}).items():
