@@ -94,15 +94,21 @@ def test_the_broker_authenticates_every_client_and_authorizes_with_acls() -> Non
         "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
     )
     assert props["allow.everyone.if.no.acl.found"] == "false"
-    assert props["super.users"] == "User:admin"
+    # the admin, and the controller listener's anonymous principal (KRaft authorizes
+    # the broker's registration there), which only the container's loopback reaches
+    assert props["super.users"].split(";") == ["User:admin", "User:ANONYMOUS"]
     assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
     assert props["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
     protocol = dict(p.split(":") for p in props["listener.security.protocol.map"].split(","))
     controllers = set(props["controller.listener.names"].split(","))
     for spec in props["listeners"].split(",") + props["advertised.listeners"].split(","):
-        name = spec.split("://")[0]
-        if name not in controllers:  # every listener a client reaches logs it in
+        name, where = spec.split("://")
+        if name in controllers:  # plaintext, anonymous: bound to loopback alone
+            assert where.startswith("127.0.0.1:") and spec in props["listeners"], spec
+        else:  # every listener a client reaches logs it in
             assert protocol[name].startswith("SASL_"), spec
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:9093"
+    assert [p for p, proto in protocol.items() if not proto.startswith("SASL_")] == ["CONTROLLER"]
     assert props["inter.broker.listener.name"] in protocol
     # the admin's password: from the secret into a JAAS file named by KAFKA_OPTS
     assert (
