@@ -22,8 +22,13 @@ SITE=${RLTUNE_DEVICE_SITE:-/tmp/rltune-site}
 WHL=${RLTUNE_DEVICE_WHEELS:-.whl}
 mkdir -p "$OUT"
 if compgen -G "$WHL/*.whl" >/dev/null; then
-  "$PY" -m pip install --no-index --no-deps --disable-pip-version-check --target "$SITE" \
-    "$WHL"/*.whl >"$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; exit 1; }
+  if "$PY" -m pip --version >/dev/null 2>&1; then
+    "$PY" -m pip install --no-index --no-deps --disable-pip-version-check --target "$SITE" \
+      "$WHL"/*.whl >"$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; exit 1; }
+  else  # no pip: a wheel is a zip laid out as site-packages (none of these has .data)
+    "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+      "$SITE" "$WHL"/*.whl >"$OUT/pip.log" 2>&1
+  fi
   export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
