@@ -9,7 +9,12 @@ socket, so the 10Cache engine inside can find its agent,
 given, comma-separated, as Slurm's SLURM_JOB_NODELIST: a job on several nodes
 runs its command on each, and each process can tell its place from these).
 When the job's process on another node fails, the one here is stopped
-(`stop_sibling`): a gang runs together or not at all. A job with a
+(`stop_sibling`): a gang runs together or not at all. Such a job has one status,
+decided by all its nodes: a process that fails makes it `failed` at once (the detail
+names the node and the exit code), and one that exits 0 is only this node's share
+(`NodeExit`, on `jobs.exits`): the job is `finished` when every node's has exited 0
+(`record_exit`, which says when the record read is the one that completes the set).
+A job with a
 `time_limit_s` (Slurm's `--time`) is stopped when it has run that long
 (`time_up`, called by the agent's timer): `failed`, "time limit of N s reached". It
 answers with a `started` event, or `failed` when the command cannot start (not found,
@@ -55,7 +60,7 @@ from pathlib import Path
 from typing import IO
 
 from offload_agent.nvme import SWAP_DIR_ENV, job_swap_dir
-from shared.messages import Job, JobEvent, PlacementBatch
+from shared.messages import Job, JobEvent, NodeExit, PlacementBatch
 
 __all__ = ["FORBIDDEN_KEPT", "JobRunner", "Started"]
 
@@ -99,6 +104,8 @@ class JobRunner:
     round_of: dict[str, int] = field(default_factory=dict)  # job -> round that started it
     # job -> round of its run that was preempted: only a later round starts it again
     requeued: dict[str, int] = field(default_factory=dict)
+    # job of several nodes -> node -> the time its process there exited 0 (jobs.exits)
+    exits: OrderedDict[str, dict[str, float]] = field(default_factory=OrderedDict)
 
     def learn(self, job: Job, now: float) -> tuple[list[JobEvent], list[Started]]:
         """Remember a job's command; start it if it was already placed here. A job
@@ -320,13 +327,16 @@ class JobRunner:
         self.stopping[event.job_id] = f"its process on {where} failed"
         return True
 
-    def exited(self, job_id: str, returncode: int, now: float) -> JobEvent:
+    def exited(self, job_id: str, returncode: int, now: float) -> JobEvent | NodeExit:
         """The event of a job's process that exited with `returncode` (negative: killed
-        by that signal); a failed one's detail ends with its last stderr lines."""
+        by that signal); a failed one's detail ends with its last stderr lines. On a
+        job given several nodes, an exit 0 is this node's share alone (`NodeExit`)
+        and a failure's detail names this node."""
         self.free(job_id)
         self.running.pop(job_id, None)
-        self.nodes.pop(job_id, None)
-        detail = f"exit code {returncode}"
+        nodes = self.nodes.pop(job_id, None) or [self.node_id]
+        gang = len(set(nodes)) > 1
+        detail = f"exit code {returncode}" + (f" on {self.node_id}" if gang else "")
         node = [self.node_id]
         self.limits.pop(job_id, None)
         if job_id in self.preempting:
@@ -347,8 +357,25 @@ class JobRunner:
             why = self.killing.pop(job_id)
             detail = f"killed on request{f' ({why})' if why else ''}; {detail}"
             return JobEvent(job_id, "failed", now, node, detail, exit_code=returncode)
+        if returncode == 0 and gang:
+            return NodeExit(job_id, self.node_id, list(dict.fromkeys(nodes)), now)
         if returncode == 0:
             return JobEvent(job_id, "finished", now, node, detail, exit_code=0)
         tail = self.stderr_tail(job_id)
         detail += f"; stderr:\n{tail}" if tail else ""
         return JobEvent(job_id, "failed", now, node, detail, exit_code=returncode)
+
+    def record_exit(self, ex: NodeExit) -> JobEvent | None:
+        """Note that `ex.node_id`'s process of `ex.job_id` exited 0. When that record is
+        this node's own and completes the set (every node of the job has exited 0),
+        the job's `finished` event: exactly one agent, the last to exit in the topic's
+        order, publishes it, whatever order the records arrive in."""
+        done = self.exits.setdefault(ex.job_id, {})
+        done[ex.node_id] = ex.time
+        self.exits.move_to_end(ex.job_id)
+        while len(self.exits) > FORBIDDEN_KEPT:
+            self.exits.popitem(last=False)
+        if ex.node_id != self.node_id or not set(ex.nodes) <= set(done):
+            return None
+        detail = f"exit code 0 on every node ({', '.join(ex.nodes)})"
+        return JobEvent(ex.job_id, "finished", ex.time, list(ex.nodes), detail, exit_code=0)

@@ -271,6 +271,7 @@ def run_local(args: argparse.Namespace) -> int:
             "with --trace; the local cluster is its hosts as they report"
         )
     real = [] if args.hosts or args.gpus else _real_gpus()
+    args.real_gpus = bool(real)
     if real:
         args.hosts, args.gpus, args.gpu_type = 1, len(real), real[0]
     else:
@@ -445,7 +446,9 @@ class Services:
                 "RLTUNE_NODE_ID": host,
                 "RLTUNE_NODE_GPUS": str(args.gpus),
                 "RLTUNE_NODE_GPU_TYPE": args.gpu_type,
-                "RLTUNE_NODE_EMULATE": "1",
+                # the host's GPUs as pynvml reports them (free, busy, memory), or the
+                # emulated inventory
+                "RLTUNE_NODE_EMULATE": "0" if getattr(args, "real_gpus", False) else "1",
                 "RLTUNE_OFFLOAD_SOCKET": str(self.logs / f"{host}.sock"),
                 "RLTUNE_SWAP_DIR": str(self.logs / "swap" / host),
                 "RLTUNE_JOB_LOGS": str(self.logs / "jobs" / host),

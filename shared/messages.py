@@ -24,6 +24,7 @@ __all__ = [
     "KillRequest",
     "MetricsSnapshot",
     "MoveOrder",
+    "NodeExit",
     "NodeStatus",
     "OffloadRunning",
     "OffloadSpec",
@@ -279,6 +280,19 @@ class JobEvent(Struct, omit_defaults=True):
     # appended: the process's exit status on `finished` / `failed` from a host agent
     # (negative: killed by that signal); absent when no process ran (the simulator)
     exit_code: int | None = None
+
+
+class NodeExit(Struct):
+    """`jobs.exits` (internal, host agents only): the process of a job given several
+    nodes exited 0 on `node_id`. The job is `finished` only when every node of
+    `nodes` has said so; the agent whose record completes the set (the topic keeps
+    one job's records in one order for every reader) publishes that `finished`. A
+    process that fails is `failed` on `jobs.events` at once, and stops the others."""
+
+    job_id: JobId
+    node_id: NodeId
+    nodes: Annotated[list[NodeId], Meta(min_length=2, max_length=1024)]  # all it was given
+    time: NonNegFinite
 
 
 class KillRequest(Struct, omit_defaults=True):
