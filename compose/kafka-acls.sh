@@ -25,6 +25,7 @@ acl --allow-principal User:rltune-user \
     --resource-pattern-type literal \
     --topic rltune.jobs.accepted \
     --topic rltune.jobs.events \
+    --topic rltune.jobs.kill \
     --topic rltune.jobs.rejected \
     --topic rltune.metrics \
     --topic rltune.sched.priorities
@@ -63,6 +64,7 @@ acl --allow-principal User:rltune-scoring \
     --topic rltune.cluster.nodes.dlq \
     --topic rltune.jobs.events \
     --topic rltune.jobs.events.dlq \
+    --topic rltune.jobs.kill \
     --topic rltune.jobs.rejected \
     --topic rltune.metrics \
     --topic rltune.rl.rewards.dlq \
