@@ -331,7 +331,7 @@ def test_a_preempted_job_is_reported_preempted_and_runs_again_on_a_later_round()
     assert ev.kind == "started"
     assert not runner.preempt("other", "x")  # not running here
     assert runner.preempt("j", "reclaim") and not runner.preempt("j", "reclaim")  # once
-    end = runner.exited("j", p.process.wait(30), 2.0)
+    end = _event(runner.exited("j", p.process.wait(30), 2.0))
     assert (end.kind, end.exit_code) == ("preempted", -15)
     assert end.detail == "preempted (reclaim); exit code -15"
     assert runner.busy == {} and not runner.preempting and not runner.killing
@@ -341,7 +341,7 @@ def test_a_preempted_job_is_reported_preempted_and_runs_again_on_a_later_round()
     (ev,), (p2,) = runner.place(PlacementBatch(9, 0.0, [Assignment("j", "n1", [1, 0])]), 4.0)
     assert ev.kind == "started" and p2.process.pid != p.process.pid
     assert runner.kill("j", "done")
-    assert runner.exited("j", p2.process.wait(30), 5.0).kind == "failed"
+    assert _event(runner.exited("j", p2.process.wait(30), 5.0)).kind == "failed"
 
 
 def _event(x: JobEvent | NodeExit) -> JobEvent:
