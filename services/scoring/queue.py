@@ -80,6 +80,7 @@ class ScoringState:
         self.running: dict[str, QueuedJob] = {}
         self.started_at: dict[str, float] = {}
         self.nodes_of: dict[str, list[str]] = {}  # running job -> the nodes it started on
+        self.stopping: dict[str, set[str]] = {}  # preempted job -> nodes not stopped yet
         self.first: list[str] = []  # free rounds: these lead the window (reclaim's jobs)
         self.run_s: dict[str, float] = {}  # GPU-holding time of finished jobs
         self.attained: dict[str, float] = {}  # GPU-seconds of the preempted segments
@@ -131,6 +132,8 @@ class ScoringState:
         elif ev.kind in ("finished", "failed", "preempted"):
             if jid not in self.started_at or jid in self.ended:
                 return
+            if ev.kind == "preempted" and not self._all_stopped(jid, ev.node_ids):
+                return  # a job on several hosts: the others' processes are still stopping
             start = self.started_at.pop(jid)
             self.nodes_of.pop(jid, None)
             self.run_s[jid] = self.run_s.get(jid, 0.0) + ev.time - start
@@ -149,6 +152,16 @@ class ScoringState:
         elif ev.kind == "rejected_placement" and free and jid not in self.started_at:
             self._stop(jid, requeue=True)  # the executor refused it: it waits again
         self.dirty = True
+
+    def _all_stopped(self, jid: str, nodes: list[str]) -> bool:
+        """Whether a preempted job's process has stopped on every node it started on
+        (each host agent reports its own; the simulator names them all at once)."""
+        left = self.stopping.setdefault(jid, set(self.nodes_of.get(jid) or ()))
+        left.difference_update(nodes)
+        if left:
+            return False
+        del self.stopping[jid]
+        return True
 
     def where(self, jid: str) -> str:
         """Where a job stands here: `queued`, `placed` (given GPUs, not started yet),

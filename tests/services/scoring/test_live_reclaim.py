@@ -87,3 +87,16 @@ def test_no_preemption_of_a_queue_inside_its_guarantee_or_a_non_preemptible_job(
     _run(s2, "p9", "prod", 8, "h-0", 0.0)
     s2.accepted(Job("x", 1, 1.0, vc="nobody"), free=True)
     assert LiveReclaim(CLUSTER, 0.0, 0.0).check(s2, 1000.0) == [] and s2.first == []
+
+
+def test_a_job_on_two_hosts_waits_again_once_both_processes_stopped() -> None:
+    s = _state()
+    s.accepted(Job("g", 8, 0.0, vc="research"), free=True)
+    s.placed(["g"])
+    for node in ("h-0", "h-1"):  # each host agent reports its own start and stop
+        s.event(JobEvent("g", "started", 1.0, [node]), free=True)
+    s.event(JobEvent("g", "preempted", 50.0, ["h-0"]), free=True)
+    assert s.where("g") == "running"  # h-1's process still stops: not placed again yet
+    s.event(JobEvent("g", "preempted", 52.0, ["h-1"]), free=True)
+    assert s.where("g") == "queued" and not s.stopping
+    assert s.preempts["g"] == 1
