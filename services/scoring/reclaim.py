@@ -22,7 +22,6 @@ and `priority_classes`:
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 from services.scoring.queue import ScoringState
@@ -44,14 +43,9 @@ class LiveReclaim:
     grace_s: float = 120.0
     min_run_s: float = 600.0
     draining: dict[str, tuple[str, float]] = field(default_factory=dict)  # victim -> (for, when)
-    preemptions: Counter[str] = field(default_factory=Counter)  # by the victim's queue
 
     def __post_init__(self) -> None:
         self.quota = Quota(self.cluster.queues, self.cluster.priority_classes)
-
-    @property
-    def active(self) -> bool:
-        return self.quota.has_guarantees()
 
     def check(self, st: ScoringState, now: float) -> list[KillRequest]:
         """The preemptions to ask for now (and `st.first` set)."""
@@ -88,6 +82,7 @@ class LiveReclaim:
             cands.append(
                 Running(q.seq, queue, gpus, c.priority, c.preemptible, st.started_at[jid], q.seq)
             )
+        reclaiming = {f for f, _ in self.draining.values()}
         first: list[str] = []
         out: list[KillRequest] = []
         heads: dict[str, int] = {}
@@ -103,9 +98,14 @@ class LiveReclaim:
             heads[queue] = heads.get(queue, 0) + 1
             if self.quota.limit_reason(usage, queue, {ANY: j.gpus}, c.preemptible) is not None:
                 continue
-            pending = j.job_id in {f for f, _ in self.draining.values()}
-            if pending or view.fits(j.num_gpus, j.gpu_milli, j.gpu_types):
-                first.append(j.job_id)  # it starts on what is free (or being freed)
+            if j.job_id in reclaiming:  # its victims are stopping: what they free is its
+                first.append(j.job_id)
+                t = types[0] if types else only
+                usage.add(queue, {t: j.gpus})
+                free[t] = free.get(t, 0.0) - j.gpus
+                continue
+            if view.fits(j.num_gpus, j.gpu_milli, j.gpu_types):
+                first.append(j.job_id)  # it starts on what is free
                 continue
             got = self.quota.reclaim(usage, w, cands, free, now, self.min_run_s)
             if got is None or not got[1]:
@@ -115,7 +115,6 @@ class LiveReclaim:
             for r in victims:
                 vid = ids[r.key]
                 self.draining[vid] = (j.job_id, now)
-                self.preemptions[r.queue] += 1
                 usage.add(r.queue, r.gpus, -1.0)
                 free[t] = free.get(t, 0.0) + r.gpus.get(t, 0.0)
                 why = f"reclaim: queue {queue}'s guarantee, for {j.job_id}"
