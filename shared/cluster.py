@@ -8,8 +8,9 @@
     queues:
       research: {guaranteed_gpus: 96, limit_gpus: 160}          # an org
       "nlp": {parent: research, guaranteed_gpus: {V100: 32}, limit_gpus: 64, weight: 1}
+    priority_preemption: false          # optional; every class's `preempt_lower` default
     priority_classes:
-      inference: {priority: 100, preemptible: false}
+      inference: {priority: 100, preemptible: false, preempt_lower: true}
       train: {priority: 10, preemptible: true, checkpoint_s: 1800}
 
 A node group `{name: v100, count: 28}` becomes nodes `v100-0` .. `v100-27`.
@@ -72,6 +73,9 @@ class PriorityClass:
     priority: int = 0  # higher = more important
     preemptible: bool = True  # False: never preempted (and may start only within guarantee)
     checkpoint_s: float | None = None  # checkpoint interval (restart cost); None: the default
+    # a waiting job of this class that does not fit may preempt its own queue's jobs of
+    # lower classes (shared/tenancy.py rule 5); the file's `priority_preemption` if unset
+    preempt_lower: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,10 +133,12 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     return parse_cluster(data, source=str(p))
 
 
-_TOP_KEYS = ("name", "nodes", "speed", "reference", "queues", "priority_classes")
+_TOP_KEYS = (
+    "name", "nodes", "speed", "reference", "queues", "priority_classes", "priority_preemption",
+)  # fmt: skip
 _NODE_KEYS = ("name", "gpu_type", "count", "gpus", "pcie_gbps", "nvme_gbps", "host_mem_gib")
 _QUEUE_KEYS = ("guaranteed_gpus", "limit_gpus", "weight", "parent")
-_CLASS_KEYS = ("priority", "preemptible", "checkpoint_s")
+_CLASS_KEYS = ("priority", "preemptible", "checkpoint_s", "preempt_lower")
 
 
 def _known_keys(raw: dict[Any, Any], allowed: tuple[str, ...], where: str) -> None:
@@ -178,7 +184,10 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterSpec:
         )
     queues = _queues(data.get("queues") or {}, source)
     _check_tree(queues, nodes, source)
-    classes = _priority_classes(data.get("priority_classes") or {}, source)
+    every = data.get("priority_preemption", False)
+    if not isinstance(every, bool):
+        raise UserError(f"{source}: `priority_preemption` must be true or false, got {every!r}")
+    classes = _priority_classes(data.get("priority_classes") or {}, source, every)
     return ClusterSpec(
         name=str(data.get("name") or Path(source).stem),
         nodes=tuple(nodes),
@@ -344,7 +353,7 @@ def _check_tree(queues: Mapping[str, QueueSpec], nodes: list[NodeSpec], source: 
             )
 
 
-def _priority_classes(raw: Any, source: str) -> dict[str, PriorityClass]:
+def _priority_classes(raw: Any, source: str, every: bool = False) -> dict[str, PriorityClass]:
     if not isinstance(raw, dict):
         raise UserError(f"{source}: `priority_classes` must map a name to its priority")
     out: dict[str, PriorityClass] = {}
@@ -362,7 +371,10 @@ def _priority_classes(raw: Any, source: str) -> dict[str, PriorityClass]:
         ck = c.get("checkpoint_s")
         if ck is not None and not _positive(ck):
             raise UserError(f"{where}.checkpoint_s must be a positive number, got {ck!r}")
-        out[str(name)] = PriorityClass(prio, pre, None if ck is None else float(ck))
+        low = c.get("preempt_lower", every)
+        if not isinstance(low, bool):
+            raise UserError(f"{where}.preempt_lower must be true or false, got {low!r}")
+        out[str(name)] = PriorityClass(prio, pre, None if ck is None else float(ck), low)
     return out
 
 

@@ -38,6 +38,28 @@ Rules.
    over their guarantees) are taken as well until the org has room: a team's
    guarantee holds inside its org's limit. No victim set that frees enough:
    nothing is preempted.
+5. Priority preemption (`preempt_lower`), off unless a class sets
+   `preempt_lower: true` (or the cluster file `priority_preemption: true`). A
+   waiting job J of queue Q and priority P, of such a class, that does not fit
+   the free GPUs (or its queue's or org's limit) may have running jobs of Q
+   itself preempted that are of a strictly lower priority than P, preemptible,
+   and past `min_run_s` in their current segment. Only Q's own jobs: another
+   queue's GPUs are taken back by reclaim (rule 4) or not at all, so no
+   guarantee and no other queue's share moves. It is done only when afterwards
+   Q and its org stay within their limits with J's GPUs added (and rule 3 holds
+   for a non-preemptible J). Victims, to lose the fewest GPU-seconds of
+   progress: lowest priority first, then newest (latest segment start) first,
+   then newest submitted; taken until J fits, then any earlier pick the others
+   make unnecessary is dropped (latest picked first). Of the GPU types J may
+   use, the one whose victims lose the fewest GPU-seconds (GPUs x time in the
+   current segment) is chosen (ties: type name). Nothing that frees enough:
+   nothing is preempted.
+
+Bound. With guarantees that add up to at most the cluster (shared/cluster.py
+refuses more), preemptible borrowers and untyped jobs, the free GPUs plus what
+queues hold above their guarantees always cover a job that fits its team's
+unused guarantee, so once every borrower is past `min_run_s` a reclaim is found
+and the job starts after the grace period: within grace + minimum run + a round.
 
 Why these rules: what Kueue and NVIDIA KAI document.
 * Kueue: a ClusterQueue's `nominalQuota` may be lent to others in its cohort
@@ -49,8 +71,11 @@ Why these rules: what Kueue and NVIDIA KAI document.
   borrowing preempt others' lower-priority workloads (optionally only below a
   `maxPriorityThreshold`); not done here: borrowing never preempts.
   `withinClusterQueue: LowerPriority` preempts lower-priority workloads of the
-  same queue; not done here either (priority orders victims only). Rule 4's
-  "R's queue is over" is Kueue's condition on the candidates.
+  same queue when a pending workload does not fit its queue's quota: rule 5.
+  Rule 4's "R's queue is over" is Kueue's condition on the candidates. Kueue
+  (concepts/preemption) takes candidates lowest priority first, then the most
+  recently admitted first, removes them until the workload fits, then adds back
+  those not needed: rule 5's order and its drop pass.
 * KAI: a queue's `deserved` quota is guaranteed, `over-quota` capacity is
   shared by `overQuotaWeight` (fair share), and `limit` caps. Reclaim lets a
   queue below its deserved quota take back what queues above theirs use; in a
@@ -60,13 +85,11 @@ Why these rules: what Kueue and NVIDIA KAI document.
   4 takes the divergence test and adds the team floor, so every team's
   guarantee is a promise. KAI (as run by OSMO) runs non-preemptible workloads
   only within a guarantee: rule 3. Reclaim restores a queue's deserved quota,
-  never its fair share above it (KAI discussion #1763): so here.
+  never its fair share above it (KAI discussion #1763): so here. KAI's
+  preempt action is the in-queue counterpart: a pending job of a queue may
+  evict preemptible jobs of lower priority in the same queue, never a
+  non-preemptible one (rule 5).
 
-Bound. With guarantees that add up to at most the cluster (shared/cluster.py
-refuses more), preemptible borrowers and untyped jobs, the free GPUs plus what
-queues hold above their guarantees always cover a job that fits its team's
-unused guarantee, so once every borrower is past `min_run_s` a reclaim is found
-and the job starts after the grace period: within grace + minimum run + a round.
 """
 
 from __future__ import annotations
@@ -109,6 +132,7 @@ class Waiting:
     gpus: float
     types: frozenset[str] = frozenset()
     priority: int = 0
+    preemptible: bool = True  # its class's (rule 3 holds for a non-preemptible one)
 
 
 class Usage:
@@ -195,6 +219,10 @@ class Quota:
 
     def has_guarantees(self) -> bool:
         return any(q.guaranteed_gpus > 0 for q in self.queues.values())
+
+    def preempts_lower(self) -> bool:
+        """Whether a priority class may preempt lower ones (rule 5)."""
+        return any(c.preempt_lower for c in self.classes.values())
 
     # ---- rule 1 and 3: may a job start ------------------------------------------------
     def limit_reason(
@@ -374,3 +402,58 @@ class Quota:
         """Whether `job` may claim GPUs of type `t` by reclaim: it fits inside its own
         queue's unused guarantee there, or inside its org's."""
         return self.entitled(usage, job, t) or self._org_room(usage, job, t)
+
+    # ---- rule 5: priority preemption ----------------------------------------------------
+    def preempt_lower(
+        self,
+        usage: Usage,
+        job: Waiting,
+        running: Iterable[Running],
+        free: Mapping[str, float],
+        now: float,
+        min_run_s: float,
+    ) -> tuple[str, list[Running]] | None:
+        """The GPU type and the running jobs of `job`'s own queue, of lower priority, to
+        preempt so that `job` fits (rule 5); ([] when it already fits a type's free GPUs
+        and its limits). None: no such set (or the limits hold it even then)."""
+        live = [
+            r for r in running
+            if r.queue == job.queue and r.priority < job.priority and r.preemptible
+            and now - r.started_s >= min_run_s
+        ]  # fmt: skip
+        # lowest priority, then newest segment, then newest submitted first
+        live.sort(key=lambda r: (r.priority, -r.started_s, -r.order))
+        best: tuple[float, str, list[Running]] | None = None
+        for t in sorted(job.types or free.keys()):
+            got = self._lower_type(usage, job, live, t, free.get(t, 0.0))
+            if got is None:
+                continue
+            cost = sum(sum(r.gpus.values()) * (now - r.started_s) for r in got)
+            if best is None or cost < best[0] - _EPS:
+                best = (cost, t, got)
+        return None if best is None else (best[1], best[2])
+
+    def _lower_type(
+        self, usage: Usage, job: Waiting, cands: list[Running], t: str, free: float
+    ) -> list[Running] | None:
+        def fits(victims: list[Running]) -> bool:
+            gained = sum(r.gpus.get(t, 0.0) for r in victims)
+            if free + gained + _EPS < job.gpus:
+                return False
+            u = usage.copy()
+            for r in victims:
+                u.add(r.queue, r.gpus, -1.0)
+            return self.limit_reason(u, job.queue, {t: job.gpus}, job.preemptible) is None
+
+        picked: list[Running] = []
+        for r in cands:
+            if fits(picked):
+                break
+            picked.append(r)
+        if not fits(picked):
+            return None
+        for r in list(reversed(picked)):
+            rest = [p for p in picked if p is not r]
+            if fits(rest):
+                picked = rest
+        return picked

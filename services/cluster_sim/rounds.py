@@ -491,7 +491,9 @@ class BusEvents(SimObserver):
     def preempted(self, run: Run, claim: Claim, now: float) -> None:
         self.rounds.requeue = None
         nodes = sorted(set(self._nodes(claim)))
-        self.rounds.pending.events.append(JobEvent(run.job.job_id, "preempted", now, nodes))
+        # detail: why (shared/sim/reclaim.py: "reclaim" or "priority"; "" for LAS)
+        ev = JobEvent(run.job.job_id, "preempted", now, nodes, detail=run.why)
+        self.rounds.pending.events.append(ev)
 
     def finished(self, run: Run, claim: Claim, now: float) -> None:
         nodes = sorted(set(self._nodes(claim)))

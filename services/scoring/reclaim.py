@@ -16,6 +16,11 @@ and `priority_classes`:
   host agent sends SIGTERM, SIGKILL after the grace period, and reports the stop
   `preempted`; the victim goes back to the queue, and the reclaiming job leads
   the rounds until it starts on what the victims freed.
+* Priority preemption (rule 5): then the highest-priority waiting jobs (two per
+  queue) of classes with `preempt_lower` that do not fit ask `Quota.preempt_lower`
+  for victims of their own queue; each gets a `KillRequest` as above, its reason
+  starting `priority:` (a reclaim's starts `reclaim:`), which the agent's
+  `preempted` event carries in its detail.
 * A victim is not asked again while it stops (until its `preempted` event, or
   `grace_s` + `STOPPING_S` at most).
 """
@@ -118,6 +123,45 @@ class LiveReclaim:
                 usage.add(r.queue, r.gpus, -1.0)
                 free[t] = free.get(t, 0.0) + r.gpus.get(t, 0.0)
                 why = f"reclaim: queue {queue}'s guarantee, for {j.job_id}"
+                out.append(KillRequest(vid, why, requeue=True, grace_s=self.grace_s))
+            cands = [r for r in cands if ids[r.key] not in self.draining]
+            usage.add(queue, {t: j.gpus})
+            free[t] = free.get(t, 0.0) - j.gpus
+        # rule 5: the highest-priority waiting jobs of classes that preempt lower ones
+        eager = [
+            (j, c) for j in st.queued.values()
+            if (c := classes.get(st.jobs[j.job_id].priority_class, _NO_CLASS)).preempt_lower
+            and j.job_id not in first
+            and not (j.gpu_milli < FULL_GPU and j.num_gpus == 1)
+        ]  # fmt: skip
+        eager.sort(key=lambda jc: (-jc[1].priority, jc[0].seq))
+        tries: dict[str, int] = {}
+        for j, c in eager:
+            queue = cl.queue_of(j.vc)
+            if j.job_id in reclaiming:  # its victims are stopping: what they free is its
+                first.append(j.job_id)
+                t = sorted(j.gpu_types or free.keys() or [only])[0]
+                usage.add(queue, {t: j.gpus})
+                free[t] = free.get(t, 0.0) - j.gpus
+                continue
+            if tries.get(queue, 0) >= _HEADS:
+                continue
+            fits = view.fits(j.num_gpus, j.gpu_milli, j.gpu_types)
+            if fits and self.quota.limit_reason(usage, queue, {ANY: j.gpus}, c.preemptible) is None:
+                continue  # it fits: the round places it
+            tries[queue] = tries.get(queue, 0) + 1
+            w = Waiting(queue, j.gpus, j.gpu_types, c.priority, c.preemptible)
+            got = self.quota.preempt_lower(usage, w, cands, free, now, self.min_run_s)
+            if got is None or not got[1]:
+                continue
+            t, victims = got
+            first.append(j.job_id)
+            for r in victims:
+                vid = ids[r.key]
+                self.draining[vid] = (j.job_id, now)
+                usage.add(r.queue, r.gpus, -1.0)
+                free[t] = free.get(t, 0.0) + r.gpus.get(t, 0.0)
+                why = f"priority: class {st.jobs[j.job_id].priority_class} of {j.job_id}"
                 out.append(KillRequest(vid, why, requeue=True, grace_s=self.grace_s))
             cands = [r for r in cands if ids[r.key] not in self.draining]
             usage.add(queue, {t: j.gpus})

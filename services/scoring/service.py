@@ -151,7 +151,8 @@ class ScoringHandler:
         cluster = load_cluster(conf.cluster) if conf.cluster else None
         self.state = ScoringState(make_policy(conf.policy), cluster, conf.window, conf.seed)
         self.reclaimer: LiveReclaim | None = None
-        if cluster is not None and Quota(cluster.queues).has_guarantees():
+        quota = Quota(cluster.queues, cluster.priority_classes) if cluster is not None else None
+        if cluster is not None and quota and (quota.has_guarantees() or quota.preempts_lower()):
             self.reclaimer = LiveReclaim(cluster, conf.grace_s, conf.min_run_s)
         self._last_reclaim = 0.0
         self.driven = conf.rounds == "driven"

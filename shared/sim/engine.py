@@ -130,6 +130,7 @@ class SimResult:
     reclaim_settings: dict[str, float] = field(default_factory=dict)  # grace, min run, ckpt
     reclaims: int = 0  # jobs stopped by reclaim
     lost_gpu_s: float = 0.0  # GPU-seconds of work lost to those stops (since a checkpoint)
+    preempted_by: dict[str, int] = field(default_factory=dict)  # those stops by reason
 
     def offload_part(self) -> OffloadPart:
         """The RL reward's offload part over this run's offloading jobs (offload_signal.py)."""
@@ -148,6 +149,7 @@ class SimResult:
             out["preemptions"] = self.reclaims
             out["restart_lost_gpu_h"] = self.lost_gpu_s / 3600.0
             out["reclaim"] = dict(self.reclaim_settings)
+            out["preemptions_by_reason"] = dict(self.preempted_by)
         return out
 
 
@@ -216,7 +218,10 @@ class Simulator:
             Preemptor(self) if config.preempt and getattr(policy, "preemptive", False) else None
         )
         self.reclaim: Reclaimer | None = None
-        if config.reclaim and any(q.guaranteed_gpus > 0 for q in cluster.queues.values()):
+        if config.reclaim and (
+            any(q.guaranteed_gpus > 0 for q in cluster.queues.values())
+            or any(c.preempt_lower for c in cluster.priority_classes.values())
+        ):  # guarantees to keep, or classes that preempt lower ones
             self.reclaim = Reclaimer(self, config.grace_s, config.min_run_s, config.checkpoint_s)
             self.has_limits |= self.reclaim.nonpreemptible
         self.result = SimResult(
@@ -357,6 +362,7 @@ class Simulator:
         if self.reclaim is not None:
             self.result.reclaims = self.reclaim.preemptions
             self.result.lost_gpu_s = self.reclaim.lost_gpu_s
+            self.result.preempted_by = dict(sorted(self.reclaim.by_reason.items()))
         self.result.records = [self._record(r) for r in self.runs]
         self.result.offload = {r.job.job_id: r.offload for r in self.runs if r.offload is not None}
         self.result.wall_s = time.perf_counter() - t0

@@ -97,6 +97,7 @@ class Preemptor:
             if sim.state.fits(job.num_gpus, job.gpu_milli, job.gpu_types):
                 continue
             for run in self._victims(job):
+                run.why = "las"
                 sim.preempt(run, now)
                 stopped = True
         return stopped

@@ -22,6 +22,14 @@ and acts on their answer:
   `min_run_s`, or of a non-preemptible class) is looked at again when the
   first of them leaves its minimum run time.
 * A non-preemptible job starts only inside its queue's unused guarantee.
+* Priority preemption (rule 5, classes with `preempt_lower`): after the
+  reclaims, the highest-priority waiting jobs of such classes in each queue
+  (two per queue and check; ties: oldest) that do not fit ask
+  `Quota.preempt_lower` for victims of their own queue; the victims get the
+  same grace period and checkpoint loss, and the job starts on what they free.
+* Every stop carries its reason (`Run.why`, the `preempted` event's `detail`
+  over the bus): `reclaim` or `priority`; the summary counts them
+  (`preemptions_by_reason`).
 
 So a job that fits its team's unused guarantee starts within grace + minimum
 run time + a round, as long as the borrowers are preemptible (tests/shared/sim/
@@ -97,6 +105,10 @@ class Reclaimer:
         self.lost_gpu_s = 0.0
         self.preemptions = 0
         self.nonpreemptible = any(not c.preemptible for c in self.classes.values())
+        self.why: dict[int, str] = {}  # victim seq -> why it stops ("reclaim", "priority")
+        self.by_reason: dict[str, int] = {}  # stops per reason
+        # queue -> seq -> waiting job of a class that may preempt lower ones (rule 5)
+        self.eager: dict[str, dict[int, QueuedJob]] = {}
 
     # ---- what the engine tells it ------------------------------------------------------
     def arrived(self, seq: int, priority_class: str) -> None:
@@ -105,11 +117,16 @@ class Reclaimer:
             self.cls[seq] = c
 
     def enqueued(self, job: QueuedJob) -> None:
-        self.waiting.setdefault(self.sim.cluster.queue_of(job.vc), {})[job.seq] = job
+        q = self.sim.cluster.queue_of(job.vc)
+        self.waiting.setdefault(q, {})[job.seq] = job
+        if self.cls.get(job.seq, _NO_CLASS).preempt_lower:
+            self.eager.setdefault(q, {})[job.seq] = job
         self.dirty = True
 
     def dequeued(self, job: QueuedJob) -> None:
-        self.waiting.get(self.sim.cluster.queue_of(job.vc), {}).pop(job.seq, None)
+        q = self.sim.cluster.queue_of(job.vc)
+        self.waiting.get(q, {}).pop(job.seq, None)
+        self.eager.get(q, {}).pop(job.seq, None)
 
     def started(self, run: Run, now: float) -> None:
         job = run.job
@@ -132,6 +149,7 @@ class Reclaimer:
         if r is not None:
             self.usage.add(q, r.gpus, -1.0)
         self.draining.pop(run.job.seq, None)
+        self.why.pop(run.job.seq, None)
         self.dirty = True
 
     def allows(self, job: QueuedJob) -> bool:
@@ -164,6 +182,8 @@ class Reclaimer:
                 keep = self.keep_s(run, now)
                 self.lost_gpu_s += run.job.gpus * (now - run.seg_start - keep)
                 self.preemptions += 1
+                run.why = self.why.pop(v, "reclaim")
+                self.by_reason[run.why] = self.by_reason.get(run.why, 0) + 1
                 sim.preempt(run, now, keep)
                 acted = True
             run = sim.runs[seq]
@@ -230,24 +250,66 @@ class Reclaimer:
                 t, victims = got
                 if not victims:
                     continue
-                self.pending[seq] = (now + self.grace_s, t, [r.key for r in victims])
+                self._stop(seq, job, q, t, victims, "reclaim", usage, free, now)
                 cands = None  # its victims are stopping now: not candidates again
-                for r in victims:
-                    self.draining[r.key] = seq
-                    usage.add(r.queue, r.gpus, -1.0)
-                    free[t] = free.get(t, 0) + r.gpus.get(t, 0.0)
-                usage.add(q, {t: job.gpus})
-                free[t] = free.get(t, 0) - job.gpus
-                heapq.heappush(sim.events, (now + self.grace_s, RECLAIM_EVENT, -1, 0))
             if failed and failed == tried:
                 until = min(earliest, now + RECHECK_S)
                 self.blocked[q] = math.nextafter(until, -math.inf)
                 if until < self.recheck:
                     self.recheck = until
                     heapq.heappush(sim.events, (until, RECLAIM_EVENT, -1, 0))
+        if self.eager:
+            earliest = min(earliest, self._by_priority(usage, free, now))
         if earliest < self.recheck:
             self.recheck = earliest
             heapq.heappush(sim.events, (earliest, RECLAIM_EVENT, -1, 0))
+
+    def _stop(
+        self, seq: int, job: QueuedJob, q: str, t: str, victims: list[Running],
+        why: str, usage: Usage, free: dict[str, float], now: float,
+    ) -> None:  # fmt: skip
+        """Ask `victims` to stop for waiting job `seq` (of queue `q`, on type `t`) after
+        the grace period; what they free is the job's from now on."""
+        self.pending[seq] = (now + self.grace_s, t, [r.key for r in victims])
+        for r in victims:
+            self.draining[r.key] = seq
+            self.why[r.key] = why
+            usage.add(r.queue, r.gpus, -1.0)
+            free[t] = free.get(t, 0) + r.gpus.get(t, 0.0)
+        usage.add(q, {t: job.gpus})
+        free[t] = free.get(t, 0) - job.gpus
+        heapq.heappush(self.sim.events, (now + self.grace_s, RECLAIM_EVENT, -1, 0))
+
+    def _by_priority(self, usage: Usage, free: dict[str, float], now: float) -> float:
+        """Rule 5 for the waiting jobs of classes that preempt lower ones; when the
+        first protected victim leaves its minimum run time (inf: none waits)."""
+        sim, st = self.sim, self.sim.state
+        earliest = math.inf
+        for q, jobs in self.eager.items():
+            tried = 0
+            order = sorted(jobs.values(), key=lambda j: (-self.cls[j.seq].priority, j.seq))
+            for job in order:
+                if tried >= _HEADS:
+                    break
+                if job.seq in self.pending or (job.gpu_milli < FULL_GPU and job.num_gpus == 1):
+                    continue
+                if st.fits(job.num_gpus, job.gpu_milli, job.gpu_types) and sim._queue_allows(job):
+                    continue  # it fits: the round places it
+                tried += 1
+                c = self.cls[job.seq]
+                w = Waiting(q, job.gpus, job.gpu_types, c.priority, c.preemptible)
+                cands = [
+                    r for r in self.running.get(q, {}).values()
+                    if r.key not in self.draining and r.priority < c.priority
+                ]  # fmt: skip
+                got = self.quota.preempt_lower(usage, w, cands, free, now, self.min_run_s)
+                if got is None:
+                    earliest = min(earliest, self._unprotected_at(cands, now))
+                    continue
+                t, victims = got
+                if victims:
+                    self._stop(job.seq, job, q, t, victims, "priority", usage, free, now)
+        return earliest
 
     def _may_reclaim(self, usage: Usage, q: str) -> bool:
         """Whether `q` or its org has any unused guarantee (a cheap first test)."""

@@ -33,6 +33,7 @@ class Run:
         "speed",
         "step",
         "types",
+        "why",
         "work",
     )
 
@@ -57,3 +58,4 @@ class Run:
         self.est = 0.0
         self.restart_until = 0.0
         self.seg_restart = 0.0
+        self.why = ""  # why its last stop was asked: "reclaim" or "priority" (reclaim.py)
