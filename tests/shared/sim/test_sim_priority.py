@@ -47,7 +47,11 @@ def _job(name: str, at: float, dur: float, n: int, cls: str, vc: str = "A") -> T
 
 
 # l1 and l2 (low) fill the 8 GPUs; h1 (high, 4 GPUs) comes at 100
-JOBS = [_job("l1", 0, 10000, 4, "low"), _job("l2", 10, 10000, 4, "low"), _job("h1", 100, 1000, 4, "high")]  # fmt: skip
+JOBS = [
+    _job("l1", 0, 10000, 4, "low"),
+    _job("l2", 10, 10000, 4, "low"),
+    _job("h1", 100, 1000, 4, "high"),
+]
 
 
 def test_waits_for_the_minimum_run_then_stops_one() -> None:
@@ -199,7 +203,7 @@ def test_random_traces_keep_the_rules(case: Any) -> None:
             assert c["preemptible"], rec.job_id
             assert s.finish_s - s.start_s >= MIN_RUN, rec.job_id
             stops += 1
-    by = r.summary().get("preemptions_by_reason", {})
+    by: dict[str, int] = r.summary().get("preemptions_by_reason", {})  # type: ignore[assignment]
     assert sum(by.values()) == stops
     # a priority stop leaves a higher-class job of the same queue starting at its end
     # (a reclaim's starts a job of another queue); count the stops only a priority
