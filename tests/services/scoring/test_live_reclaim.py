@@ -100,3 +100,36 @@ def test_a_job_on_two_hosts_waits_again_once_both_processes_stopped() -> None:
     s.event(JobEvent("g", "preempted", 52.0, ["h-1"]), free=True)
     assert s.where("g") == "queued" and not s.stopping
     assert s.preempts["g"] == 1
+
+
+def _urgent(preempt_lower: bool = True) -> tuple[ClusterSpec, ScoringState]:
+    """prod's l1 (4 GPUs, from 0) and l2 (2, from 100) of class low, other's x1 (2,
+    from 200), every GPU held; prod's u1 (2 GPUs, class urgent) waiting."""
+    classes = {**CLASSES, "urgent": PriorityClass(50, True, None, preempt_lower)}
+    queues = {"prod": QueueSpec(limit_gpus=8), "other": QueueSpec()}
+    cl = ClusterSpec("c", NODES, queues=queues, priority_classes=classes)
+    s = ScoringState(make_policy("fifo"), cl)
+    for n in NODES:
+        s.node(NodeStatus(n.node_id, "GPU", 4, list(range(4))))
+    _run(s, "l1", "prod", 4, "h-0", 0.0, cls="low")
+    _run(s, "l2", "prod", 2, "h-1", 100.0, cls="low")
+    _run(s, "x1", "other", 2, "h-1", 200.0, cls="low")  # another queue: never a victim
+    s.accepted(Job("u1", 2, 300.0, vc="prod", priority_class="urgent"), free=True)
+    return cl, s
+
+
+def test_a_higher_class_preempts_its_own_queues_lower_jobs_with_the_reason() -> None:
+    cl, s = _urgent()
+    r = LiveReclaim(cl, grace_s=30.0, min_run_s=600.0)
+    assert r.check(s, 500.0) == []  # every candidate inside its minimum run time
+    assert [k.job_id for k in r.check(s, 650.0)] == ["l1"]  # only l1 is past it
+    cl, s = _urgent()
+    r = LiveReclaim(cl, grace_s=30.0, min_run_s=600.0)
+    kills = r.check(s, 800.0)  # both past it: the newest of prod's (l2) frees enough
+    assert [(k.job_id, k.requeue, k.grace_s) for k in kills] == [("l2", True, 30.0)]
+    assert kills[0].reason == "priority: class urgent of u1"
+    assert s.first == ["u1"]
+    assert r.check(s, 801.0) == [] and s.first == ["u1"]  # l2 stopping: u1 stays first
+    # a class without preempt_lower waits
+    cl, s = _urgent(preempt_lower=False)
+    assert LiveReclaim(cl, grace_s=30.0, min_run_s=600.0).check(s, 800.0) == []
