@@ -37,9 +37,11 @@ def small_cluster(tmp: Path) -> Path:
     return path
 
 
-async def publish_trace(settings: BusSettings, cluster: Path, limit: int) -> int:
+async def publish_trace(
+    settings: BusSettings, cluster: Path, limit: int, trace: Path = PHILLY, fmt: str = "philly"
+) -> int:
     """Every job of the slice on `jobs.submit`, with its trace submit time."""
-    jobs = load_jobs(PHILLY, "philly", load_cluster(cluster), SkipStats(), limit)
+    jobs = load_jobs(trace, fmt, load_cluster(cluster), SkipStats(), limit)
     async with Producer(settings) as p:
         outs = []
         for j in jobs:
@@ -76,9 +78,11 @@ def lockstep_runs(
     preempt: bool = False,
     round_interval_s: float = 0.0,
     reclaim: Mapping[str, Any] | None = None,  # SimSettings' grace_s, min_run_s, ...
+    trace: Path = PHILLY,
+    fmt: str = "philly",
 ) -> dict[str, Callable[[asyncio.Event], Coroutine[Any, Any, Any]]]:
     sim_conf = cluster_sim.SimSettings(
-        trace=str(PHILLY), format="philly", cluster=str(cluster), policy=policy, placer=placer,
+        trace=str(trace), format=fmt, cluster=str(cluster), policy=policy, placer=placer,
         limit=limit, lockstep=True, json_out=str(tmp / "up.json"),
         jobs_out=str(tmp / "up.csv"), exit_when_done=True, offload_fraction=offload_fraction,
         preempt=preempt, round_interval_s=round_interval_s, **(reclaim or {}),

@@ -4,11 +4,15 @@ preempted segments and their lost seconds included, and the same reclaim figures
 the summary. The simulator decides every preemption (shared/sim/reclaim.py); the bus
 carries each as a `preempted` event on `jobs.events`, and the reclaiming job's start
 as a round of its own. Two queue arrangements: flat team guarantees, and two orgs
-with limits at both levels and a per-type guarantee."""
+with limits at both levels and a per-type guarantee. And priority preemption (a
+class with `preempt_lower` stopping its own queue's lower jobs): the same CSV, and
+every stop's reason (`reclaim`, `priority`) on its `preempted` event as the summary
+counts them."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,8 +21,12 @@ import pytest
 
 from rltune import main
 from shared.bus import Record, read_back
+from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.messages import JobEvent
+from shared.replay import job_spec_of
+from shared.sim import load_jobs
+from shared.traces import SkipStats
 from tests.integration.streaming import SMALL_CLUSTER, lockstep_runs, publish_trace, services
 from tests.paths import PHILLY
 
@@ -85,3 +93,48 @@ async def test_lockstep_reclaim_same_csv_as_simulate(
     preempted = sorted(e.job_id for e in events if e.kind == "preempted")
     # (a job's rows: one per segment; every one but its last ended in a preemption)
     assert preempted == sorted(j for j in set(ids) for _ in range(ids.count(j) - 1))
+
+
+CLASSES = "priority_classes:\n  low: {priority: 0}\n  high: {priority: 10, preempt_lower: true}\n"
+
+
+def _classed_trace(cluster: Path, out: Path) -> None:
+    """The Philly slice as JSON lines, every third job of class `high`, the rest `low`."""
+    jobs = load_jobs(PHILLY, "philly", load_cluster(cluster), SkipStats(), LIMIT)
+    with out.open("w") as fh:
+        for i, j in enumerate(jobs):
+            spec = job_spec_of(
+                dataclasses.replace(j, priority_class="low" if i % 3 < 2 else "high")
+            )
+            spec.submit_time = j.submit_s
+            line = msgspec.to_builtins(spec) | {"duration_s": j.duration_s}
+            fh.write(msgspec.json.encode(line).decode() + "\n")
+
+
+async def test_lockstep_priority_preemption_same_csv_as_simulate(
+    bus: BusSettings, tmp_path: Path
+) -> None:
+    cluster = tmp_path / "small-classes.yaml"
+    cluster.write_text(SMALL_CLUSTER + FLAT + CLASSES)
+    trace = tmp_path / "classed.jsonl"
+    _classed_trace(cluster, trace)
+    await publish_trace(bus, cluster, LIMIT, trace, "jsonl")
+    runs = lockstep_runs(bus, cluster, "fifo", "milp", LIMIT, tmp_path, trace=trace, fmt="jsonl")
+    async with services(bus, runs) as tasks:
+        await asyncio.wait_for(tasks["cluster-sim"], 240)
+    out, js = tmp_path / "sim.csv", tmp_path / "sim.json"
+    argv = ["simulate", "--trace", str(trace), "--format", "jsonl", "--cluster", str(cluster)]
+    argv += ["--policy", "fifo", "--limit", str(LIMIT), "--jobs-out", str(out), "--json", str(js)]
+    assert main(argv) == 0
+    assert (tmp_path / "up.csv").read_text() == out.read_text()
+    up, sim = json.loads((tmp_path / "up.json").read_text()), json.loads(js.read_text())
+    for key in ("jobs", "preemptions", "preemptions_by_reason", "restart_lost_gpu_h"):
+        assert up[key] == sim[key], key
+    by = sim["preemptions_by_reason"]
+    assert by.get("priority", 0) >= 3, by  # priority preemption happened (not vacuous)
+    # every stop went out as `preempted` with its reason, as many per reason as counted
+    recs: list[Record] = []
+    await read_back(bus, [bus.topics.jobs_events], recs.append)
+    events = [msgspec.json.decode(r.value or b"", type=JobEvent) for r in recs]
+    reasons = [e.detail for e in events if e.kind == "preempted"]
+    assert {w: reasons.count(w) for w in set(reasons)} == by
