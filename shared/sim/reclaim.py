@@ -27,6 +27,10 @@ and acts on their answer:
   (two per queue and check; ties: oldest) that do not fit ask
   `Quota.preempt_lower` for victims of their own queue; the victims get the
   same grace period and checkpoint loss, and the job starts on what they free.
+  A priority preemption is called off at the end of the grace period (its
+  victims run on) when its job started meanwhile on other GPUs (a job ended),
+  or would no longer fit with what they free (a job of its queue started in
+  the meantime and took the room under a limit); it is looked at again.
 * Every stop carries its reason (`Run.why`, the `preempted` event's `detail`
   over the bus): `reclaim` or `priority`; the summary counts them
   (`preemptions_by_reason`).
@@ -174,15 +178,25 @@ class Reclaimer:
         sim = self.sim
         acted = False
         for seq in sorted(s for s, p in self.pending.items() if p[0] <= now):
-            _, _, victims = self.pending.pop(seq)
+            _, t, victims = self.pending.pop(seq)
+            # a priority preemption is called off when its job started meanwhile on
+            # other GPUs, or no longer fits with what its victims free (a job of its
+            # queue started during the grace period and took the room under a limit)
+            off = any(self.why.get(v) == "priority" for v in victims) and not self._fits(
+                seq, t, victims
+            )
             for v in victims:
                 if self.draining.pop(v, None) is None:
                     continue  # it finished during the grace period
+                why = self.why.pop(v, "reclaim")
+                if off:
+                    self.dirty = True
+                    continue  # it runs on
                 run = sim.runs[v]
                 keep = self.keep_s(run, now)
                 self.lost_gpu_s += run.job.gpus * (now - run.seg_start - keep)
                 self.preemptions += 1
-                run.why = self.why.pop(v, "reclaim")
+                run.why = why
                 self.by_reason[run.why] = self.by_reason.get(run.why, 0) + 1
                 sim.preempt(run, now, keep)
                 acted = True
@@ -193,6 +207,25 @@ class Reclaimer:
             self.recheck = math.inf
             self.dirty = True
         return acted
+
+    def _fits(self, seq: int, t: str, victims: list[int]) -> bool:
+        """Whether waiting job `seq` fits type `t`'s free GPUs and its limits once the
+        `victims` still stopping for it have stopped."""
+        sim = self.sim
+        job = sim.runs[seq].job
+        if sim.runs[seq].claim or sim.runs[seq].work <= 0:
+            return False  # it started (or ended) meanwhile
+        u = self.usage.copy()
+        free = float(sim.state.whole_by_type.get(t, 0))
+        for v in victims:
+            r = self._running(v) if v in self.draining else None
+            if r is not None:
+                u.add(r.queue, r.gpus, -1.0)
+                free += r.gpus.get(t, 0.0)
+        c = self.cls.get(seq, _NO_CLASS)
+        q = sim.cluster.queue_of(job.vc)
+        limits = self.quota.limit_reason(u, q, {t: job.gpus}, c.preemptible) is None
+        return limits and free + 1e-9 >= job.gpus
 
     def check(self, now: float) -> None:
         """Look for reclaims (module docstring); victims stop after the grace period."""

@@ -219,3 +219,22 @@ def test_random_traces_keep_the_rules(case: Any) -> None:
             ]  # fmt: skip
             explained += bool(starters)
     assert by.get("priority", 0) <= explained
+
+
+def test_called_off_when_the_room_went_meanwhile() -> None:
+    spec = _cluster(16, {"A": {"limit_gpus": 8}})
+    jobs = [_job("l1", 0, 3000, 1, "low"), _job("h1", 0, 50, 8, "high"),
+            _job("l2", 700, 50, 1, "low")]  # fmt: skip
+    # h1 (8) is held by A's limit while l1 holds 1: at 600 l1 is to stop (720); l2
+    # starts at 700 inside the limit and h1 would not fit at 720 (1 + 8 > 8): called
+    # off, l1 runs on; l2 ends at 750, and l1 stops then after a grace (870)
+    segs = _segs(_run(jobs, spec))
+    assert segs["l1"] == [(0, 870, 870), (920, 3920, 0)]
+    assert segs["h1"] == [(870, 920, 0)]
+    # a stop whose job started meanwhile on other GPUs is called off too
+    jobs = [_job("l1", 0, 3000, 4, "low"), _job("l2", 0, 3000, 8, "low"),
+            _job("l3", 200, 500, 4, "low"), _job("h1", 200, 50, 4, "high")]  # fmt: skip
+    # h1 waits from 200 on; at 600 l2 (newest) is to stop at 720; l3 ends at 700 and
+    # h1 starts on its GPUs: l2 runs on
+    segs = _segs(_run(jobs, _cluster(16)))
+    assert segs["l2"] == [(0, 3000, 0)] and segs["h1"] == [(700, 750, 0)]
