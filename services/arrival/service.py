@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import msgspec
 
 from services.arrival.admission import Admission, decode_spec
-from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, serve_service
+from shared import bus
+from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats
 from shared.config import BusSettings
 from shared.messages import JobEvent, NodeStatus
 from shared.reject import Reject
@@ -155,4 +156,4 @@ async def serve(
     conf: ArrivalSettings | None = None,
 ) -> ServiceStats:
     spec = functools.partial(service_spec, conf=conf)
-    return await serve_service(settings, spec, stop, ready, group_id)
+    return await bus.serve(settings, spec, stop, ready, group_id)

@@ -41,15 +41,16 @@ import msgspec
 
 from services.scoring.policies import make_policy
 from services.scoring.queue import ScoringState
+from shared import bus
 from shared.bus import (
     Outgoing,
     Producer,
     Record,
     ServiceSpec,
     ServiceStats,
+    Serving,
     Stopped,
     deliver,
-    run_service,
 )
 from shared.cluster import load_cluster
 from shared.config import BusSettings
@@ -388,7 +389,6 @@ async def serve(
     conf: ScoringSettings | None = None,
 ) -> ServiceStats:
     conf = conf or ScoringSettings()
-    stop = stop or asyncio.Event()
     stats = ServiceStats()
     handler = ScoringHandler(settings, stats, conf)
     t = settings.topics
@@ -399,16 +399,14 @@ async def serve(
             t.rl_rewards, t.sched_placements, t.jobs_kill,
         ],
         handle=handler,
-        group_id=group_id or "",
         replay_topics=[
             t.jobs_accepted, t.jobs_rejected, t.jobs_events, t.cluster_nodes, t.sched_rounds,
             t.sched_priorities,
         ],
         replay=handler.replay,
     )  # fmt: skip
-    ticker = asyncio.create_task(_ticker(settings, handler, stop, stats))
-    try:
-        return await run_service(settings, spec, stop, stats, ready)
-    finally:
-        stop.set()
-        await ticker
+
+    async def ticker(s: Serving) -> None:
+        await _ticker(settings, handler, s.stop, stats)
+
+    return await bus.serve(settings, spec, stop, ready, group_id, stats=stats, beside=[ticker])
