@@ -58,8 +58,8 @@ from offload_agent.jobs import JobRunner, Started
 from offload_agent.launcher import launch, node_status
 from offload_agent.metrics import forget, observe
 from offload_agent.nvme import swap_dir
-from shared import bus
-from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, Serving
+from shared import serving
+from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import (
@@ -403,11 +403,11 @@ async def serve(
             replay=agent.replay,
         )
 
-        async def status(s: Serving) -> None:
+        async def status(s: serving.Serving) -> None:
             await agent.publish_status(s.stop)
 
         try:
-            return await bus.serve(settings, spec, stop, ready, stats=stats, beside=[status])
+            return await serving.serve(settings, spec, stop, ready, stats=stats, beside=[status])
         finally:
             server.close()
             await server.wait_closed()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import msgspec
 
 from services.arrival.admission import Admission, decode_spec
-from shared import bus
+from shared import serving
 from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats
 from shared.config import BusSettings
 from shared.messages import JobEvent, NodeStatus
@@ -156,4 +156,4 @@ async def serve(
     conf: ArrivalSettings | None = None,
 ) -> ServiceStats:
     spec = functools.partial(service_spec, conf=conf)
-    return await bus.serve(settings, spec, stop, ready, group_id)
+    return await serving.serve(settings, spec, stop, ready, group_id)

@@ -54,14 +54,13 @@ from typing import Any
 import msgspec
 
 from services.cluster_sim.rounds import RemotePlacer, RemotePolicy, Rounds, bus_simulator
-from shared import bus
+from shared import serving
 from shared.bus import (
     Outgoing,
     Producer,
     Record,
     ServiceSpec,
     ServiceStats,
-    Serving,
     Stopped,
     deliver,
     read_back,
@@ -494,14 +493,18 @@ async def serve(
     t = settings.topics
     spec = ServiceSpec(name=NAME, topics=[t.sched_priorities, t.sched_placements], handle=handler)
 
-    async def simulation(s: Serving) -> None:
+    async def simulation(s: serving.Serving) -> None:
         await _simulate(s, handler, cluster, jobs, conf)
 
-    return await bus.serve(settings, spec, stop, ready, group_id, stats=stats, main=simulation)
+    return await serving.serve(settings, spec, stop, ready, group_id, stats=stats, main=simulation)
 
 
 async def _simulate(
-    s: Serving, handler: Handler, cluster: ClusterSpec, jobs: list[TraceJob], conf: SimSettings
+    s: serving.Serving,
+    handler: Handler,
+    cluster: ClusterSpec,
+    jobs: list[TraceJob],
+    conf: SimSettings,
 ) -> None:
     """The service's own work beside its consumer: read back the rounds already
     answered, simulate the trace with the policy and the placer over the bus, write

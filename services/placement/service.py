@@ -27,7 +27,7 @@ import msgspec
 
 from services.placement.registry import OFFLOAD_SUFFIX, make_placer
 from services.placement.rounds import PlacementState
-from shared import bus
+from shared import serving
 from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats
 from shared.cluster import load_cluster
 from shared.config import BusSettings
@@ -245,4 +245,4 @@ async def serve(
         ],
         replay=handler.replay,
     )
-    return await bus.serve(settings, spec, stop, ready, group_id, stats=stats)
+    return await serving.serve(settings, spec, stop, ready, group_id, stats=stats)

@@ -28,7 +28,7 @@ from typing import TypeVar
 
 import msgspec
 
-from shared import bus
+from shared import serving
 from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats
 from shared.config import BusSettings
 from shared.errors import UserError
@@ -230,4 +230,4 @@ async def serve(
     ready: asyncio.Event | None = None,
     group_id: str | None = None,
 ) -> ServiceStats:
-    return await bus.serve(settings, service_spec, stop, ready, group_id)
+    return await serving.serve(settings, service_spec, stop, ready, group_id)

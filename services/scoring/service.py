@@ -41,14 +41,13 @@ import msgspec
 
 from services.scoring.policies import make_policy
 from services.scoring.queue import ScoringState
-from shared import bus
+from shared import serving
 from shared.bus import (
     Outgoing,
     Producer,
     Record,
     ServiceSpec,
     ServiceStats,
-    Serving,
     Stopped,
     deliver,
 )
@@ -406,7 +405,7 @@ async def serve(
         replay=handler.replay,
     )  # fmt: skip
 
-    async def ticker(s: Serving) -> None:
+    async def ticker(s: serving.Serving) -> None:
         await _ticker(settings, handler, s.stop, stats)
 
-    return await bus.serve(settings, spec, stop, ready, group_id, stats=stats, beside=[ticker])
+    return await serving.serve(settings, spec, stop, ready, group_id, stats=stats, beside=[ticker])

@@ -31,14 +31,13 @@ import msgspec
 
 from services.telemetry.prom import GPU_UTIL, JCT, JOBS, OFFLOAD_HIT, OFFLOAD_MIGRATION
 from services.telemetry.windows import Telemetry
-from shared import bus
+from shared import serving
 from shared.bus import (
     Outgoing,
     Producer,
     Record,
     ServiceSpec,
     ServiceStats,
-    Serving,
     Stopped,
     deliver,
 )
@@ -206,7 +205,9 @@ async def serve(
         replay=lambda rec: handler.apply(rec, strict=False),
     )
 
-    async def publisher(s: Serving) -> None:
+    async def publisher(s: serving.Serving) -> None:
         await _publisher(settings, handler, conf, s.stop, s.built, stats)
 
-    return await bus.serve(settings, spec, stop, ready, group_id, stats=stats, beside=[publisher])
+    return await serving.serve(
+        settings, spec, stop, ready, group_id, stats=stats, beside=[publisher]
+    )
