@@ -4,7 +4,9 @@ while a borrower holds every GPU. Scoring decides the preemption (the queue rule
 of shared/tenancy.py), the host agent sends SIGTERM to the borrower's process
 (which writes a marker), SIGKILL after the grace period to one that ignores it,
 and reports `preempted`; the guaranteed job starts on the freed GPUs, and the
-borrower goes back to the queue, runs again (a second process) and finishes."""
+borrower goes back to the queue, runs again (a second process) and finishes. And
+priority preemption: a job of a class with `preempt_lower` stops a lower job of its
+own queue the same way, the stop's detail naming the priority rule."""
 
 from __future__ import annotations
 
@@ -111,3 +113,38 @@ def test_a_guaranteed_job_preempts_a_borrower_which_restarts_and_finishes(
     up.publish({"job_id": "odd", "num_gpus": 1, "priority_class": "nope", "command": ["true"]})
     reason = up.wait("rejected", "odd")["reason"]
     assert reason == "priority_class 'nope' is not a priority class of this cluster (it has train)"
+
+
+CLASSES = """\
+queues:
+  prod: {limit_gpus: 4}
+priority_classes:
+  low: {priority: 0}
+  high: {priority: 10, preempt_lower: true}
+"""
+
+
+def test_a_higher_class_preempts_a_lower_job_of_its_queue_which_restarts(tmp_path: Path) -> None:
+    queues = tmp_path / "classes.yaml"
+    queues.write_text(CLASSES)
+    up = Up(
+        tmp_path, "--hosts", "1", "--gpus", "4", "--queues", str(queues),
+        "--grace", str(GRACE_S), "--min-run", str(MIN_RUN_S),
+    )  # fmt: skip
+    try:
+        spec = {"job_id": "lo", "vc": "prod", "num_gpus": 4, "priority_class": "low"}
+        up.publish({**spec, "command": _borrower(tmp_path, "lo", False)})
+        started = up.wait("started", "lo")
+        up.publish({"job_id": "hi", "vc": "prod", "num_gpus": 2, "priority_class": "high",
+                    "command": _py("0")})  # fmt: skip
+        stop = up.wait("preempted", "lo", timeout=60)
+        assert stop["detail"].startswith("preempted (priority: class high of hi); exit code "), stop
+        assert stop["time"] - started["time"] >= MIN_RUN_S
+        assert stop["exit_code"] == 143, stop
+        assert up.wait("started", "hi", timeout=60)["time"] >= stop["time"]
+        assert up.wait("ended", "hi")["kind"] == "finished"
+        assert up.wait("finished", "lo", timeout=90)["exit_code"] == 0
+        assert _kinds(up, "lo") == ["started", "preempted", "started", "finished"]
+        assert _kinds(up, "hi") == ["started", "finished"]
+    finally:
+        up.stop()
