@@ -79,8 +79,8 @@ def main(argv: list[str]) -> int:
 def _rollouts(a: argparse.Namespace, net: ScoreNet, features: tuple[str, ...]) -> dict[str, float]:
     args = Args(trace=a.trace, clusters=TRAIN_CLUSTERS, until="2017-10-15", val_from="2017-10-05")
     cfg = EpisodeConfig()
-    train, clusters = _train_world(args)
-    specs = episode_specs(len(train), len(clusters), cfg, a.episodes, [1, 0])
+    traces, _ = _train_world(args)
+    specs = episode_specs([len(t) for t in traces], cfg, a.episodes, [1, 0])
     rates: dict[int, tuple[float, float]] = {}
     results = []
     for workers in (0, a.workers):

@@ -65,6 +65,7 @@ __all__ = [
     "IDENTITY_FEATURES",
     "JOB_FEATURES",
     "OFFLOAD_FEATURES",
+    "SIBLING_FEATURES",
     "cluster_features",
     "encode",
     "encode_global",
@@ -89,6 +90,7 @@ OFFLOAD_FEATURES = ("offload_pressure",)  # only in the feature sets that ask fo
 # who submitted what and what they asked for, from finished jobs only: only in the
 # feature sets that ask for them (the shipped checkpoint reads none)
 IDENTITY_FEATURES = JOB_FEATURES[JOB_FEATURES.index("log_user_runs") :]
+SIBLING_FEATURES = ("sibling_log_run", "log_siblings")  # within IDENTITY_FEATURES
 # the trace field an identity feature is computed from: a checkpoint that reads one
 # is refused on a trace whose jobs never carry it (`needs_of`)
 FEATURE_NEEDS: dict[str, tuple[str, ...]] = {

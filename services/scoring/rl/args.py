@@ -14,6 +14,7 @@ from shared.policy_features import (
     IDENTITY_FEATURES,
     JOB_FEATURES,
     OFFLOAD_FEATURES,
+    SIBLING_FEATURES,
 )
 from shared.traces._io import parse_time
 
@@ -42,9 +43,12 @@ FEATURE_SETS = {
     "no-history": tuple(f for f in _BASE if f not in HISTORY_FEATURES),
     "offload": _BASE + OFFLOAD_FEATURES,  # all, and the job's offload pressure
     "identity": _BASE + IDENTITY_FEATURES,  # all, and who submitted what (causal)
+    # the ablation: identity without the siblings' two columns
+    "identity-no-siblings": _BASE
+    + tuple(f for f in IDENTITY_FEATURES if f not in SIBLING_FEATURES),
 }
 # none knows run times; `las` is `fifo` without preemption, so it is not run twice
-HEURISTICS = ("fifo", "sjf-est", "f1", "multifactor", "smallest", "drf")
+HEURISTICS = ("fifo", "sjf-est", "f1", "wfp3", "unicep", "multifactor", "smallest", "drf")
 # rankings the warm start can imitate; the last two read true run times (privileged:
 # the trainer has them, the network's inputs never do)
 TEACHERS = ("sjf-est", "drf", "drf-sjf", "sjf-oracle", "drf-oracle")
@@ -58,6 +62,9 @@ class Args:
     """its format (as `rltune simulate --format`)"""
     clusters: tuple[str, ...] = ()
     """cluster files; each episode runs on one of them, drawn at random"""
+    world: str = ""
+    """a world file (YAML: traces, formats, clusters, training and validation parts;
+    services/scoring/rl/world.py) to train across instead of --trace/--cluster"""
     until: str = ""
     """train on jobs submitted before this time (UTC date or trace seconds); empty: all"""
     val_from: str = ""
@@ -187,6 +194,8 @@ ARG_DOCS = _arg_docs()
 
 def validate(args: Args) -> None:
     """UserError (one line) for the first argument that cannot work."""
+    if bool(args.world) == bool(args.trace):
+        raise UserError("give either --trace (with --cluster) or --world FILE, not both")
     if args.objective not in OBJECTIVES:
         raise UserError(f"--objective {args.objective!r}: choose from {', '.join(OBJECTIVES)}")
     if args.reward not in REWARDS:

@@ -2,7 +2,9 @@
 
 An episode (RLTune's and RLScheduler's setup, on the project's simulator and
 placement code): take `prefix + jobs` consecutive jobs of the trace, thinned
-at random so that their demand is `load` x the cluster's capacity, replay the
+at random so that their demand is `load` x the cluster's capacity (a slice
+whose demand is below that keeps every job and has its arrivals compressed
+to that offered load, `shared.sim.load.compress_to_load`), replay the
 prefix under the baseline heuristic (the cluster fills and the history of run
 times builds up), then let the learned policy rank every round from the first
 episode job's arrival until the queue drains. The same jobs are run once more
@@ -52,7 +54,7 @@ from shared.metrics import JobRecord
 from shared.offload_signal import OffloadPart, offload_part
 from shared.policy_api import Observation, Policy, PolicyContext, QueuedJob
 from shared.sim import SimConfig, SimResult, simulate
-from shared.sim.load import capacity
+from shared.sim.load import capacity, compress_to_load, offered_load
 from shared.traces import TraceJob
 
 __all__ = [
@@ -136,6 +138,13 @@ def build_episode(
     keep = min(1.0, spec.load * capacity(cluster) / max(demand(raw), 1e-9))
     rng = np.random.default_rng(spec.seed)
     picked = [j for j, u in zip(raw, rng.random(len(raw)), strict=True) if u < keep][:want]
+    if keep >= 1.0:
+        # a quiet slice (ThetaGPU runs at 0.4): thinning cannot raise its load, so the
+        # arrivals are compressed to it instead; left as recorded, every order would
+        # give the same schedule and the episode would teach nothing
+        now = offered_load(picked, cluster)
+        if 0.0 < now < spec.load:
+            picked, _ = compress_to_load(picked, cluster, spec.load)
     if cfg.shuffle_ties:
         picked = shuffle_ties(picked, rng)
     return picked, min(cfg.prefix, max(len(picked) - 1, 0))
