@@ -24,6 +24,7 @@ __all__ = [
     "FEATURE_SETS",
     "HEURISTICS",
     "OBJECTIVES",
+    "POLICY_TEACHERS",
     "RESIDUALS",
     "REWARDS",
     "TEACHERS",
@@ -52,6 +53,10 @@ HEURISTICS = ("fifo", "sjf-est", "f1", "wfp3", "unicep", "multifactor", "smalles
 # rankings the warm start can imitate; the last two read true run times (privileged:
 # the trainer has them, the network's inputs never do)
 TEACHERS = ("sjf-est", "drf", "drf-sjf", "sjf-oracle", "drf-oracle")
+# heuristics the warm start can imitate by running them beside the network (every
+# round ranked by the policy object itself; env.EpisodeConfig.teacher)
+POLICY_TEACHERS = ("fifo", "sjf-est", "sjf-req", "f1", "wfp3", "unicep", "multifactor",
+                   "smallest", "drf")  # fmt: skip
 
 
 @dataclass
@@ -95,7 +100,9 @@ class Args:
     """the heuristic of the prefix and of the reward"""
     teacher: str = "drf"
     """the ranking the warm start imitates: sjf-est, drf, drf-sjf, or the privileged
-    sjf-oracle / drf-oracle (true run times, seen by the trainer only)"""
+    sjf-oracle / drf-oracle (true run times, seen by the trainer only), read off the
+    features; or a heuristic run beside the network (f1, wfp3, ...), or best:f1,wfp3,...
+    (per episode the one of those whose own run of it is best)"""
     objective: str = "bsld"
     """what the reward improves: bsld, queue, jct or util"""
     reward: str = "episode"
@@ -201,7 +208,13 @@ def validate(args: Args) -> None:
     if args.reward not in REWARDS:
         raise UserError(f"--reward {args.reward!r}: choose from {', '.join(REWARDS)}")
     if args.teacher not in TEACHERS:
-        raise UserError(f"--teacher {args.teacher!r}: choose from {', '.join(TEACHERS)}")
+        names = args.teacher.removeprefix("best:").split(",")
+        bad = [n for n in names if n not in POLICY_TEACHERS]
+        if bad:
+            raise UserError(
+                f"--teacher {args.teacher!r}: choose from {', '.join(TEACHERS)}, a heuristic "
+                f"({', '.join(POLICY_TEACHERS)}) or best:NAME,NAME,... of those"
+            )
     if args.bound_scale not in BOUND_SCALES:
         raise UserError(
             f"--bound-scale {args.bound_scale!r}: choose from {', '.join(BOUND_SCALES)}"

@@ -66,6 +66,7 @@ __all__ = [
     "build_episode",
     "capacity",
     "demand",
+    "episode_teacher",
     "objective",
     "round_rewards",
     "run_episode",
@@ -86,6 +87,11 @@ class EpisodeConfig:
     offload_reward: float = 0.0  # W of the offload part (module doc); 0: off
     dense: bool = False  # split the reward over the rounds (module doc, `round_rewards`)
     shuffle_ties: bool = False  # jobs of one submit second in a seeded random order
+    # a heuristic that ranks every recorded round beside the network (Step.teacher), for
+    # the warm start: a policy name, or "best:a,b,c", the one of those whose own run of
+    # the episode has the best objective (DAgger on the best heuristic per episode);
+    # "": none
+    teacher: str = ""
 
 
 @dataclass(frozen=True)
@@ -325,6 +331,10 @@ def run_episode(
         if (r.segments and r.segments[0].start_s >= at) or not r.segments
     }
     learned = RLPolicy(net, features, sample=sample, max_jobs=cfg.window)
+    if cfg.teacher:
+        learned.teacher = make_policy(
+            episode_teacher(cfg.teacher, jobs, cluster, todo, cfg, sim_cfg, base)
+        )
     keep = _Keep()
     learned.recorder = keep
     run = simulate(
@@ -361,6 +371,36 @@ def run_episode(
         step_rewards=dense,
         run_s=np.asarray([j.duration_s or 0.0 for j in ordered], dtype=np.float64),
     )
+
+
+def episode_teacher(
+    teacher: str,
+    jobs: Sequence[TraceJob],
+    cluster: ClusterSpec,
+    todo: set[int],
+    cfg: EpisodeConfig,
+    sim_cfg: SimConfig,
+    base: SimResult,
+) -> str:
+    """The heuristic `teacher` names for this episode: itself, or of "best:a,b,..." the
+    one whose own run of the episode (prefix included) has the best objective over
+    the jobs `todo` (the baseline's run `base` is reused for the baseline's name)."""
+    names = teacher.removeprefix("best:").split(",")
+    if len(names) == 1:
+        return names[0]
+    best: tuple[float, str] | None = None
+    for name in names:
+        policy = make_policy(name)
+        if any(not any(getattr(j, f) for j in jobs) for f in getattr(policy, "needs", ())):
+            continue  # sjf-req on a trace without requested times
+        res = base if name == cfg.baseline else simulate(
+            jobs, cluster, policy, make_placer(cfg.placer), sim_cfg
+        )  # fmt: skip
+        obj = objective(res.records, cfg.objective, todo, cluster.total_gpus)
+        key = -obj if cfg.objective == "util" else obj
+        if math.isfinite(key) and (best is None or key < best[0]):
+            best = (key, name)
+    return names[0] if best is None else best[1]
 
 
 def _offload_part(res: SimResult, ids: set[str]) -> OffloadPart:

@@ -199,7 +199,11 @@ def make_batch(
         pulled[i] = s.pulled
         run_s = getattr(res, "run_s", None)
         truth = run_s[np.asarray(s.pool, dtype=np.int64)] if run_s is not None else None
-        teacher[i, :k] = teacher_ranking(teacher_name, s.x, truth)
+        own = getattr(s, "teacher", None)
+        if own is not None:  # a heuristic policy rode along (env.EpisodeConfig.teacher)
+            teacher[i, :k] = own
+        elif teacher_name in TEACHERS or teacher_name in ORACLE_TEACHERS:
+            teacher[i, :k] = teacher_ranking(teacher_name, s.x, truth)
         dense = getattr(res, "step_rewards", None)
         if dense is not None:
             rewards[i] = dense[j]

@@ -13,6 +13,7 @@ the latest one (with optimizer state, for `--resume`) is `out` + `.last`.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import math
 import time
@@ -24,7 +25,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from services.scoring.rl.args import FEATURE_SETS, HEURISTICS, Args, validate, when
+from services.scoring.rl.args import (
+    FEATURE_SETS,
+    HEURISTICS,
+    TEACHERS,
+    Args,
+    validate,
+    when,
+)
 from services.scoring.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from services.scoring.rl.env import (
     EpisodeConfig,
@@ -389,14 +397,18 @@ def train(
             specs = episode_specs(
                 [len(j) for j in train_w.jobs], cfg, args.episodes, [args.seed, it]
             )
-            results: list[EpisodeResult] = rollouts.run(specs, cfg, net, features)
+            warm = it < args.warm_iterations and args.warm_start > 0
+            run_cfg = cfg
+            if warm and args.teacher not in TEACHERS:  # a heuristic rides along (env)
+                run_cfg = dataclasses.replace(cfg, teacher=args.teacher)
+            results: list[EpisodeResult] = rollouts.run(specs, run_cfg, net, features)
             rollout_s = time.perf_counter() - t0
             # ---- update ----
             t1 = time.perf_counter()
             batch = make_batch(results, features, args.teacher)
             gen = torch.Generator().manual_seed(args.seed * 1_000_003 + it)  # resumable
             losses: dict[str, float] = {}
-            if it < args.warm_iterations and args.warm_start and batch is not None:
+            if warm and batch is not None:
                 # the rounds the current network visited, ranked by the teacher: imitate
                 losses["warm_start"] = warm_start(net, opt, batch, args, gen)
             elif batch is not None:
