@@ -66,6 +66,7 @@ __all__ = [
     "make_optimizer",
     "net_config",
     "train",
+    "world_needs",
 ]
 
 WARM_START_LR = 3e-3
@@ -114,6 +115,14 @@ def load_world(args: Args) -> tuple[World, World]:
         World(names, [train] * n, clusters),
         World(names, [val] * n if val else [], clusters if val else []),
     )
+
+
+def world_needs(features: Sequence[str], worlds: Sequence[Sequence[TraceJob]]) -> list[str]:
+    """The trace fields `features` read that every world's jobs carry (some job has
+    it): what a checkpoint trained on `worlds` is refused without. A field some world
+    lacked was 0 in all its episodes, as on any trace without it, so the network has
+    learnt to rank without it."""
+    return [f for f in needs_of(features) if all(any(getattr(j, f) for j in w) for w in worlds)]
 
 
 def _mark(args: Args, jobs: list[TraceJob]) -> list[TraceJob]:
@@ -352,11 +361,7 @@ def train(
         # world: served on a trace without one of these, it is refused. A field some
         # world lacked is not needed: there it was always 0, as it is on such a trace,
         # so the network has learnt what to do without it (masked as 0).
-        "needs": [
-            f
-            for f in needs_of(features)
-            if all(any(getattr(j, f) for j in jobs) for jobs in train_w.jobs)
-        ],
+        "needs": world_needs(features, train_w.jobs),
     }
     if args.offload_fraction:
         meta["offload_marking"] = describe_marking(args.offload_fraction, args.seed)

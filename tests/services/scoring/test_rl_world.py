@@ -124,3 +124,18 @@ def test_train_takes_a_trace_or_a_world_not_both(tmp_path: Path) -> None:
         validate(Args())
     train, val = load_world(Args(world=str(_world_file(tmp_path)), jobs=64))
     assert len(train.jobs) == 4 and len(val.jobs) == 1
+
+
+def test_a_field_some_training_world_lacked_is_not_needed() -> None:
+    from services.scoring.rl.args import FEATURE_SETS
+    from services.scoring.rl.train import world_needs
+    from shared.traces import TraceJob
+
+    feats = FEATURE_SETS["identity"]
+    named = [TraceJob("a", 0.0, 10.0, 1, user="u", project="p", time_limit_s=60.0)]
+    bare = [TraceJob("b", 0.0, 10.0, 1)]
+    # one world with identity: every field it carries is needed (app it never had)
+    assert sorted(world_needs(feats, [named])) == ["project", "time_limit_s", "user"]
+    # with a world without identity beside it, none is: the network saw them all 0
+    assert world_needs(feats, [named, bare]) == []
+    assert world_needs(FEATURE_SETS["all"], [named]) == []
