@@ -139,3 +139,12 @@ def test_a_field_some_training_world_lacked_is_not_needed() -> None:
     # with a world without identity beside it, none is: the network saw them all 0
     assert world_needs(feats, [named, bare]) == []
     assert world_needs(FEATURE_SETS["all"], [named]) == []
+
+
+@pytest.mark.parametrize("teacher", ["best:f1,nope", "oracle", "best:"])
+def test_an_unknown_teacher_is_one_line(teacher: str) -> None:
+    from services.scoring.rl.args import validate
+
+    with pytest.raises(UserError, match="--teacher") as err:
+        validate(Args(trace="x.csv", teacher=teacher))
+    assert "\n" not in str(err.value)
