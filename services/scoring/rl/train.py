@@ -144,14 +144,21 @@ def _val_world(args: Args) -> Worlds:
 
 
 def episode_specs(
-    n_jobs: Sequence[int], cfg: EpisodeConfig, count: int, seed: Sequence[int]
+    n_jobs: Sequence[int],
+    cfg: EpisodeConfig,
+    count: int,
+    seed: Sequence[int],
+    every_world: bool = False,
 ) -> list[EpisodeSpec]:
     """`count` episodes: each a world (index into `n_jobs`, the worlds' job counts), a
-    first job in it, a load in [load_lo, load_hi] and a seed."""
+    first job in it, a load in [load_lo, load_hi] and a seed. `every_world`: the
+    worlds in turn (validation: each trace is judged, none left out by the draw)."""
     rng = np.random.default_rng(list(seed))
     out = []
-    for _ in range(count):
+    for i in range(count):
         w = int(rng.integers(len(n_jobs)))
+        if every_world:
+            w = i % len(n_jobs)
         last = max(n_jobs[w] - 4 * (cfg.prefix + cfg.jobs), 1)
         out.append(
             EpisodeSpec(
@@ -375,7 +382,11 @@ def train(
     if val is not None:
         val_cfg = EpisodeConfig(**{**asdict(cfg), "load_lo": 0.95, "load_hi": 0.95})
         val_specs = episode_specs(
-            [len(j) for j in val_w.jobs], val_cfg, args.val_episodes, [args.seed, 999_999]
+            [len(j) for j in val_w.jobs],
+            val_cfg,
+            args.val_episodes,
+            [args.seed, 999_999],
+            every_world=True,
         )
         best_h, best_objs = heuristic_scores(val, val_specs, val_cfg, net, features)
         meta["validation"] = {"best_heuristic": best_h, "objective": best_objs}

@@ -148,3 +148,8 @@ def test_an_unknown_teacher_is_one_line(teacher: str) -> None:
     with pytest.raises(UserError, match="--teacher") as err:
         validate(Args(trace="x.csv", teacher=teacher))
     assert "\n" not in str(err.value)
+
+
+def test_validation_episodes_take_every_world_in_turn() -> None:
+    specs = episode_specs([3000, 100, 5000], EpisodeConfig(), 7, [1, 2], every_world=True)
+    assert [s.cluster for s in specs] == [0, 1, 2, 0, 1, 2, 0]
