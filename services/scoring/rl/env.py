@@ -4,7 +4,7 @@ An episode (RLTune's and RLScheduler's setup, on the project's simulator and
 placement code): take `prefix + jobs` consecutive jobs of the trace, thinned
 at random so that their demand is `load` x the cluster's capacity (a slice
 whose demand is below that keeps every job and has its arrivals compressed
-to that offered load, `shared.sim.load.compress_to_load`), replay the
+to that load, `shared.sim.load.compress_to_load`), replay the
 prefix under the baseline heuristic (the cluster fills and the history of run
 times builds up), then let the learned policy rank every round from the first
 episode job's arrival until the queue drains. The same jobs are run once more
@@ -50,11 +50,12 @@ from services.scoring.rl.args import OBJECTIVES
 from services.scoring.rl.network import ScoreNet
 from services.scoring.rl.policy import RLPolicy, Step
 from shared.cluster import ClusterSpec
+from shared.errors import UserError
 from shared.metrics import JobRecord
 from shared.offload_signal import OffloadPart, offload_part
 from shared.policy_api import Observation, Policy, PolicyContext, QueuedJob
 from shared.sim import SimConfig, SimResult, simulate
-from shared.sim.load import capacity, compress_to_load, offered_load
+from shared.sim.load import capacity, compress_to_load, span_load_limit
 from shared.traces import TraceJob
 
 __all__ = [
@@ -144,13 +145,16 @@ def build_episode(
     keep = min(1.0, spec.load * capacity(cluster) / max(demand(raw), 1e-9))
     rng = np.random.default_rng(spec.seed)
     picked = [j for j, u in zip(raw, rng.random(len(raw)), strict=True) if u < keep][:want]
-    if keep >= 1.0:
+    if keep >= 1.0 and 0.0 < demand(picked) < spec.load * capacity(cluster):
         # a quiet slice (ThetaGPU runs at 0.4): thinning cannot raise its load, so the
-        # arrivals are compressed to it instead; left as recorded, every order would
-        # give the same schedule and the episode would teach nothing
-        now = offered_load(picked, cluster)
-        if 0.0 < now < spec.load:
-            picked, _ = compress_to_load(picked, cluster, spec.load)
+        # arrivals are compressed to it instead (the same measure, `demand`, is
+        # `span_load` x capacity); left as recorded, every order would give the same
+        # schedule and the episode would teach nothing
+        try:
+            picked, _ = compress_to_load(picked, cluster, spec.load, "span")
+        except UserError:  # beyond what compressing reaches: as far as it goes
+            top = 0.99 * span_load_limit(picked, cluster)
+            picked, _ = compress_to_load(picked, cluster, top, "span")
     if cfg.shuffle_ties:
         picked = shuffle_ties(picked, rng)
     return picked, min(cfg.prefix, max(len(picked) - 1, 0))
