@@ -149,7 +149,7 @@ def encode(
     mask[:n] = True
     if not n:
         return x, mask
-    kinds_of_jobs = list(map(_KIND if identity else _KIND_PLAIN, jobs))
+    kinds_of_jobs = list(map(_KIND_PLAIN, jobs))
     index = {k: i for i, k in enumerate(dict.fromkeys(kinds_of_jobs))}
     kind = list(map(index.__getitem__, kinds_of_jobs))  # each job's kind, by index
 
@@ -158,8 +158,8 @@ def encode(
     n_types = max(len(obs.gpu_types), 1)
     total_gpus = max(obs.total_gpus(), 1)
     over: dict[frozenset[str], tuple[float, float, float, float]] = {}
-    logged, plain, ident = [], [], []
-    for user, vc, num_gpus, milli, types, *who_asked in index:
+    logged, plain = [], []
+    for user, vc, num_gpus, milli, types in index:
         who = user or vc  # QueuedJob.who
         mean = h.mean_run(who, num_gpus)
         mean_any = h.mean_run_any(who)
@@ -182,7 +182,6 @@ def encode(
             gpus / total if total > 0 else 0.0, held / total_gpus, log_run, short,
             est0, est is not None, group0, held,
         ))  # fmt: skip
-        ident.append(_identity(h, user, *who_asked) if identity else _NO_IDENTITY)
     per_kind = np.array(plain, dtype=np.float64)
     logs = np.log10(1.0 + np.array(logged, dtype=np.float64))
     has_est = per_kind[:, 14]
@@ -190,7 +189,15 @@ def encode(
     per_kind[:, 0] = np.log2(per_kind[:, 0])
     per_kind[:, 15] = _rank(per_kind[:, 15])  # est_rank: sjf-est's key, no history first
     per_kind[:, 16] = _rank(per_kind[:, 16])  # the VC's share's rank
-    by_kind = np.concatenate((per_kind, logs, np.array(ident, dtype=np.float64)), axis=1)[kind]
+    if identity:  # per (user, project, app, request): kinds of their own
+        asks = list(map(_ASKED, jobs))
+        ask_index = {k: i for i, k in enumerate(dict.fromkeys(asks))}
+        memo: dict[tuple[str, str], tuple[float, float, float]] = {}  # per name
+        ident = np.array([_identity(h, *k, memo) for k in ask_index], dtype=np.float64)
+        ident = ident[list(map(ask_index.__getitem__, asks))]
+    else:
+        ident = np.zeros((n, len(_NO_IDENTITY)))
+    by_kind = np.concatenate((np.concatenate((per_kind, logs), axis=1)[kind], ident), axis=1)
 
     attained = np.fromiter(map(_ATTAINED, jobs), np.float64, n)
     submit = np.fromiter(map(_SUBMIT, jobs), np.float64, n)
@@ -217,7 +224,12 @@ _NO_IDENTITY = (0.0,) * 12
 
 
 def _identity(
-    h: History, user: str, project: str, app: str, limit: float | None
+    h: History,
+    user: str,
+    project: str,
+    app: str,
+    limit: float | None,
+    memo: dict[tuple[str, str], tuple[float, float, float]],
 ) -> tuple[float, ...]:
     """The IDENTITY_FEATURES of one kind of job, but the siblings' (per job), in
     `_BLOCKS` order: per user, project and app the finished jobs (log10(1 + count)),
@@ -226,12 +238,16 @@ def _identity(
     prediction (`History.predict`, log10(1 + s); 0 if none). Finished jobs only."""
     out: list[float] = []
     for field, name in (("user", user), ("project", project), ("app", app)):
-        st = h.identity_stats(field, name)
-        if st is None:
-            out += (0.0, 0.0, 0.0)
-        else:
-            count, log_run, ratio = st
-            out += (math.log10(1.0 + count), log_run, max(ratio, 0.0))
+        got = memo.get((field, name))
+        if got is None:  # a name is looked up once per window (kinds share users)
+            st = h.identity_stats(field, name)
+            if st is None:
+                got = (0.0, 0.0, 0.0)
+            else:
+                count, log_run, ratio = st
+                got = (math.log10(1.0 + count), log_run, max(ratio, 0.0))
+            memo[field, name] = got
+        out += got
     pred = h.predict(user, limit)
     out += (_log10(limit), 1.0 if limit else 0.0, _log10(pred))
     return tuple(out)
@@ -251,10 +267,9 @@ def needs_of(features: Sequence[str]) -> tuple[str, ...]:
 
 # what a job's features but its wait, service, siblings and offload pressure are a
 # function of
-_KIND = operator.attrgetter(
-    "user", "vc", "num_gpus", "gpu_milli", "gpu_types", "project", "app", "time_limit_s"
-)
 _KIND_PLAIN = operator.attrgetter("user", "vc", "num_gpus", "gpu_milli", "gpu_types")
+# what its identity features but the siblings' are a function of
+_ASKED = operator.attrgetter("user", "project", "app", "time_limit_s")
 _ATTAINED = operator.attrgetter("attained_gpu_s")
 _SUBMIT = operator.attrgetter("submit_s")
 # where each JOB_FEATURES column is in what `encode` concatenates ("-": only used there)
