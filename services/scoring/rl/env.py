@@ -93,6 +93,9 @@ class EpisodeConfig:
     # the episode has the best objective (DAgger on the best heuristic per episode);
     # "": none
     teacher: str = ""
+    # a slice quieter than its load has its arrivals compressed to it (module doc);
+    # False: arrivals as recorded (a hand-solved instance's fixed schedule)
+    compress: bool = True
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,7 @@ def build_episode(
     keep = min(1.0, spec.load * capacity(cluster) / max(demand(raw), 1e-9))
     rng = np.random.default_rng(spec.seed)
     picked = [j for j, u in zip(raw, rng.random(len(raw)), strict=True) if u < keep][:want]
-    if keep >= 1.0 and 0.0 < demand(picked) < spec.load * capacity(cluster):
+    if cfg.compress and keep >= 1.0 and 0.0 < demand(picked) < spec.load * capacity(cluster):
         # a quiet slice (ThetaGPU runs at 0.4): thinning cannot raise its load, so the
         # arrivals are compressed to it instead (the same measure, `demand`, is
         # `span_load` x capacity); left as recorded, every order would give the same

@@ -31,7 +31,8 @@ RUN = {"s": 10.0, "l": 1000.0}
 PREFIX = [("s", 0.0), ("l", 20.0), ("s", 1100.0), ("l", 1200.0)]  # the last ends at 2200
 BURST = [("ls"[i % 2], 1300.0 + i) for i in range(8)]
 TRACE = [TraceJob(f"{u}{i}", t, RUN[u], 1, user=u) for i, (u, t) in enumerate(PREFIX + BURST)]
-CFG = EpisodeConfig(prefix=len(PREFIX), jobs=len(BURST), baseline="fifo", window=8)
+# arrivals as recorded: the hand schedule below is of these submit times
+CFG = EpisodeConfig(prefix=len(PREFIX), jobs=len(BURST), baseline="fifo", window=8, compress=False)
 
 
 def _mean_bsld(order: list[tuple[str, float]]) -> float:
