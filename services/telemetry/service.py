@@ -31,6 +31,7 @@ import msgspec
 
 from services.telemetry.prom import GPU_UTIL, JCT, JOBS, OFFLOAD_HIT, OFFLOAD_MIGRATION
 from services.telemetry.windows import Telemetry
+from shared import serving
 from shared.bus import (
     Outgoing,
     Producer,
@@ -39,7 +40,6 @@ from shared.bus import (
     ServiceStats,
     Stopped,
     deliver,
-    run_service,
 )
 from shared.config import BusSettings
 from shared.errors import UserError
@@ -173,13 +173,6 @@ async def _publisher(
                 )
 
 
-async def _relay(built: asyncio.Event, ready: asyncio.Event | None) -> None:
-    """The caller's `ready` once the state is built."""
-    await built.wait()
-    if ready is not None:
-        ready.set()
-
-
 async def _until_either(first: asyncio.Event, second: asyncio.Event) -> None:
     waits = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
     try:
@@ -197,7 +190,6 @@ async def serve(
     conf: TelemetrySettings | None = None,
 ) -> ServiceStats:
     conf = conf or TelemetrySettings()
-    stop = stop or asyncio.Event()
     stats = ServiceStats()
     handler = TelemetryHandler(settings, stats, conf)
     t = settings.topics
@@ -209,16 +201,13 @@ async def serve(
         name=NAME,
         topics=inputs,
         handle=handler,
-        group_id=group_id or "",
         replay_topics=inputs,
         replay=lambda rec: handler.apply(rec, strict=False),
     )
-    built = asyncio.Event()
-    publisher = asyncio.create_task(_publisher(settings, handler, conf, stop, built, stats))
-    relay = asyncio.create_task(_relay(built, ready))
-    try:
-        return await run_service(settings, spec, stop, stats, built)
-    finally:
-        stop.set()
-        relay.cancel()
-        await publisher
+
+    async def publisher(s: serving.Serving) -> None:
+        await _publisher(settings, handler, conf, s.stop, s.built, stats)
+
+    return await serving.serve(
+        settings, spec, stop, ready, group_id, stats=stats, beside=[publisher]
+    )
