@@ -38,13 +38,23 @@ its raw shares:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from shared.cluster import ClusterSpec, QueueSpec
 
-__all__ = ["DEFAULT_HALF_LIFE_S", "FairShare", "Ledger", "Row", "factors", "queue_key"]
+__all__ = [
+    "DEFAULT_HALF_LIFE_S",
+    "FairShare",
+    "Ledger",
+    "Row",
+    "factors",
+    "queue_key",
+    "row_from_changelog",
+    "usage_changelog",
+]
 
 DEFAULT_HALF_LIFE_S = 7 * 86400.0  # Slurm's PriorityDecayHalfLife default
 
@@ -182,3 +192,22 @@ class FairShare:
     def factor(self, vc: str, t: float) -> float:
         """The fair-share factor of `vc`'s queue at `t` (1: no usage anywhere)."""
         return self.factors(t).get(queue_key(self.cluster, vc), 1.0)
+
+
+def usage_changelog(prefix: str) -> str:
+    """The changelog topic of the ledger service's `usage` table (faust names it
+    `<app id>-<table>-changelog`; the app id is `<prefix>ledger`)."""
+    return f"{prefix}ledger-usage-changelog"
+
+
+def row_from_changelog(key: bytes | None, value: bytes | None) -> tuple[str, Row] | None:
+    """One record of the `usage` changelog as (queue, row); None if it is not one
+    (faust writes keys and values as JSON)."""
+    try:
+        queue = json.loads(key or b"")
+        v = json.loads(value or b"")
+        if not isinstance(queue, str) or not isinstance(v, dict):
+            return None
+        return queue, Row(float(v["usage"]), float(v["as_of"]), float(v["gpus"]))
+    except (ValueError, KeyError, TypeError):
+        return None
