@@ -174,12 +174,22 @@ class FairShare:
     def __init__(self, cluster: ClusterSpec | None) -> None:
         self.cluster = cluster
         self.ledger = Ledger(cluster.half_life_s if cluster is not None else DEFAULT_HALF_LIFE_S)
+        self.external = False  # rows come from the ledger table (`load`), not `change`
         self._at: float | None = None
         self._factors: dict[str, float] = {}
 
     def change(self, vc: str, t: float, gpus: float) -> None:
         """A job of `vc` took (`gpus` > 0) or gave back GPUs at `t`."""
+        if self.external:
+            return
         self.ledger.change(queue_key(self.cluster, vc), t, gpus)
+        self._at = None
+
+    def load(self, queue: str, row: Row) -> None:
+        """A row of the ledger service's table (its changelog): from now on the rows
+        come from there, and `change` is ignored."""
+        self.external = True
+        self.ledger.rows[queue] = row
         self._at = None
 
     def factors(self, t: float) -> dict[str, float]:

@@ -17,9 +17,21 @@ several, the changes would first go through a topic keyed by queue (faust's
 one of three runs (measured), so it is not done.
 
 The decay and the factor are `shared.fairshare` (one implementation, the one the
-simulator and the scoring service keep in process). The changelog of `usage` is the
-table as others see it: the scoring service reads it (the latest row per queue)
-for its per-queue gauges (`rltune_queue_fair_share_factor{queue}`).
+simulator, scoring and telemetry keep in process). The changelog of `usage` is the
+table as others see it: `rltune service scoring --ledger` reads it (the latest row
+per queue) for drf's tie-break and the `fair_share` feature, instead of keeping the
+usage itself from `jobs.events`.
+
+On the embedded broker (Tansu), measured with tests/integration/test_ledger.py:
+faust's group join waits out the rebalance timeout (30 s at faust's defaults, about
+5 s with the 3 s set here); the group is sometimes joined twice after a restart,
+and the second assignment reads again from the committed offset (those events are
+recognised by offset and change nothing); topics are not compacted, so a restart
+reads every changelog record back (one per table write), not one per key. With
+faust's default producer batches (16 KiB) a restarted service applied none of the
+new events in 5 of 20 runs (the `jobs` table came back without the rows its last
+writes made); with one record per batch (`producer_max_batch_size=256`) in none of
+7. The cause was not found; a failed run shows as rows that stop changing.
 
 Idempotent by record: the `jobs` row keeps the offset of the last `jobs.events`
 record applied to it, so an event read again after a restart (its offset not yet

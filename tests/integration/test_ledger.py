@@ -12,8 +12,11 @@ import time
 from aiokafka import AIOKafkaProducer
 
 from services.ledger.service import LedgerSettings, read_usage, serve
-from shared.bus import ServiceStats
+from services.scoring.service import ScoringHandler, ScoringSettings
+from shared.bus import ServiceStats, read_back
+from shared.cluster import load_cluster
 from shared.config import BusSettings
+from shared.fairshare import factors, usage_changelog
 from shared.messages import Job, JobEvent, encode
 
 H = 3600.0  # tests/data: a one-hour half-life (cluster file below)
@@ -118,6 +121,27 @@ async def test_ledger_table_matches_reference_and_survives_a_restart(bus, tmp_pa
     assert s2.extra[f"read_{t.jobs_events}"] == 10 - first + dup
     assert s2.extra["changes_applied"] == 4
     assert s2.extra[f"read_{t.jobs_accepted}"] == 0
+
+    # scoring --ledger reads the table from its changelog: its fair-share factors are
+    # Slurm's over the reference usage
+    scoring = ScoringHandler(
+        bus, ServiceStats(), ScoringSettings(policy="drf", cluster=str(cluster), ledger=True)
+    )
+    await read_back(bus, [usage_changelog(bus.topic_prefix)], scoring.replay)
+    got = scoring.state.fair.factors(7200.0)
+    assert got == pytest_approx_map(factors(want, load_cluster(str(cluster)).queues))
+    scoring.state.fair.change("nlp", 7200.0, 64.0)  # ignored: the table is the source
+    assert scoring.state.fair.factors(7300.0)["nlp"] == pytest_approx(
+        factors(
+            {q: u * 2 ** (-100 / H) for q, u in want.items()}, load_cluster(str(cluster)).queues
+        )["nlp"]
+    )
+
+
+def pytest_approx_map(x: dict[str, float]) -> object:
+    import pytest
+
+    return pytest.approx(x, rel=1e-9)
 
 
 def pytest_approx(x: float) -> object:
