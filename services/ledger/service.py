@@ -37,6 +37,11 @@ Idempotent by record: the `jobs` row keeps the offset of the last `jobs.events`
 record applied to it, so an event read again after a restart (its offset not yet
 committed while the tables' changelogs already had its change) changes nothing.
 
+Not wired into `rltune service`, compose or k8s yet: the deployment's principals
+need a Kafka user and ACLs for faust's own topics (`<prefix>ledger-*`: the
+changelogs, the assignor topic) and faust's SASL settings (it speaks PLAINTEXT
+here); `serve` runs it in process (as the tests do).
+
 A start counts from the start event's time, a stop (finished, failed, preempted,
 cancelled after a start) at its time. A start whose accepted record is not in yet
 waits for it in the `jobs` row; a message that does not decode is counted and
