@@ -51,8 +51,13 @@ lint: install
 typecheck: install
 	$(BIN)/mypy rltune/ shared/ services/ offload_agent/ bench/ tests/
 
+# three workers on two cores: the broker tests spend most of their time waiting on
+# round trips and timeouts, so a third worker fills the gaps (each worker starts its own
+# broker); TEST_WORKERS=0 runs in one process
+TEST_WORKERS ?= 3
+
 unit: install
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS)
 
 test: lint typecheck unit
 

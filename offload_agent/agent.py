@@ -20,8 +20,18 @@ Relays between the training processes on this host (a Unix socket, see
   later, it is answered `failed`, "killed before it started"); one that does not
   decode goes to `jobs.rejected`. (A job still waiting in the queue is taken out
   by the scoring service.)
+* `jobs.kill` with `requeue` (a preemption, from scoring's reclaim): the job's
+  process group gets SIGTERM, SIGKILL after the request's `grace_s` (else
+  `kill_grace_s`); its exit is reported `preempted` and the job goes back to the
+  queue (a later placement starts it again). A job not running here is left alone.
 * `jobs.events`: a `failed` event from another node for a job that also runs here
   stops it here (a job given several nodes runs or fails as one);
+* `jobs.exits` (`NodeExit`, agents only): a job given several nodes is `finished`
+  when the process on every one of them has exited 0. Each agent publishes its
+  node's exit 0 there instead of a `finished`, and the agent whose own record
+  completes the set publishes the job's one `finished` (all its nodes in
+  `node_ids`); a failure anywhere is the job's `failed` at once (the detail names
+  the node and its exit code) and stops the others;
 * `sched.placements` for this node → the job's command (from `jobs.accepted`)
   started on its GPUs, `JobEvent`s on `jobs.events` (see `offload_agent.jobs`);
   each job swaps under `RLTUNE_SWAP_DIR`/<job>, removed when it exits, and writes
@@ -65,6 +75,7 @@ from shared.messages import (
     Job,
     JobEvent,
     KillRequest,
+    NodeExit,
     NodeStatus,
     PlacementBatch,
     PrefetchPlan,
@@ -104,8 +115,14 @@ class AgentConfig:
         emulate = os.environ.get("RLTUNE_NODE_EMULATE", "") not in ("", "0")
         if emulate and inventory is None:
             raise UserError("RLTUNE_NODE_EMULATE needs RLTUNE_NODE_GPUS (the emulated GPUs)")
+        sock = ipc.socket_path()
+        if len(os.fsencode(sock)) > 107:  # sun_path: 108 bytes with the terminating NUL
+            raise UserError(
+                f"RLTUNE_OFFLOAD_SOCKET={str(sock)!r} is {len(os.fsencode(sock))} bytes; "
+                "a Unix socket's path is at most 107"
+            )
         return cls(
-            ipc.socket_path(),
+            sock,
             node,
             swap_root=swap_dir(),
             inventory=inventory,
@@ -144,6 +161,7 @@ class HostAgent:
         self._event = msgspec.json.Decoder(JobEvent)
         self._placements = msgspec.json.Decoder(PlacementBatch)
         self._kill = msgspec.json.Decoder(KillRequest)
+        self._exit = msgspec.json.Decoder(NodeExit)
 
     async def on_record(self, rec: Record) -> Sequence[Outgoing]:
         """Bus handler: route by topic."""
@@ -155,7 +173,24 @@ class HostAgent:
             return await self.on_kill(rec)
         if rec.topic == self.topics.jobs_events:
             return self.on_event(rec)
+        if rec.topic == self.topics.jobs_exits:
+            return self.on_exit(rec)
         return await self.on_placements(rec)
+
+    def on_exit(self, rec: Record) -> Sequence[Outgoing]:
+        """A node's process of a job given several nodes exited 0: the job's `finished`
+        when this is our own record and every node's is in (see `JobRunner.record_exit`).
+        Returned, not published here, so that the bus stamps it with this input and a
+        restarted agent does not answer the same record twice."""
+        try:
+            ex = self._exit.decode(rec.value or b"")
+        except msgspec.MsgspecError as exc:
+            raise Reject(f"invalid NodeExit: {exc}", kind="invalid") from None
+        event = self.runner.record_exit(ex)
+        if event is None:
+            return ()
+        self.stats.extra["gang_jobs_finished"] += 1
+        return [Outgoing(self.topics.jobs_events, event.job_id, encode(event))]
 
     def on_event(self, rec: Record) -> Sequence[Outgoing]:
         """A job's process failed on another node: stop its process here (a gang)."""
@@ -177,6 +212,17 @@ class HostAgent:
             req = self._kill.decode(rec.value or b"")
         except msgspec.MsgspecError as exc:
             raise Reject(f"invalid KillRequest: {exc}", kind="invalid") from None
+        if req.requeue:
+            if not self.runner.preempt(req.job_id, req.reason):
+                self.stats.extra["preempt_not_here"] += 1  # not running here (or stopping)
+                return ()
+            self.stats.extra["preemptions"] += 1
+            log.info("preempting %s (%s)", req.job_id, req.reason or "no reason given")
+            grace = req.grace_s if req.grace_s is not None else self.config.kill_grace_s
+            task = asyncio.create_task(self._escalate(req.job_id, grace))
+            self.watchers.add(task)
+            task.add_done_callback(self.watchers.discard)
+            return ()
         if not self.runner.kill(req.job_id, req.reason):
             self.stats.extra["kill_not_here"] += 1  # not running here: never start it here
             return await self._announce(self.runner.forbid(req.job_id, req.reason, time.time()), [])
@@ -198,9 +244,12 @@ class HostAgent:
             self.watchers.add(task)
             task.add_done_callback(self.watchers.discard)
 
-    async def _escalate(self, job_id: str) -> None:
-        """SIGKILL a job that has not stopped `kill_grace_s` after SIGTERM."""
-        await asyncio.sleep(self.config.kill_grace_s)
+    async def _escalate(self, job_id: str, grace_s: float | None = None) -> None:
+        """SIGKILL a job that has not stopped `grace_s` (`kill_grace_s`) after SIGTERM."""
+        proc = self.runner.running.get(job_id)
+        await asyncio.sleep(self.config.kill_grace_s if grace_s is None else grace_s)
+        if proc is None or self.runner.running.get(job_id) is not proc:
+            return  # it stopped (and may run again, a new process: not this one's to kill)
         if self.runner.kill(job_id, "", signal.SIGKILL):
             self.stats.extra["kills_escalated"] += 1
 
@@ -213,8 +262,13 @@ class HostAgent:
                 ev = self._event.decode(rec.value or b"")
                 if ev.kind == "started" and self.config.node_id in ev.node_ids:
                     self.runner.started.add(ev.job_id)
+                elif ev.kind == "preempted" and self.config.node_id in ev.node_ids:
+                    self.runner.started.discard(ev.job_id)  # back in the queue
                 elif ev.kind in ("failed", "cancelled") and ev.job_id not in self.runner.started:
                     self.runner.forbid(ev.job_id, ev.detail, ev.time)  # ended unstarted
+        elif rec.topic == self.topics.jobs_exits:
+            with contextlib.suppress(msgspec.MsgspecError):
+                self.runner.record_exit(self._exit.decode(rec.value or b""))
 
     def _learn(self, rec: Record) -> tuple[list[JobEvent], list[Started]]:
         try:
@@ -261,7 +315,9 @@ class HostAgent:
         await asyncio.to_thread(self.runner.remove_swap, started.job_id)
         event = self.runner.exited(started.job_id, code, time.time())
         forget(started.job_id, self.config.node_id)  # its Prometheus series go with it
-        await self._publish_reliably(self.topics.jobs_events, event.job_id, encode(event))
+        # this node's share of a job of several nodes, or the job's own end
+        topic = self.topics.jobs_exits if isinstance(event, NodeExit) else self.topics.jobs_events
+        await self._publish_reliably(topic, event.job_id, encode(event))
         status = self.status()
         if status is not None:
             await self._publish(self.topics.cluster_nodes, status.node_id, encode(status))
@@ -398,9 +454,9 @@ async def serve(
         spec = ServiceSpec(
             name=f"{NAME}.{config.node_id}",  # per node: each answers its own share
             group_id=group_id or f"{t.prefix}{NAME}.{config.node_id}",
-            topics=[*topics, t.jobs_events],
+            topics=[*topics, t.jobs_events, t.jobs_exits],
             handle=agent.on_record,
-            replay_topics=[t.jobs_accepted, t.jobs_events],
+            replay_topics=[t.jobs_accepted, t.jobs_events, t.jobs_exits],
             replay=agent.replay,
         )
         try:

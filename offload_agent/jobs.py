@@ -9,7 +9,12 @@ socket, so the 10Cache engine inside can find its agent,
 given, comma-separated, as Slurm's SLURM_JOB_NODELIST: a job on several nodes
 runs its command on each, and each process can tell its place from these).
 When the job's process on another node fails, the one here is stopped
-(`stop_sibling`): a gang runs together or not at all. A job with a
+(`stop_sibling`): a gang runs together or not at all. Such a job has one status,
+decided by all its nodes: a process that fails makes it `failed` at once (the detail
+names the node and the exit code), and one that exits 0 is only this node's share
+(`NodeExit`, on `jobs.exits`): the job is `finished` when every node's has exited 0
+(`record_exit`, which says when the record read is the one that completes the set).
+A job with a
 `time_limit_s` (Slurm's `--time`) is stopped when it has run that long
 (`time_up`, called by the agent's timer): `failed`, "time limit of N s reached". It
 answers with a `started` event, or `failed` when the command cannot start (not found,
@@ -31,6 +36,12 @@ nothing, so no GPU is ever given twice, whatever view placement had. A re-placem
 move (`PlacementBatch.moves`) is refused by the agent of the move's first new node
 (`rejected_placement`, detail `MOVE_REFUSED`): the agent cannot checkpoint and restart
 a running process, and placement then keeps the job where it runs.
+
+A preemption (`preempt`, a `KillRequest` with `requeue`) stops the job as a kill
+does, but its exit is reported `preempted` ("preempted (reason); exit code N"): the
+job is not over, it goes back to the queue, and a later placement starts its
+command again (here or elsewhere); a placement of the round that started the
+stopped run, delivered again, does not.
 """
 
 from __future__ import annotations
@@ -49,7 +60,7 @@ from pathlib import Path
 from typing import IO
 
 from offload_agent.nvme import SWAP_DIR_ENV, job_swap_dir
-from shared.messages import Job, JobEvent, PlacementBatch
+from shared.messages import Job, JobEvent, NodeExit, PlacementBatch
 
 __all__ = ["FORBIDDEN_KEPT", "JobRunner", "Started"]
 
@@ -89,6 +100,12 @@ class JobRunner:
     nodes: dict[str, list[str]] = field(default_factory=dict)  # job -> every node it was given
     stopping: dict[str, str] = field(default_factory=dict)  # job -> why (a sibling failed)
     limits: dict[str, float] = field(default_factory=dict)  # job -> its time_limit_s
+    preempting: dict[str, str] = field(default_factory=dict)  # job -> why (a preemption)
+    round_of: dict[str, int] = field(default_factory=dict)  # job -> round that started it
+    # job -> round of its run that was preempted: only a later round starts it again
+    requeued: dict[str, int] = field(default_factory=dict)
+    # job of several nodes -> node -> the time its process there exited 0 (jobs.exits)
+    exits: OrderedDict[str, dict[str, float]] = field(default_factory=OrderedDict)
 
     def learn(self, job: Job, now: float) -> tuple[list[JobEvent], list[Started]]:
         """Remember a job's command; start it if it was already placed here. A job
@@ -111,7 +128,10 @@ class JobRunner:
         for a in batch.assignments:
             if a.node_id != self.node_id or a.job_id in self.started:
                 continue
+            if batch.round_id <= self.requeued.get(a.job_id, -1):
+                continue  # the placement of a run since preempted, delivered again
             self.nodes[a.job_id] = given[a.job_id]
+            self.round_of[a.job_id] = batch.round_id
             if a.job_id in self.forbidden:
                 self.started.add(a.job_id)  # (a redelivery is not answered twice)
                 refused.append(self._killed_before_start(a.job_id, now))
@@ -281,6 +301,17 @@ class JobRunner:
         self.stopping[job_id] = f"time limit of {self.limits.get(job_id, 0):g} s reached"
         return True
 
+    def preempt(self, job_id: str, reason: str) -> bool:
+        """Stop a job running here to requeue it (SIGTERM to its group; True if it ran
+        here). Its exit is then `preempted`, and a later placement starts it again."""
+        if job_id in self.killing or job_id in self.stopping or job_id in self.preempting:
+            return False
+        if not self.kill(job_id, ""):
+            return False
+        self.killing.pop(job_id, None)
+        self.preempting[job_id] = reason
+        return True
+
     def stop_sibling(self, event: JobEvent) -> bool:
         """`event` says the job's process on another node failed: stop the one running
         here (SIGTERM to its group; True if there was one). Its exit is then `failed`,
@@ -296,15 +327,26 @@ class JobRunner:
         self.stopping[event.job_id] = f"its process on {where} failed"
         return True
 
-    def exited(self, job_id: str, returncode: int, now: float) -> JobEvent:
+    def exited(self, job_id: str, returncode: int, now: float) -> JobEvent | NodeExit:
         """The event of a job's process that exited with `returncode` (negative: killed
-        by that signal); a failed one's detail ends with its last stderr lines."""
+        by that signal); a failed one's detail ends with its last stderr lines. On a
+        job given several nodes, an exit 0 is this node's share alone (`NodeExit`)
+        and a failure's detail names this node."""
         self.free(job_id)
         self.running.pop(job_id, None)
-        self.nodes.pop(job_id, None)
-        detail = f"exit code {returncode}"
+        nodes = self.nodes.pop(job_id, None) or [self.node_id]
+        gang = len(set(nodes)) > 1
+        detail = f"exit code {returncode}" + (f" on {self.node_id}" if gang else "")
         node = [self.node_id]
         self.limits.pop(job_id, None)
+        if job_id in self.preempting:
+            why = self.preempting.pop(job_id)
+            self.killing.pop(job_id, None)  # (the SIGKILL that may have followed)
+            self.started.discard(job_id)  # a later placement runs it again
+            self.requeued[job_id] = self.round_of.pop(job_id, -1)
+            detail = f"preempted{f' ({why})' if why else ''}; {detail}"
+            return JobEvent(job_id, "preempted", now, node, detail, exit_code=returncode)
+        self.round_of.pop(job_id, None)
         if job_id in self.stopping:
             why = self.stopping.pop(job_id)
             self.killing.pop(job_id, None)  # (the SIGKILL that may have followed)
@@ -315,8 +357,25 @@ class JobRunner:
             why = self.killing.pop(job_id)
             detail = f"killed on request{f' ({why})' if why else ''}; {detail}"
             return JobEvent(job_id, "failed", now, node, detail, exit_code=returncode)
+        if returncode == 0 and gang:
+            return NodeExit(job_id, self.node_id, list(dict.fromkeys(nodes)), now)
         if returncode == 0:
             return JobEvent(job_id, "finished", now, node, detail, exit_code=0)
         tail = self.stderr_tail(job_id)
         detail += f"; stderr:\n{tail}" if tail else ""
         return JobEvent(job_id, "failed", now, node, detail, exit_code=returncode)
+
+    def record_exit(self, ex: NodeExit) -> JobEvent | None:
+        """Note that `ex.node_id`'s process of `ex.job_id` exited 0. When that record is
+        this node's own and completes the set (every node of the job has exited 0),
+        the job's `finished` event: exactly one agent, the last to exit in the topic's
+        order, publishes it, whatever order the records arrive in."""
+        done = self.exits.setdefault(ex.job_id, {})
+        done[ex.node_id] = ex.time
+        self.exits.move_to_end(ex.job_id)
+        while len(self.exits) > FORBIDDEN_KEPT:
+            self.exits.popitem(last=False)
+        if ex.node_id != self.node_id or not set(ex.nodes) <= set(done):
+            return None
+        detail = f"exit code 0 on every node ({', '.join(ex.nodes)})"
+        return JobEvent(ex.job_id, "finished", ex.time, list(ex.nodes), detail, exit_code=0)

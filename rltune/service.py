@@ -119,7 +119,8 @@ async def _serve(
     kwargs: dict[str, object],
     connect_timeout_s: float,
 ) -> None:
-    await wait_for_broker(settings.bootstrap, connect_timeout_s)  # else one line, exit 2
+    # as the service itself logs in (else one line, exit 2)
+    await wait_for_broker(settings.bootstrap, connect_timeout_s, settings.security)
     stop = asyncio.Event()
     stop_on_signals(stop)  # SIGTERM (compose, k8s) and Ctrl-C stop it cleanly
     await serve(settings, stop=stop, **kwargs)

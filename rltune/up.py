@@ -9,7 +9,10 @@ Two kinds of cluster:
   where pynvml sees GPUs and neither flag is given, one agent on those). A placed
   job's `command` runs as a real process with `CUDA_VISIBLE_DEVICES` set to the
   GPUs it was given; its stdout and stderr go to the run's log folder
-  (jobs/<host>/<job>.out, .err). Nothing is replayed.
+  (jobs/<host>/<job>.out, .err). Nothing is replayed. With `--queues FILE` (the
+  `queues:` and `priority_classes:` of a cluster file) the team queues hold on
+  these hosts: scoring reclaims a queue's guarantee by preempting borrowers
+  (`--grace`, `--min-run`), and the host agents stop and requeue their processes.
 * with `--trace`, the simulated cluster (cluster-sim) and a replay of the trace.
   A job a user publishes meanwhile is refused at once on `jobs.rejected` with the
   reason (the arrival service runs with `--user-jobs reject`): the simulated
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -45,6 +49,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import msgspec
+import yaml
 from aiokafka import AIOKafkaConsumer
 from rich.console import Console, Group
 from rich.live import Live
@@ -59,7 +64,7 @@ from rltune.common import (
 )
 from shared.broker import EmbeddedBroker, _die_with_parent, ensure_topics, free_port
 from shared.bus import Producer, partitions_of
-from shared.cluster import ClusterSpec, load_cluster
+from shared.cluster import ClusterSpec, load_cluster, parse_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import MetricsSnapshot, encode
@@ -82,7 +87,7 @@ NOT_GIVEN = (None, False)
 # flags of a replay alone: with no --trace each is a mistake, said in one line
 REPLAY_ONLY = (
     "cluster", "format", "limit", "speedup", "lockstep", "round_interval", "offload_fraction",
-    "preempt", "until_done", "json", "jobs_out",
+    "preempt", "until_done", "json", "jobs_out", "checkpoint", "no_reclaim",
 )  # fmt: skip
 STOP_GRACE_S = 10.0
 FIGURES = "telemetry.all"  # the source of telemetry's figures over every finished job
@@ -123,6 +128,30 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--gpu-type",
         default=LOCAL_GPU_TYPE,
         help=f"the emulated GPUs' type name (default {LOCAL_GPU_TYPE})",
+    )
+    p.add_argument(
+        "--queues",
+        type=Path,
+        default=None,
+        help="the local cluster's team queues: a YAML file with `queues:` and "
+        "`priority_classes:` as a cluster file has them (guarantees are reclaimed by "
+        "preempting borrowers: docs/guide/tenancy.md)",
+    )
+    p.add_argument(
+        "--grace", type=float, default=None, metavar="S",
+        help="reclaim: a preempted job gets SIGTERM, then SIGKILL after S s (default 120)",
+    )  # fmt: skip
+    p.add_argument(
+        "--min-run", type=float, default=None, metavar="S",
+        help="reclaim: a job is never preempted in its first S s (default 600)",
+    )  # fmt: skip
+    p.add_argument(
+        "--checkpoint", type=float, default=None, metavar="S",
+        help="a replay's reclaim: a preempted job loses the work since its last checkpoint, "
+        "every S s (default 1800, as simulate's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--no-reclaim", action="store_true", help="a replay without reclaim (as simulate's)"
     )
     p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
     p.add_argument("--placer", default="milp", help="placement (default milp)")
@@ -167,6 +196,12 @@ def run(args: argparse.Namespace) -> int:
         return run_local(args)
     if args.hosts is not None or args.gpus is not None:
         raise UserError("--hosts and --gpus size the local cluster: they go without --trace")
+    if args.queues is not None:
+        raise UserError("--queues is the local cluster's: a replay takes its queues from --cluster")
+    for flag, v, lo in (("--grace", args.grace, 0.0), ("--min-run", args.min_run, 0.0),
+                        ("--checkpoint", args.checkpoint, 1e-9)):  # fmt: skip
+        if v is not None and not (math.isfinite(v) and v >= lo):
+            raise UserError(f"{flag} must be a number of seconds {'>' if lo else '>='} 0, got {v}")
     args.format = args.format or "jsonl"
     args.cluster = args.cluster or str(CLUSTER)
     args.speedup = 1000.0 if args.speedup is None else args.speedup
@@ -236,13 +271,18 @@ def run_local(args: argparse.Namespace) -> int:
             "with --trace; the local cluster is its hosts as they report"
         )
     real = [] if args.hosts or args.gpus else _real_gpus()
+    args.real_gpus = bool(real)
     if real:
         args.hosts, args.gpus, args.gpu_type = 1, len(real), real[0]
     else:
         args.hosts = args.hosts or LOCAL_HOSTS
         args.gpus = args.gpus or LOCAL_GPUS
+    tenancy = _tenancy(args)
     console = Console(stderr=True)
     with _broker(args) as (broker, settings, logs):
+        if tenancy is not None:  # the hosts, with the queues: scoring's cluster file
+            args.local_cluster = logs / "cluster.yaml"
+            args.local_cluster.write_text(yaml.safe_dump(tenancy, sort_keys=False))
         kind = "real GPUs (pynvml)" if real else "emulated GPUs"
         console.print(
             f"broker on {broker.bootstrap}; a local cluster of {args.hosts} host(s) x "
@@ -265,6 +305,35 @@ def run_local(args: argparse.Namespace) -> int:
     if final.get("failed"):
         raise UserError(f"{final['failed']}; see {logs}")
     return 0
+
+
+def _tenancy(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The local cluster as a cluster file (its hosts, then `--queues`' queues and
+    priority classes), checked as any cluster file is; None without `--queues`."""
+    for flag, v in (("--grace", args.grace), ("--min-run", args.min_run)):
+        if v is not None and not 0.0 <= v <= 86_400.0:
+            raise UserError(f"{flag} must be within [0, 86400] seconds, got {v:g}")
+    if args.queues is None:
+        if args.grace is not None or args.min_run is not None:
+            raise UserError("--grace and --min-run go with --queues (the reclaim they tune)")
+        return None
+    try:
+        raw = yaml.safe_load(args.queues.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read --queues {args.queues}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise UserError(f"--queues {args.queues} is not valid YAML") from exc
+    keys = ("queues", "priority_classes")
+    if not isinstance(raw, dict) or not raw or any(k not in keys for k in raw):
+        raise UserError(f"--queues {args.queues}: a mapping of {' and '.join(keys)} only")
+    data = {
+        "name": "local",
+        "nodes": [{"name": "host", "count": args.hosts, "gpu_type": args.gpu_type,
+                   "gpus": args.gpus}],
+        **raw,
+    }  # fmt: skip
+    parse_cluster(data, source=f"--queues {args.queues}")  # a bad file: one line, exit 2
+    return data
 
 
 @contextlib.contextmanager
@@ -306,6 +375,17 @@ def _default_port() -> int:
         return 9092 if s.connect_ex(("127.0.0.1", 9092)) != 0 else free_port()
 
 
+def _reclaim_args(args: argparse.Namespace) -> list[str]:
+    """Scoring's cluster file (the local hosts and their queues) and reclaim settings."""
+    path = getattr(args, "local_cluster", None)
+    if path is None:
+        return []
+    out = ["--cluster", str(path)]
+    out += ["--grace", repr(args.grace)] if args.grace is not None else []
+    out += ["--min-run", repr(args.min_run)] if args.min_run is not None else []
+    return out
+
+
 class Services:
     """Every service as a child process (`rltune service NAME ...`)."""
 
@@ -328,12 +408,16 @@ class Services:
         sim += ["--preempt"] if args.preempt else []
         sim += ["--round-interval", str(args.round_interval)] if args.round_interval else []
         sim += [] if args.lockstep else ["--epoch", repr(args.epoch)]
+        sim += ["--no-reclaim"] if args.no_reclaim else []
+        for flag, v in (("--grace", args.grace), ("--min-run", args.min_run),
+                        ("--checkpoint", args.checkpoint)):  # fmt: skip
+            sim += [flag, repr(v)] if v is not None else []
         if args.until_done:
             sim += ["--exit-when-done"]
             sim += ["--json", args.json] if args.json else []
             sim += ["--jobs-out", args.jobs_out] if args.jobs_out else []
         self.argv = {
-            "arrival": [*bus, "--user-jobs", "reject"],
+            "arrival": [*bus, "--user-jobs", "reject", *common],
             "telemetry": bus,
             "scoring": bus + common + ["--policy", args.policy, "--rounds", "driven"]
             + ["--window", str(args.window), "--seed", str(args.seed)],
@@ -347,10 +431,11 @@ class Services:
         """The local cluster: the scheduler's services and one host agent per host (the
         cluster is the hosts as they report: no cluster file)."""
         self.argv = {
-            "arrival": bus,
+            "arrival": [*bus, *_reclaim_args(args)[:2]],  # (its cluster file's classes)
             "telemetry": bus,
             "scoring": [*bus, "--policy", args.policy, "--rounds", "free",
-                        "--window", str(args.window), "--seed", str(args.seed)],
+                        "--window", str(args.window), "--seed", str(args.seed),
+                        *_reclaim_args(args)],
             "placement": [*bus, "--placer", args.placer, "--discipline", args.discipline],
             "profiler": bus,
         }  # fmt: skip
@@ -361,7 +446,9 @@ class Services:
                 "RLTUNE_NODE_ID": host,
                 "RLTUNE_NODE_GPUS": str(args.gpus),
                 "RLTUNE_NODE_GPU_TYPE": args.gpu_type,
-                "RLTUNE_NODE_EMULATE": "1",
+                # the host's GPUs as pynvml reports them (free, busy, memory), or the
+                # emulated inventory
+                "RLTUNE_NODE_EMULATE": "0" if getattr(args, "real_gpus", False) else "1",
                 "RLTUNE_OFFLOAD_SOCKET": str(self.logs / f"{host}.sock"),
                 "RLTUNE_SWAP_DIR": str(self.logs / "swap" / host),
                 "RLTUNE_JOB_LOGS": str(self.logs / "jobs" / host),

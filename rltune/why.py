@@ -19,6 +19,7 @@ from rltune.common import (
     unreachable,
     write_json,
 )
+from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
 
@@ -32,6 +33,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("why", help="why a job waits, what change would start it, its ETA")
     p.add_argument("job_id", metavar="JOB_ID", help="the job's id, as submitted")
     p.add_argument("--json", default=None, metavar="OUT", help="also write the answer as JSON")
+    p.add_argument(
+        "--cluster",
+        default=None,
+        metavar="FILE",
+        help="the deployment's cluster file: its queues and priority classes, to name the "
+        "queue rule that holds a job (limit, reclaim, priority)",
+    )
     add_bus_args(p)
     p.set_defaults(func=run)
 
@@ -39,8 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from services.scoring.why import WhyState
 
+    cluster = load_cluster(args.cluster) if args.cluster else None
     settings = bus_settings(args)
-    state = WhyState(settings.topics)
+    state = WhyState(settings.topics, cluster)
     run_async(_read(settings, state))
     state.present(time.time())  # a live cluster's present is the wall clock
     answer = state.explain(args.job_id)

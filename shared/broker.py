@@ -26,7 +26,7 @@ from pathlib import Path
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from shared.config import BusSettings
+from shared.config import BusSettings, KafkaSecurity
 from shared.errors import UserError
 
 __all__ = ["EmbeddedBroker", "broker_binary", "ensure_topics", "free_port", "wait_for_broker"]
@@ -144,13 +144,17 @@ def _port_in_use(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-async def wait_for_broker(bootstrap: str, timeout_s: float = 20.0) -> None:
-    """Return once the broker answers a metadata request; UserError after `timeout_s`."""
+async def wait_for_broker(
+    bootstrap: str, timeout_s: float = 20.0, security: KafkaSecurity | None = None
+) -> None:
+    """Return once the broker answers a metadata request; UserError after `timeout_s`.
+    `security`: how to log in (a SASL or TLS listener drops a client that does not)."""
+    login = security.client_kwargs() if security is not None else {}
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     quiet = _Quiet("aiokafka")  # connection refusals are expected while it starts
     while time.monotonic() < deadline:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000, **login)
         try:
             with quiet:
                 await admin.start()

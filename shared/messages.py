@@ -24,6 +24,7 @@ __all__ = [
     "KillRequest",
     "MetricsSnapshot",
     "MoveOrder",
+    "NodeExit",
     "NodeStatus",
     "OffloadRunning",
     "OffloadSpec",
@@ -281,13 +282,30 @@ class JobEvent(Struct, omit_defaults=True):
     exit_code: int | None = None
 
 
+class NodeExit(Struct):
+    """`jobs.exits` (internal, host agents only): the process of a job given several
+    nodes exited 0 on `node_id`. The job is `finished` only when every node of
+    `nodes` has said so; the agent whose record completes the set (the topic keeps
+    one job's records in one order for every reader) publishes that `finished`. A
+    process that fails is `failed` on `jobs.events` at once, and stops the others."""
+
+    job_id: JobId
+    node_id: NodeId
+    nodes: Annotated[list[NodeId], Meta(min_length=2, max_length=1024)]  # all it was given
+    time: NonNegFinite
+
+
 class KillRequest(Struct, omit_defaults=True):
     """`jobs.kill` (public): stop a running job. The host agent running it terminates
     its process group (SIGTERM, SIGKILL after a grace period) and reports `failed`
-    with the reason."""
+    with the reason. With `requeue` (a preemption: scoring's reclaim on live hosts)
+    the job is not ended: its stop is reported `preempted`, it goes back to the
+    queue and runs again when placed; `grace_s` is then its grace period."""
 
     job_id: JobId
     reason: ShortStr = ""
+    requeue: bool = False
+    grace_s: Annotated[float, Meta(ge=0.0, le=86_400.0)] | None = None
 
 
 class MetricsSnapshot(Struct, omit_defaults=True):

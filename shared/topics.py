@@ -17,6 +17,7 @@ PUBLIC_TOPICS = (
     "sched.rounds",
     "jobs.events",
     "jobs.kill",
+    "jobs.exits",
     "metrics",
     "rl.rewards",
     "offload.profiles",
@@ -31,6 +32,7 @@ _INTERNAL = (
     "sched.placements",
     "sched.rounds",
     "jobs.events",
+    "jobs.exits",
     "rl.rewards",
     "offload.profiles",
     "offload.plans",
@@ -80,6 +82,12 @@ class Topics:
     @property
     def jobs_kill(self) -> str:
         return self.name("jobs.kill")
+
+    @property
+    def jobs_exits(self) -> str:
+        """Host agents' own record of a process of a job given several nodes that
+        exited 0 (`NodeExit`): the job is `finished` once every node's has."""
+        return self.name("jobs.exits")
 
     @property
     def metrics(self) -> str:

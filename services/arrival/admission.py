@@ -4,13 +4,15 @@ Pure logic: no bus. `Admission.admit` turns the bytes of one `jobs.submit`
 message into a `Job`, or raises `Reject` with a reason that names the field.
 It keeps the set of live job ids (accepted and not yet finished) so that a
 second submission of a live id is refused, and, once the cluster inventory is
-known, refuses jobs that no set of nodes could ever hold.
+known, refuses jobs that no set of nodes could ever hold. Given the cluster file's
+priority classes, a `priority_class` that names none of them is refused.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Collection
 
 import msgspec
 
@@ -132,7 +134,9 @@ class Admission:
     whatever order the accepted and ended records come back in.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, classes: Collection[str] | None = None) -> None:
+        # the cluster's priority classes (None: not known here, any name passes)
+        self.classes = None if classes is None else sorted(classes)
         self._accepted: dict[str, int] = {}
         self._ended: dict[str, int] = {}
         self._end_events: set[str] = set()  # positions of the end events already counted
@@ -157,6 +161,14 @@ class Admission:
                 f"gpu_milli={spec.gpu_milli} (a share of one GPU) needs num_gpus=1, "
                 f"got num_gpus={spec.num_gpus}",
                 key=spec.job_id,
+            )
+        known = self.classes
+        if known is not None and spec.priority_class and spec.priority_class not in known:
+            raise Reject(
+                f"priority_class {spec.priority_class!r} is not a priority class of this "
+                f"cluster (it has {', '.join(known) if known else 'none'})",
+                key=spec.job_id,
+                kind="unknown_class",
             )
         if self.is_live(spec.job_id):
             raise Reject(

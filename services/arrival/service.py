@@ -12,6 +12,9 @@ specs (`shared.replay.REPLAY_HEADERS`); any other valid spec is then refused at
 once on `jobs.rejected`, with a reason that says why and what to run instead:
 always under `reject` (what `rltune up --trace` runs), never under `run`, and
 under `auto` (the default) once this service has seen a replayed spec.
+
+With `--cluster FILE` a job's `priority_class` must name one of the file's
+`priority_classes` (else `jobs.rejected`, the reason naming the field).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import msgspec
 
 from services.arrival.admission import Admission, decode_spec
 from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, serve_service
+from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.messages import JobEvent, NodeStatus
 from shared.reject import Reject
@@ -48,6 +52,7 @@ NOT_RUN_IN_REPLAY = (
 @dataclass(frozen=True)
 class ArrivalSettings:
     user_jobs: str = "auto"  # users' jobs beside a replay: see the module docstring
+    cluster: str | None = None  # its priority classes are the ones a job may name
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -59,9 +64,17 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "refuse them once a replayed job has been seen (auto, the default)",
     )
 
+    p.add_argument(
+        "--cluster",
+        default=None,
+        help="cluster file: a job's priority_class must be one of its priority_classes",
+    )
+
 
 def from_args(args: argparse.Namespace) -> ArrivalSettings:
-    return ArrivalSettings(args.user_jobs)
+    if args.cluster is not None:
+        load_cluster(args.cluster)  # a bad file: one line and exit 2, before connecting
+    return ArrivalSettings(args.user_jobs, args.cluster)
 
 
 class ArrivalHandler:
@@ -74,7 +87,10 @@ class ArrivalHandler:
         self.conf = conf or ArrivalSettings()
         self.replaying = self.conf.user_jobs == "reject"  # refuse users' jobs now
         self.topics = t
-        self.admission = Admission()
+        classes = None
+        if self.conf.cluster is not None:
+            classes = list(load_cluster(self.conf.cluster).priority_classes)
+        self.admission = Admission(classes)
         self.stats = stats
         self._node_dec = msgspec.json.Decoder(NodeStatus)
         self._event_dec = msgspec.json.Decoder(JobEvent)

@@ -30,6 +30,12 @@ of deciding themselves:
   service (`rank`, `next_threshold`), computed here by the same policy class; each
   stop goes out as a `preempted` event and in the next round's `preempted` list,
   and scoring puts the job back in its queue with the service it attained.
+* With queue guarantees in the cluster file, the simulator's reclaim
+  (shared/sim/reclaim.py) stops borrowers as `simulate` does: each stop is a
+  `preempted` event and an entry of the next round's `preempted` list. The
+  reclaiming job's start, asked of the placer between rounds, goes with a score
+  round of its own (`Rounds._stale`): placement answers a place request once, by
+  round id, on the node states that round names.
 
 Everything else (arrivals from the trace, run times, finishes, conflicts, the
 per-job records and the summary) is the simulator's, unchanged, so that the
@@ -42,7 +48,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services.placement.registry import OFFLOAD_SUFFIX, REPLACE_SUFFIX
@@ -118,17 +124,20 @@ class Rounds:
         self.by_id: dict[str, QueuedJob] = {}  # waiting jobs, as the simulator holds them
         self.unknown = 0  # job ids in an answer that are not waiting here
         self.answer: tuple[float, list[str]] | None = None  # (time, window) of the last round
+        self.placed_round = -1  # the round of the last place request
+        self.extra_rounds = 0  # score rounds sent for a place asked between rounds (reclaim)
         self.fallbacks = 0  # answers whose placer broke the order (placement replaced them)
         self.offload: list[OffloadStats] = []  # offloading jobs' rate changes since last round
 
-    def score(self, k: int, now: float) -> list[QueuedJob]:
+    def score(self, k: int, now: float, fresh: bool = False) -> list[QueuedJob]:
         """The policy's first `k` waiting jobs. A round asks for the whole window; a
         second question at the same instant with nothing changed since (the simulator
         asks for the head alone under EASY, then for the window) is answered from the
-        same round: scoring's state and clock are the same, so is its answer."""
+        same round: scoring's state and clock are the same, so is its answer. `fresh`:
+        a new round whatever changed (a place request goes with a round of its own)."""
         p = self.pending
         unchanged = not (p.arrived or p.started or p.finished or p.events or p.preempted)
-        if unchanged and self.answer is not None and self.answer[0] == now:
+        if not fresh and unchanged and self.answer is not None and self.answer[0] == now:
             nodes = self._changed_nodes(now)
             if not nodes:
                 return self._jobs(self.answer[1][:k])
@@ -166,7 +175,25 @@ class Rounds:
                 out.append(job)
         return out
 
+    def _stale(self) -> bool:
+        """Whether the simulator's state moved since the last score round, or that
+        round has had its place request already: a place asked now (a reclaim's start,
+        between rounds: shared/sim/reclaim.py) needs a score round of its own, which
+        carries the events since (the victims' `preempted`) and the node states
+        placement solves on, under a round id placement has not answered yet."""
+        p = self.pending
+        if p.arrived or p.started or p.finished or p.events or p.preempted:
+            return True
+        if self.placed_round == self.round_id:
+            return True
+        assert self.sim is not None
+        return any(self.sent.get(i) != tuple(row) for i, row in enumerate(self.sim.state.free))
+
     def place(self, jobs: Sequence[JobRequest], ctx: RoundContext | None) -> PlacementResult:
+        if self.sim is not None and self._stale():
+            self.extra_rounds += 1
+            self.score(self.window, self.sim.obs.now, fresh=True)
+        self.placed_round = self.round_id
         releases = [
             ExpectedRelease(
                 r.time_s, r.alloc.job_id, [(n, list(g)) for n, g in r.alloc.gpus], r.alloc.gpu_milli
@@ -251,6 +278,7 @@ class Rounds:
                 for jid, end, _ in queue.running
             ]
         batch = self.channel.replace(req, nodes)
+        self.placed_round = self.round_id  # answered: a place needs a round of its own
         for order in batch.moves[:1]:
             seq = sim.offload.by_id.get(order.job_id)
             if seq is None or seq not in sim.offload.placed or not order.assignments:
@@ -391,13 +419,11 @@ def bus_simulator(
     the discipline (shared.sched.ordered): the simulator asks it, not a wrapper of its
     own (`RemotePlacer.orders_window`).
 
-    Reclaim (shared/sim/reclaim.py) is off here: its direct start of a reclaiming
-    job asks the placer outside a round the scoring service drove, and the run
-    stalls; until rounds carry it, guarantees are kept by `rltune simulate` only
-    (tests/integration/test_lockstep_reclaim.py records the difference)."""
-    if config.reclaim and any(q.guaranteed_gpus > 0 for q in cluster.queues.values()):
-        log.warning("queue guarantees are not reclaimed over the bus yet: reclaim is off")
-    config = replace(config, reclaim=False)
+    Reclaim (shared/sim/reclaim.py) runs here as in `rltune simulate`: the
+    simulator alone decides which borrowers stop and when (grace, minimum run,
+    checkpoint loss); each stop goes out as a `preempted` event and in the next
+    round's `preempted` list, and the reclaiming job's start (placed at once on the
+    GPUs its victims freed) is a round of its own (`Rounds._stale`)."""
     sim = Simulator(cluster, policy, placer, config)
     policy.rounds.sim = sim
     sim.observers.append(BusEvents(sim, policy.rounds))

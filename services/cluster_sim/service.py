@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -82,7 +83,7 @@ from shared.placement_api import DISCIPLINES
 from shared.recipe import RunRecipe, check_round_interval
 from shared.reject import Reject
 from shared.replay import REPLAY_HEADERS, job_spec_of
-from shared.sim import write_jobs_csv
+from shared.sim import SimConfig, write_jobs_csv
 from shared.sim.offload_jobs import describe_marking, load_marked
 from shared.traces import SkipStats, TraceJob
 
@@ -113,6 +114,11 @@ class SimSettings:
     offload_fraction: float = 0.0  # as simulate's --offload-fraction (seeded marking)
     preempt: bool = False  # as simulate's --preempt (a preemptive policy: las)
     round_interval_s: float = 0.0  # as simulate's --round-interval (0: a round per event)
+    # reclaim, as simulate's --no-reclaim, --grace, --min-run, --checkpoint
+    reclaim: bool = True
+    grace_s: float = 120.0
+    min_run_s: float = 600.0
+    checkpoint_s: float = 1800.0
     # real time: the wall clock (Unix s) at which the trace's first submission is due;
     # None: when the first round is asked (`rltune up` passes its replay's start)
     epoch: float | None = None
@@ -133,6 +139,13 @@ class SimSettings:
             round_interval_s=self.round_interval_s,
             offload_fraction=self.offload_fraction,
         )
+
+    def sim_config(self) -> SimConfig:
+        """The simulator's settings: the recipe's, with the reclaim settings."""
+        return dataclasses.replace(
+            self.recipe().sim_config(), reclaim=self.reclaim, grace_s=self.grace_s,
+            min_run_s=self.min_run_s, checkpoint_s=self.checkpoint_s,
+        )  # fmt: skip
 
     def run_settings(self) -> dict[str, object]:
         """The summary JSON's `settings` (as simulate's, `RunRecipe.settings`,
@@ -180,6 +193,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="rounds at most every S s of virtual time (as simulate's; default 0: every event)",
     )
+    p.add_argument("--no-reclaim", action="store_true", help="as simulate's: no reclaim")
+    p.add_argument("--grace", type=float, default=120.0, metavar="S", help="as simulate's")
+    p.add_argument("--min-run", type=float, default=600.0, metavar="S", help="as simulate's")
+    p.add_argument("--checkpoint", type=float, default=1800.0, metavar="S", help="as simulate's")
     p.add_argument(
         "--epoch",
         type=float,
@@ -214,6 +231,10 @@ def from_args(args: argparse.Namespace) -> SimSettings:
     if args.epoch is not None and not math.isfinite(args.epoch):
         raise UserError(f"--epoch must be a time in Unix seconds, got {args.epoch:g}")
     check_round_interval(args.round_interval)
+    for flag, v, lo in (("--grace", args.grace, 0.0), ("--min-run", args.min_run, 0.0),
+                        ("--checkpoint", args.checkpoint, 1e-9)):  # fmt: skip
+        if not (math.isfinite(v) and v >= lo):
+            raise UserError(f"{flag} must be a number of seconds {'>' if lo else '>='} 0, got {v}")
     return SimSettings(
         trace=args.trace, format=args.format, cluster=args.cluster, policy=args.policy,
         placer=args.placer, limit=args.limit, window=args.window, seed=args.seed,
@@ -221,7 +242,8 @@ def from_args(args: argparse.Namespace) -> SimSettings:
         lockstep=args.lockstep, speedup=args.speedup, json_out=args.json_out,
         jobs_out=args.jobs_out, exit_when_done=args.exit_when_done, replay=args.replay,
         resend_s=args.resend, offload_fraction=args.offload_fraction, preempt=args.preempt,
-        round_interval_s=args.round_interval, epoch=args.epoch,
+        round_interval_s=args.round_interval, epoch=args.epoch, reclaim=not args.no_reclaim,
+        grace_s=args.grace, min_run_s=args.min_run, checkpoint_s=args.checkpoint,
     )  # fmt: skip
 
 
@@ -525,7 +547,7 @@ async def serve(
             cluster,
             RemotePolicy(conf.policy, time_invariant(conf.policy), rounds, _local(conf)),
             RemotePlacer(conf.placer, rounds),
-            conf.recipe().sim_config(),
+            conf.sim_config(),
         )
         if ready is not None:
             ready.set()

@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 from services.placement.baselines import BestFitPlacer, FgdPlacer, FirstFitPlacer
 from services.placement.greedy import GreedyPlacer
-from services.placement.milp import MilpConfig, MilpPlacer
 from shared.errors import UserError
 from shared.placement_api import Placer
 from shared.sched.replacement import ReplaceConfig
@@ -17,12 +16,20 @@ OFFLOAD_SUFFIX = "+offload"
 REPLACE_SUFFIX = "+replace"
 
 
+def _milp() -> Placer:
+    # imported when asked for: OR-Tools (and the pandas it loads) is the largest
+    # dependency, and the other placers run without it (a GPU host with no OR-Tools)
+    from services.placement.milp import MilpPlacer
+
+    return MilpPlacer()
+
+
 PLACERS: dict[str, Callable[[], Placer]] = {
     "greedy": GreedyPlacer,  # fastest allowed type first, best fit within it
     "first-fit": FirstFitPlacer,  # the first node in input order that holds the job
     "best-fit": BestFitPlacer,
     "fgd": FgdPlacer,
-    "milp": MilpPlacer,
+    "milp": _milp,
 }
 
 
@@ -51,6 +58,8 @@ def make_placer(
 
         return OffloadAwarePlacer(make_placer(name.removesuffix(OFFLOAD_SUFFIX), reproducible))
     if name == "milp" and reproducible:
+        from services.placement.milp import MilpConfig, MilpPlacer
+
         return MilpPlacer(MilpConfig(deterministic_time=REPRODUCIBLE_DETERMINISTIC_TIME))
     try:
         return PLACERS[name]()

@@ -83,6 +83,9 @@ class ScoringState:
         self.queued: dict[str, QueuedJob] = {}  # waiting
         self.running: dict[str, QueuedJob] = {}
         self.started_at: dict[str, float] = {}
+        self.nodes_of: dict[str, list[str]] = {}  # running job -> the nodes it started on
+        self.stopping: dict[str, set[str]] = {}  # preempted job -> nodes not stopped yet
+        self.first: list[str] = []  # free rounds: these lead the window (reclaim's jobs)
         self.run_s: dict[str, float] = {}  # GPU-holding time of finished jobs
         self.attained: dict[str, float] = {}  # GPU-seconds of the preempted segments
         self.preempts: Counter[str] = Counter()  # preempted events seen, per job
@@ -121,7 +124,11 @@ class ScoringState:
         ):
             self._cancel(jid, free)  # killed before it started: it never runs
         elif ev.kind == "started":
-            if jid in self.started_at or jid in self.ended:
+            if jid in self.ended:
+                return
+            nodes = self.nodes_of.setdefault(jid, [])
+            nodes += [n for n in ev.node_ids if n not in nodes]
+            if jid in self.started_at:
                 return
             self.started_at[jid] = ev.time
             self._usage(jid, ev.time, 1.0)
@@ -130,7 +137,10 @@ class ScoringState:
         elif ev.kind in ("finished", "failed", "preempted"):
             if jid not in self.started_at or jid in self.ended:
                 return
+            if ev.kind == "preempted" and not self._all_stopped(jid, ev.node_ids):
+                return  # a job on several hosts: the others' processes are still stopping
             start = self.started_at.pop(jid)
+            self.nodes_of.pop(jid, None)
             self.run_s[jid] = self.run_s.get(jid, 0.0) + ev.time - start
             self._usage(jid, ev.time, -1.0)
             if ev.kind == "preempted":
@@ -159,6 +169,16 @@ class ScoringState:
         elif (gpus := self._holding.pop(jid, 0.0)) == 0.0:
             return  # its start was not counted (its accepted record came later)
         self.fair.change(job.vc, t, sign * gpus)
+
+    def _all_stopped(self, jid: str, nodes: list[str]) -> bool:
+        """Whether a preempted job's process has stopped on every node it started on
+        (each host agent reports its own; the simulator names them all at once)."""
+        left = self.stopping.setdefault(jid, set(self.nodes_of.get(jid) or ()))
+        left.difference_update(nodes)
+        if left:
+            return False
+        del self.stopping[jid]
+        return True
 
     def where(self, jid: str) -> str:
         """Where a job stands here: `queued`, `placed` (given GPUs, not started yet),
@@ -288,9 +308,11 @@ class ScoringState:
         obs = SimObservation(self.view.state, self.waiting, self.history, self.vc_held, self.fair)
         obs.now = now
         fits = self.view.state.fits
+        ahead = [self.queued[j] for j in self.first if j in self.queued] if fits_only else []
+        lead = {j.job_id for j in ahead}
         window = [
             j
-            for j in self.policy.window(k, obs)
+            for j in [*ahead, *(j for j in self.policy.window(k, obs) if j.job_id not in lead)]
             if not fits_only or fits(j.num_gpus, j.gpu_milli, j.gpu_types)
         ]
         n = len(window)

@@ -25,6 +25,13 @@ before the job's accepted record is remembered (the last `PENDING_KILLS`) and
 applied when it arrives. A job already given GPUs or running is the host agent's
 to stop; under driven rounds the executor's simulator owns the queue, and kills
 are counted (`kills_ignored_driven`) and left alone.
+
+Reclaim on live hosts (free rounds, a `--cluster` file whose queues have
+guarantees): `services.scoring.reclaim` decides which borrowers stop for a
+queue's guarantee (shared/tenancy.py's rules, with `--grace` and `--min-run`),
+and asks their host agents on `jobs.kill` (`KillRequest` with `requeue`); they
+come back as `preempted` and wait in the queue again. Under driven rounds the
+executor's simulator decides reclaim itself.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import msgspec
 
 from services.scoring.policies import make_policy
 from services.scoring.queue import ScoringState
+from services.scoring.reclaim import LiveReclaim
 from shared.bus import (
     Outgoing,
     Producer,
@@ -71,6 +79,7 @@ from shared.messages import (
     encode,
 )
 from shared.reject import Reject
+from shared.tenancy import Quota
 
 __all__ = ["ScoringSettings", "add_args", "from_args", "serve"]
 
@@ -92,6 +101,9 @@ class ScoringSettings:
     reload_s: float = 2.0  # how often a checkpoint file is checked for a newer version
     learn: bool = False  # PPO online from rl.rewards (learned policies only)
     learn_episodes: int = 4  # rewards per update
+    grace_s: float = 120.0  # reclaim on live hosts: SIGTERM, then SIGKILL after this
+    min_run_s: float = 600.0  # reclaim: a job is never preempted in its first S seconds
+    reclaim_every_s: float = 0.5  # reclaim: how often the queues are looked at
     ledger: bool = False  # fair share from the ledger service's table, not from the events
 
 
@@ -107,6 +119,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="learn online from rl.rewards with PPO (rl policies; off by default)",
     )
     p.add_argument("--learn-episodes", type=int, default=4, help="rewards per PPO update")
+    p.add_argument(
+        "--grace", type=float, default=120.0, metavar="S",
+        help="reclaim (free rounds, queues with guarantees in --cluster): a preempted job "
+        "gets SIGTERM, then SIGKILL after S seconds (default 120)",
+    )  # fmt: skip
+    p.add_argument(
+        "--min-run", type=float, default=600.0, metavar="S",
+        help="reclaim: a job is never preempted in its first S seconds (default 600)",
+    )  # fmt: skip
     p.add_argument(
         "--ledger",
         action="store_true",
@@ -124,9 +145,13 @@ def from_args(args: argparse.Namespace) -> ScoringSettings:
         raise UserError(f"--learn needs a learned policy (rl, rl:PATH), not {args.policy!r}")
     if args.learn_episodes <= 0:
         raise UserError(f"--learn-episodes must be positive, got {args.learn_episodes}")
+    for flag, v in (("--grace", args.grace), ("--min-run", args.min_run)):
+        if not 0.0 <= v <= 86_400.0:
+            raise UserError(f"{flag} must be within [0, 86400] seconds, got {v:g}")
     return ScoringSettings(
         args.policy, args.cluster, args.window, args.seed, args.rounds,
-        learn=args.learn, learn_episodes=args.learn_episodes, ledger=args.ledger,
+        learn=args.learn, learn_episodes=args.learn_episodes, grace_s=args.grace,
+        min_run_s=args.min_run, ledger=args.ledger,
     )  # fmt: skip
 
 
@@ -137,6 +162,10 @@ class ScoringHandler:
         self.conf = conf
         cluster = load_cluster(conf.cluster) if conf.cluster else None
         self.state = ScoringState(make_policy(conf.policy), cluster, conf.window, conf.seed)
+        self.reclaimer: LiveReclaim | None = None
+        if cluster is not None and Quota(cluster.queues).has_guarantees():
+            self.reclaimer = LiveReclaim(cluster, conf.grace_s, conf.min_run_s)
+        self._last_reclaim = 0.0
         self.driven = conf.rounds == "driven"
         self.free_round_id = 0
         self._job = msgspec.json.Decoder(Job)
@@ -214,6 +243,8 @@ class ScoringHandler:
         except msgspec.MsgspecError:
             self.stats.extra["ignored_bad_kill"] += 1  # the host agents dead-letter it
             return
+        if req.requeue:
+            return  # a preemption (ours): the host agent stops it, `preempted` requeues it
         if not self.free:
             self.stats.extra["kills_ignored_driven"] += 1
             return
@@ -346,6 +377,27 @@ class ScoringHandler:
             self.free_round_id += 1
         return batch
 
+    def reclaim(self) -> list[Outgoing]:
+        """Free rounds with guarantees: the preemptions reclaim asks for now (every
+        `reclaim_every_s` while jobs wait), as `KillRequest`s with `requeue`."""
+        r = self.reclaimer
+        if r is None or not self._rebuilt or not self.free:
+            return []
+        now = time.monotonic()
+        if now < self._last_reclaim + self.conf.reclaim_every_s:
+            return []
+        self._last_reclaim = now
+        if not self.state.queued:
+            self.state.first = []
+            return []
+        kills = r.check(self.state, time.time())
+        for k in kills:
+            log.info("preempting %s: %s", k.job_id, k.reason)
+        self.stats.extra["preemptions_asked"] += len(kills)
+        if kills or self.state.first:
+            self.state.dirty = True  # a round with the reclaiming jobs first
+        return [Outgoing(self.t.jobs_kill, k.job_id, encode(k)) for k in kills]
+
     def reload(self, name: str) -> None:
         self.state.swap_policy(make_policy(name), self.conf.seed)
         if self.learner is not None:
@@ -374,12 +426,16 @@ async def _ticker(
                 for req in list(handler.state.rounds.pending.values())[:1]:
                     miss = handler.state.waiting_for(req)
                     log.warning("round %d waits for %s", req.round_id, ", ".join(miss[:5]))
+            outs = handler.reclaim()
             batch = handler.free_round()
             if batch is not None:
-                out = Outgoing(settings.topics.sched_priorities, str(batch.round_id), encode(batch))
+                outs.append(
+                    Outgoing(settings.topics.sched_priorities, str(batch.round_id), encode(batch))
+                )
+            if outs:
                 try:  # the bus's one retry loop: an outage is waited out
                     stats.published += await deliver(
-                        producer, [out], stop, NAME, lambda o: (o, []), stats=stats
+                        producer, outs, stop, NAME, lambda o: (o, []), stats=stats
                     )
                 except Stopped:
                     break

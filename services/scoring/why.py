@@ -23,6 +23,15 @@ from what they say:
 
 The clock is the cluster's: the latest time on any event, node status or round
 (wall time for live hosts, virtual time under `cluster-sim`).
+
+Given the cluster file (`queues`, `priority_classes`), the queue rule that holds a
+waiting job is named first (`Answer.rule`), by shared/tenancy.py's arithmetic on
+the GPUs the running jobs hold per queue: `limit` (its team or org at its
+`limit_gpus`, or a non-preemptible job beyond its queue's unused guarantee),
+`reclaim` (it fits inside its queue's, or org's, unused guarantee but not the free
+GPUs: borrowers are stopped for it; those being stopped now, from `jobs.kill`
+requests with `requeue`, are named), or `priority` (jobs of a higher priority
+class ranked ahead of it still wait).
 """
 
 from __future__ import annotations
@@ -37,9 +46,19 @@ from typing import Any
 import msgspec
 
 from services.scoring.queue import queued_job
-from shared.messages import Job, JobEvent, NodeStatus, PlacementBatch, PriorityBatch, Rejection
+from shared.cluster import ClusterSpec, PriorityClass
+from shared.messages import (
+    Job,
+    JobEvent,
+    KillRequest,
+    NodeStatus,
+    PlacementBatch,
+    PriorityBatch,
+    Rejection,
+)
 from shared.placement_api import FULL_GPU
 from shared.policy_api import History
+from shared.tenancy import ANY, Quota, Usage, Waiting
 from shared.topics import Topics
 from shared.wire import Record
 
@@ -47,6 +66,7 @@ __all__ = ["Answer", "WhyState", "eta_profile"]
 
 _AHEAD_SHOWN = 5  # jobs ranked ahead, and running jobs that would free GPUs, named
 LIVE_SKEW_S = 300.0  # message time vs broker timestamp, at most, on a live cluster
+_NO_CLASS = PriorityClass()
 
 
 @dataclass
@@ -63,6 +83,7 @@ class Answer:
     needs_more: float = 0.0  # GPUs short of starting now (0: it would fit)
     eta_alone_s: float | None = None  # cluster time its GPUs come back for it alone
     eta_s: float | None = None  # the same with the jobs ranked ahead served first
+    rule: str | None = None  # the queue rule that holds it: limit, reclaim, priority
 
 
 @dataclass
@@ -76,8 +97,14 @@ _Ending = tuple[float, str, Job, _Run, float]
 
 
 class WhyState:
-    def __init__(self, topics: Topics) -> None:
+    def __init__(self, topics: Topics, cluster: ClusterSpec | None = None) -> None:
         self.t = topics
+        self.cluster = cluster
+        self.quota = Quota(cluster.queues, cluster.priority_classes) if cluster else None
+        # preemptions asked (jobs.kill with requeue) and done (`preempted`), per job: one
+        # asked more often than done is being stopped (whatever order topics are read in)
+        self.kills: dict[str, tuple[int, str]] = {}  # job -> (count, the latest reason)
+        self.preempts: dict[str, int] = {}
         self.jobs: dict[str, Job] = {}
         self.rejected: dict[str, str] = {}
         self.nodes: dict[str, NodeStatus] = {}
@@ -100,6 +127,8 @@ class WhyState:
             topics.sched_priorities: msgspec.json.Decoder(PriorityBatch),
             topics.sched_placements: msgspec.json.Decoder(PlacementBatch),
         }
+        if cluster is not None:  # the preemptions asked for (reclaim on live hosts)
+            self._dec[topics.jobs_kill] = msgspec.json.Decoder(KillRequest)
 
     @property
     def topics(self) -> list[str]:
@@ -118,6 +147,11 @@ class WhyState:
         newest = self._stamp is None or (isinstance(t, int | float) and t >= self._stamp[0])
         if isinstance(t, int | float) and rec.timestamp_ms > 0 and newest:
             self._stamp = (float(t), rec.timestamp_ms / 1e3)
+        if isinstance(msg, KillRequest):
+            if msg.requeue:
+                n = self.kills.get(msg.job_id, (0, ""))[0]
+                self.kills[msg.job_id] = (n + 1, msg.reason)
+            return
         if isinstance(msg, Job):
             self.jobs.setdefault(msg.job_id, msg)
         elif isinstance(msg, Rejection):
@@ -151,6 +185,8 @@ class WhyState:
             self.placed.pop(jid, None)
         elif ev.kind in ("finished", "failed", "preempted", "cancelled"):
             run = self.running.pop(jid, None)
+            if ev.kind == "preempted":
+                self.preempts[jid] = self.preempts.get(jid, 0) + 1
             held = self.held.get(jid, 0.0) + (ev.time - run.start if run else 0.0)
             self.placed.pop(jid, None)
             if ev.kind == "preempted":
@@ -259,6 +295,7 @@ class WhyState:
             return a
         a.free_now = free = self._free(job, types)
         self._rank(job, a)
+        self._queue_rule(job, a, types)
         est = self.history()
         ending = self._ending(types, est)
         if free >= _need(job):
@@ -305,6 +342,74 @@ class WhyState:
                 "ending now: the estimates cannot say when they will)"
             )
         return a
+
+    # ---- the queue rules (shared/tenancy.py) ----------------------------------------------
+    def _usage(self) -> Usage:
+        """GPUs the running jobs hold, per queue and GPU type (a job on several nodes:
+        an even share per node)."""
+        assert self.quota is not None and self.cluster is not None
+        u = Usage(self.quota)
+        for jid, run in self.running.items():
+            job = self.jobs.get(jid)
+            if job is None:
+                continue
+            on = run.nodes or [""]
+            gpus: dict[str, float] = {}
+            for n in on:
+                st = self.nodes.get(n)
+                t = st.gpu_type if st is not None else ANY
+                gpus[t] = gpus.get(t, 0.0) + _need(job) / len(on)
+            u.add(self.cluster.queue_of(job.vc), gpus)
+        return u
+
+    def _queue_rule(self, job: Job, a: Answer, types: list[str]) -> None:
+        """Name the queue rule that holds a waiting job (module docstring), if one does."""
+        q, cl = self.quota, self.cluster
+        if q is None or cl is None:
+            return
+        queue = cl.queue_of(job.vc)
+        classes = cl.priority_classes
+        mine = classes.get(job.priority_class, _NO_CLASS)
+        usage = self._usage()
+        why = q.limit_reason(usage, queue, {ANY: _need(job)}, mine.preemptible)
+        if why is not None:
+            a.rule = "limit"
+            a.lines.append(f"held by a queue rule: {why} (queue {queue})")
+            return
+        w = Waiting(queue, _need(job), frozenset(job.gpu_types), mine.priority)
+        short = _need(job) > a.free_now + 1e-9
+        dims = types or [ANY]
+        if short and any(q.may_use(usage, w, t) for t in dims):
+            a.rule = "reclaim"
+            level = queue if any(q.entitled(usage, w, t) for t in dims) else q.top(queue)
+            unused = max(q.headroom(usage, level, t) for t in dims)
+            line = (
+                f"waiting for reclaim: it fits inside {level}'s unused guarantee ({_num(unused)} "
+                f"of {_num(max(q.guarantee(level, t) for t in dims))} GPUs unused), and "
+                "borrowers are preempted for it (after their minimum run time and a grace period)"
+            )
+            stopping = [
+                f"{v} ({r})"
+                for v, (n, r) in sorted(self.kills.items())
+                if v in self.running and n > self.preempts.get(v, 0)
+            ]
+            if stopping:
+                line += f"; being stopped now: {', '.join(stopping[:_AHEAD_SHOWN])}"
+            a.lines.append(line)
+            return
+        higher = [
+            j
+            for j in a.ahead
+            if j in self.jobs
+            and classes.get(self.jobs[j].priority_class, _NO_CLASS).priority > mine.priority
+        ]
+        if higher:
+            a.rule = "priority"
+            names = ", ".join(f"{j} ({self.jobs[j].priority_class})" for j in higher[:_AHEAD_SHOWN])
+            a.lines.append(
+                f"behind a higher priority class: {len(higher)} job(s) ranked ahead of it "
+                f"of a class above {job.priority_class or 'none'} still wait: {names}"
+            )
 
     # ---- pieces -------------------------------------------------------------------------
     def _types(self, job: Job) -> list[str]:

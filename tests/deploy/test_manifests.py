@@ -31,6 +31,7 @@ K8S = ROOT / "k8s"
 COMPOSE_FILE = COMPOSE / "docker-compose.yml"
 GPU_OVERLAY = COMPOSE / "docker-compose.gpu.yml"
 REPLAY_OVERLAY = COMPOSE / "docker-compose.replay.yml"
+ACL_OVERLAY = COMPOSE / "docker-compose.acl.yml"
 DESIGN_ENV = {"RLTUNE_BOOTSTRAP_SERVERS", "RLTUNE_TOPIC_PREFIX"}
 METRICS_PORT = "9100"
 STRIMZI_API = "kafka.strimzi.io/v1"
@@ -632,8 +633,13 @@ def _compose_cli() -> list[str] | None:
 
 @pytest.mark.parametrize(
     "files",
-    [[COMPOSE_FILE], [COMPOSE_FILE, GPU_OVERLAY], [COMPOSE_FILE, REPLAY_OVERLAY]],
-    ids=["cpu", "gpu", "replay"],
+    [
+        [COMPOSE_FILE],
+        [COMPOSE_FILE, GPU_OVERLAY],
+        [COMPOSE_FILE, REPLAY_OVERLAY],
+        [COMPOSE_FILE, ACL_OVERLAY],
+    ],
+    ids=["cpu", "gpu", "replay", "acl"],
 )
 def test_docker_compose_config_is_valid(files: list[Path]) -> None:
     cli = _compose_cli()
@@ -657,7 +663,7 @@ def _check_compose(*files: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_compose_files_match_the_compose_specification_schema() -> None:
-    run = _check_compose(COMPOSE_FILE, GPU_OVERLAY, REPLAY_OVERLAY)
+    run = _check_compose(COMPOSE_FILE, GPU_OVERLAY, REPLAY_OVERLAY, ACL_OVERLAY)
     assert run.returncode == 0, run.stdout + run.stderr
 
 

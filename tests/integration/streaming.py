@@ -75,12 +75,13 @@ def lockstep_runs(
     offload_fraction: float = 0.0,
     preempt: bool = False,
     round_interval_s: float = 0.0,
+    reclaim: Mapping[str, Any] | None = None,  # SimSettings' grace_s, min_run_s, ...
 ) -> dict[str, Callable[[asyncio.Event], Coroutine[Any, Any, Any]]]:
     sim_conf = cluster_sim.SimSettings(
         trace=str(PHILLY), format="philly", cluster=str(cluster), policy=policy, placer=placer,
         limit=limit, lockstep=True, json_out=str(tmp / "up.json"),
         jobs_out=str(tmp / "up.csv"), exit_when_done=True, offload_fraction=offload_fraction,
-        preempt=preempt, round_interval_s=round_interval_s,
+        preempt=preempt, round_interval_s=round_interval_s, **(reclaim or {}),
     )  # fmt: skip
     return {
         "arrival": lambda stop: arrival.serve(settings, stop),

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -110,7 +111,11 @@ def test_compose_runs_a_published_job_on_its_agents(broker: EmbeddedBroker, tmp_
                 box = tmp_path / replica  # what the container's own filesystem holds
                 for key in ("RLTUNE_OFFLOAD_SOCKET", "RLTUNE_SWAP_DIR"):
                     if key in env:
-                        env[key] = str(box / env[key].lstrip("/"))
+                        # a Unix socket's path is at most 107 bytes: keep it out of tmp_path,
+                        # which is long under pytest-xdist
+                        short = key.endswith("SOCKET")
+                        root = Path(tempfile.mkdtemp(prefix=replica)) if short else box
+                        env[key] = str(root / env[key].lstrip("/"))
                         Path(env[key]).parent.mkdir(parents=True, exist_ok=True)
                 if name == "offload-agent":
                     env["RLTUNE_NODE_ID"] = replica

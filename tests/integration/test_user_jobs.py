@@ -186,7 +186,9 @@ def test_published_jobs_run_fail_and_are_killed_on_the_local_cluster(
         time.sleep(0.2)
     ends = {e["node_ids"][0]: e for e in local.events("gang") if e["kind"] == "failed"}
     assert ends["host-1"]["exit_code"] == 3
-    assert ends["host-0"]["detail"] == "stopped: its process on host-1 failed; exit code -15"
+    assert (
+        ends["host-0"]["detail"] == "stopped: its process on host-1 failed; exit code -15 on host-0"
+    )
     for node in ("host-0", "host-1"):
         assert (tmp_path / f"gang-{node}").read_text() == "host-0,host-1"
 

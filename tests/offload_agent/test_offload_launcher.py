@@ -13,7 +13,7 @@ import pytest
 from offload_agent.device import ALIGN, CpuDevice
 from offload_agent.jobs import JobRunner
 from offload_agent.launcher import Gpu, gpu_inventory, launch, node_status
-from shared.messages import Assignment, Job, JobEvent, PlacementBatch
+from shared.messages import Assignment, Job, JobEvent, NodeExit, PlacementBatch
 
 
 def test_no_gpu_means_no_node_status() -> None:
@@ -59,7 +59,7 @@ def test_runner_starts_each_placed_job_once() -> None:
     env = {"X": "1", "RLTUNE_JOB_ID": "j1", "RLTUNE_NODE_ID": "n1", "RLTUNE_JOB_NODES": "n1"}
     assert calls == [(["train"], [0, 1], env)]
     assert runner.place(batch, 6.0) == ([], [])  # a redelivered placement starts nothing
-    assert runner.exited("j1", 3, 7.0).kind == "failed"
+    assert _event(runner.exited("j1", 3, 7.0)).kind == "failed"
     # placed before its accepted record arrived: waits, starts when the command is known
     early = PlacementBatch(2, 8.0, [Assignment("j3", "n1", [2])])
     assert runner.place(early, 8.0) == ([], []) and runner.waiting == {"j3": [2]}
@@ -218,7 +218,7 @@ def test_a_commands_exit_code_and_last_stderr_lines_come_back(tmp_path: Path) ->
             assert ev.kind == "failed" and not procs and ev.exit_code is None
             continue
         (p,) = procs
-        end = runner.exited(job_id, p.process.wait(30), 2.0)
+        end = _event(runner.exited(job_id, p.process.wait(30), 2.0))
         jobs[job_id] = [end.kind, end.detail, str(end.exit_code)]
     assert jobs["ok"] == ["finished", "exit code 0", "0"]
     tail = "\n".join(f"line {i}" for i in range(3, 8))
@@ -245,7 +245,7 @@ def test_a_log_folder_that_cannot_be_written_does_not_stop_the_job(tmp_path: Pat
     runner.learn(Job("j", 1, 0.0, command=[sys.executable, "-c", "raise SystemExit(2)"]), 0.0)
     (ev,), (p,) = runner.place(PlacementBatch(0, 0.0, [Assignment("j", "n1", [0])]), 1.0)
     assert ev.kind == "started"
-    end = runner.exited("j", p.process.wait(30), 2.0)
+    end = _event(runner.exited("j", p.process.wait(30), 2.0))
     assert (end.kind, end.detail, end.exit_code) == ("failed", "exit code 2", 2)
 
 
@@ -268,8 +268,11 @@ def test_a_failure_on_another_node_stops_the_jobs_process_here() -> None:
     assert not runner.stop_sibling(JobEvent("other", "failed", 2.0, ["n2"]))  # not here
     assert runner.stop_sibling(JobEvent("j", "failed", 2.0, ["n2"], "exit code 3"))
     assert not runner.stop_sibling(JobEvent("j", "failed", 2.1, ["n2"]))  # once
-    end = runner.exited("j", -15, 3.0)
-    assert (end.kind, end.detail) == ("failed", "stopped: its process on n2 failed; exit code -15")
+    end = _event(runner.exited("j", -15, 3.0))
+    assert (end.kind, end.detail) == (
+        "failed",
+        "stopped: its process on n2 failed; exit code -15 on n1",
+    )
     assert runner.busy == {} and not runner.killing and not runner.stopping
 
 
@@ -296,7 +299,7 @@ def test_a_job_past_its_time_limit_is_stopped_and_says_so() -> None:
     (ev,), (p,) = runner.place(PlacementBatch(0, 0.0, [Assignment("slow", "n1", [0])]), 1.0)
     assert ev.kind == "started"
     assert runner.time_up("slow") and not runner.time_up("slow")  # (once)
-    end = runner.exited("slow", p.process.wait(30), 2.0)
+    end = _event(runner.exited("slow", p.process.wait(30), 2.0))
     assert (end.kind, end.exit_code) == ("failed", -15)
     assert end.detail == "stopped: time limit of 0.5 s reached; exit code -15"
     assert not runner.limits and not runner.stopping and runner.busy == {}
@@ -317,3 +320,95 @@ def test_a_processes_stats_take_their_agents_node_id_and_are_still_checked() -> 
     bad = ipc.encode_line(ipc.StatsMsg(OffloadStats("j", "", 7.5)))
     with pytest.raises(msgspec.ValidationError, match="hit_rate"):
         ipc.decode(bad, "n1")  # a hit rate of 7.5 is refused as on offload.stats
+
+
+def test_a_preempted_job_is_reported_preempted_and_runs_again_on_a_later_round() -> None:
+    runner = JobRunner("n1", launch, {"PATH": os.environ["PATH"]}, gpus=2)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    runner.learn(Job("j", 2, 0.0, command=sleeper), 0.0)
+    placed = PlacementBatch(7, 0.0, [Assignment("j", "n1", [0, 1])])
+    (ev,), (p,) = runner.place(placed, 1.0)
+    assert ev.kind == "started"
+    assert not runner.preempt("other", "x")  # not running here
+    assert runner.preempt("j", "reclaim") and not runner.preempt("j", "reclaim")  # once
+    end = _event(runner.exited("j", p.process.wait(30), 2.0))
+    assert (end.kind, end.exit_code) == ("preempted", -15)
+    assert end.detail == "preempted (reclaim); exit code -15"
+    assert runner.busy == {} and not runner.preempting and not runner.killing
+    # the placement that started the stopped run, delivered again, starts nothing
+    assert runner.place(placed, 3.0) == ([], [])
+    # a later round's placement starts it again (a new process)
+    (ev,), (p2,) = runner.place(PlacementBatch(9, 0.0, [Assignment("j", "n1", [1, 0])]), 4.0)
+    assert ev.kind == "started" and p2.process.pid != p.process.pid
+    assert runner.kill("j", "done")
+    assert _event(runner.exited("j", p2.process.wait(30), 5.0)).kind == "failed"
+
+
+def _event(x: JobEvent | NodeExit) -> JobEvent:
+    assert isinstance(x, JobEvent), x
+    return x
+
+
+class _Running:
+    pid = 10**7
+
+    def poll(self) -> None:
+        return None
+
+
+def _gang(nodes: list[str]) -> dict[str, JobRunner]:
+    """One runner per node, each given its share of a job placed on all of them."""
+    runners = {}
+    batch = PlacementBatch(0, 0.0, [Assignment("g", n, [0]) for n in nodes])
+    for n in nodes:
+        r = JobRunner(n, lambda cmd, gpus, *, env: _Running(), gpus=1)  # type: ignore[arg-type,return-value]
+        r.learn(Job("g", len(nodes), 0.0, command=["x"]), 0.0)
+        (ev,), _ = r.place(batch, 1.0)
+        assert ev.kind == "started"
+        runners[n] = r
+    return runners
+
+
+@pytest.mark.parametrize(
+    "order",
+    [["a", "b", "c"], ["a", "c", "b"], ["b", "a", "c"], ["b", "c", "a"], ["c", "a", "b"],
+     ["c", "b", "a"]],
+)  # fmt: skip
+def test_a_job_on_several_nodes_finishes_once_when_every_node_has_exited_0(
+    order: list[str],
+) -> None:
+    """Each node's exit 0 is only its share (a NodeExit); read in the topic's order by
+    every agent, the job's one `finished` comes from the node whose exit came last,
+    and only once that record is read."""
+    runners = _gang(["a", "b", "c"])
+    topic = []  # jobs.exits, in publication order
+    for t, n in enumerate(order):
+        ex = runners[n].exited("g", 0, 10.0 + t)
+        assert isinstance(ex, NodeExit) and (ex.node_id, ex.nodes) == (n, ["a", "b", "c"])
+        assert runners[n].busy == {}
+        topic.append(ex)
+    finished = []
+    for i, ex in enumerate(topic):
+        for n, r in runners.items():
+            ev = r.record_exit(ex)
+            if ev is not None:
+                finished.append((i, n, ev))
+    ((i, n, ev),) = finished
+    assert (i, n) == (2, order[-1])  # the last record, its own node's agent
+    assert (ev.kind, ev.exit_code, ev.node_ids, ev.time) == ("finished", 0, ["a", "b", "c"], 12.0)
+
+
+def test_a_job_on_several_nodes_fails_as_soon_as_one_node_fails() -> None:
+    runners = _gang(["a", "b"])
+    ex = runners["a"].exited("g", 0, 5.0)  # a's share is done...
+    failed = runners["b"].exited("g", 3, 6.0)  # ...but b's process fails
+    assert isinstance(failed, JobEvent) and isinstance(ex, NodeExit)
+    assert (failed.kind, failed.exit_code, failed.node_ids) == ("failed", 3, ["b"])
+    assert failed.detail.startswith("exit code 3 on b")  # names the host and the code
+    assert all(r.record_exit(ex) is None for r in runners.values())  # never finished
+
+
+def test_a_job_on_one_node_finishes_by_itself() -> None:
+    (runner,) = _gang(["a"]).values()
+    ev = _event(runner.exited("g", 0, 5.0))
+    assert isinstance(ev, JobEvent) and (ev.kind, ev.detail) == ("finished", "exit code 0")

@@ -104,6 +104,14 @@ async def test_submit_wait_and_metrics(
         (["up", "--gpus", "0"], "not a positive"),
         (["up", "--cluster", "clusters/philly.yaml"], "--cluster go with --trace"),
         (["up", "--placer", "milp+offload"], "goes with --trace"),
+        # the local cluster's team queues
+        (["up", "--queues", "/nonexistent.yaml"], "cannot read --queues /nonexistent.yaml"),
+        (["up", "--queues", "clusters/philly.yaml"], "a mapping of queues and priority_classes"),
+        (["up", "--grace", "5"], "--grace and --min-run go with --queues"),
+        (["up", "--queues", "q.yaml", "--min-run", "-1"], "--min-run must be within"),
+        (["up", "--trace", SAMPLE, "--queues", "q.yaml"], "a replay takes its queues from"),
+        (["up", "--trace", SAMPLE, "--grace", "-1"], "--grace must be a number of seconds"),
+        (["up", "--checkpoint", "60"], "--checkpoint go with --trace"),
         (["submit", "--job-id", "x", "--num-gpus", "1", "--command", "a 'b"], "--command"),
         (["submit", "--job-id", "x", "--num-gpus", "1", "--command", " "], "--command is empty"),
         (["submit", "--job-id", "x", "--num-gpus", "1", "--wait", "done"], "invalid choice"),
@@ -123,3 +131,12 @@ def test_user_mistakes_are_one_line_and_exit_2(args: list[str], needle: str) -> 
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_local_queues_beyond_the_local_hosts_are_refused_in_one_line(tmp_path: Path) -> None:
+    queues = tmp_path / "q.yaml"
+    queues.write_text("queues:\n  prod: {guaranteed_gpus: 9}\n")  # 2 hosts x 4 GPUs: 8
+    r = rltune("up", "--queues", str(queues), timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "guaranteed_gpus add up to 9, more than the cluster's 8 GPUs" in line, line

@@ -137,3 +137,18 @@ async def test_submit_wait_reports_this_submissions_answers(
         assert r.returncode == 1
         assert r.stdout.count("duplicates a live job") == 5, r.stdout
         assert ": accepted" not in r.stdout
+
+
+def test_a_service_probes_the_broker_logged_in_as_itself(
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rltune service` waits for the broker with the login it will use (SASL/SCRAM from
+    RLTUNE_KAFKA_SASL_*). The embedded broker speaks no SASL, so a service set to log in
+    is told at once, in one line, that no broker answered it; an anonymous probe would
+    have passed and left the service retrying behind a ready broker."""
+    monkeypatch.setenv("RLTUNE_KAFKA_SASL_USERNAME", "rltune-arrival")
+    monkeypatch.setenv("RLTUNE_KAFKA_SASL_PASSWORD", "not-checked-here")
+    args = ["service", "arrival", "--bootstrap", broker.bootstrap, "--connect-timeout", "2"]
+    assert main(args) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"no Kafka broker answered at {broker.bootstrap}" in line

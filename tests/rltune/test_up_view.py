@@ -117,3 +117,22 @@ def test_the_view_says_when_a_replay_is_over() -> None:
     assert live.head().startswith("local cluster, 2 host(s) x 4 GPU, up ")
     lines = _render({FIGURES: MetricsSnapshot(source=FIGURES, counters={"rounds": 5.0})})
     assert any("5 rounds  none in the last seconds" in ln for ln in lines)
+
+
+def test_a_replays_reclaim_settings_reach_cluster_sim_parsed_as_given() -> None:
+    from services.cluster_sim.service import add_args, from_args
+
+    argv = _services(["--lockstep", "--grace", "60", "--min-run", "300", "--checkpoint", "900"])
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_args(p)
+    conf = from_args(p.parse_args(argv[argv.index("--trace") :]))
+    assert (conf.reclaim, conf.grace_s, conf.min_run_s, conf.checkpoint_s) == (
+        True, 60.0, 300.0, 900.0,
+    )  # fmt: skip
+    assert conf.sim_config().grace_s == 60.0 and conf.sim_config().checkpoint_s == 900.0
+    off = _services(["--lockstep", "--no-reclaim"])
+    assert from_args(p.parse_args(off[off.index("--trace") :])).sim_config().reclaim is False
+    plain = _services(["--lockstep"])
+    assert "--grace" not in plain and "--no-reclaim" not in plain

@@ -76,3 +76,19 @@ def test_internal_topics_are_written_by_their_producers_alone() -> None:
         assert writers == design[suffix], suffix
     writers = {p for p in acl.PRINCIPALS if T.sched_rounds in acl.writes(p, T)}
     assert writers == {"cluster-sim"}
+
+
+def test_services_may_read_back_the_dead_letters_they_write() -> None:
+    """A service reads the dead letters of its inputs back at every start (the inputs
+    it already answered, shared.bus); under enforced ACLs a denied read-back would stall
+    it. The host agent's, as its log lists them at start."""
+    agent = {
+        "rltune.offload.plans.dlq", "rltune.jobs.exits.dlq", "rltune.sched.placements.dlq",
+        "rltune.jobs.rejected", "rltune.jobs.events.dlq",
+    }  # fmt: skip
+    assert agent <= set(acl.reads("offload-agent", T))
+    for p in acl.PRINCIPALS:
+        if p == "user":
+            continue
+        dead = {t for t in acl.writes(p, T) if t.endswith(".dlq") or t == T.jobs_rejected}
+        assert dead <= set(acl.reads(p, T)), p

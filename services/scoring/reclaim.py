@@ -1,0 +1,126 @@
+"""Reclaim on live hosts (free rounds): guarantees kept by preempting borrowers.
+
+Pure (no bus). The rules are shared/tenancy.py's, the same the simulator keeps
+(shared/sim/reclaim.py); this is their live side, on the scoring service's state
+(`ScoringState`: the waiting queue, the running jobs with their start times and
+nodes, the free GPUs as the hosts report them) and the cluster file's `queues`
+and `priority_classes`:
+
+* The oldest waiting jobs of each queue (two per queue and check) that fit inside
+  their queue's (or org's) unused guarantee are looked at. One that fits the free
+  GPUs goes first in the next round (`ScoringState.first`): a guarantee goes
+  before the policy's order, as in the simulator.
+* One that does not fit asks `Quota.reclaim` for victims (running jobs past
+  `min_run_s` of their run, of a preemptible class, of queues over their
+  guarantee). Each victim gets a `KillRequest` with `requeue` and `grace_s`: its
+  host agent sends SIGTERM, SIGKILL after the grace period, and reports the stop
+  `preempted`; the victim goes back to the queue, and the reclaiming job leads
+  the rounds until it starts on what the victims freed.
+* A victim is not asked again while it stops (until its `preempted` event, or
+  `grace_s` + `STOPPING_S` at most).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.scoring.queue import ScoringState
+from shared.cluster import ClusterSpec, PriorityClass
+from shared.messages import KillRequest
+from shared.placement_api import FULL_GPU
+from shared.tenancy import ANY, Quota, Running, Usage, Waiting
+
+__all__ = ["STOPPING_S", "LiveReclaim"]
+
+_HEADS = 2  # waiting jobs per queue and check that may reclaim
+STOPPING_S = 30.0  # beyond its grace period, how long a victim is awaited before asked again
+_NO_CLASS = PriorityClass()
+
+
+@dataclass
+class LiveReclaim:
+    cluster: ClusterSpec
+    grace_s: float = 120.0
+    min_run_s: float = 600.0
+    draining: dict[str, tuple[str, float]] = field(default_factory=dict)  # victim -> (for, when)
+
+    def __post_init__(self) -> None:
+        self.quota = Quota(self.cluster.queues, self.cluster.priority_classes)
+
+    def check(self, st: ScoringState, now: float) -> list[KillRequest]:
+        """The preemptions to ask for now (and `st.first` set)."""
+        cl, classes = self.cluster, self.cluster.priority_classes
+        view = st.view.state
+        kind = {view.node_ids[i]: view.node_type[i] for i in range(len(view.node_ids))}
+        only = next(iter(view.total_by_type), ANY) if len(view.total_by_type) == 1 else ANY
+        for v, (_, since) in list(self.draining.items()):
+            if v not in st.started_at or now > since + self.grace_s + STOPPING_S:
+                del self.draining[v]
+        usage = Usage(self.quota)
+        free: dict[str, float] = {t: float(g) for t, g in view.whole_by_type.items()}
+        cands: list[Running] = []
+        ids: dict[int, str] = {}
+        for jid, q in st.running.items():
+            share = q.gpu_milli / FULL_GPU if q.gpu_milli < FULL_GPU else 1.0
+            gpus: dict[str, float] = {}
+            nodes = st.nodes_of.get(jid) or []
+            for n in nodes:
+                t = kind.get(n, only)
+                gpus[t] = gpus.get(t, 0.0) + q.num_gpus * share / len(nodes)
+            if not gpus:
+                gpus = {only: q.gpus}  # placed, not started yet
+            queue = cl.queue_of(q.vc)
+            if jid in self.draining:  # stopping: its GPUs count as free
+                for t, g in gpus.items():
+                    free[t] = free.get(t, 0.0) + g
+                continue
+            usage.add(queue, gpus)
+            if jid not in st.started_at:
+                continue  # given GPUs, not running yet: not a victim
+            c = classes.get(st.jobs[jid].priority_class, _NO_CLASS) if jid in st.jobs else _NO_CLASS
+            ids[q.seq] = jid
+            cands.append(
+                Running(q.seq, queue, gpus, c.priority, c.preemptible, st.started_at[jid], q.seq)
+            )
+        reclaiming = {f for f, _ in self.draining.values()}
+        first: list[str] = []
+        out: list[KillRequest] = []
+        heads: dict[str, int] = {}
+        for j in sorted(st.queued.values(), key=lambda j: j.seq):
+            queue = cl.queue_of(j.vc)
+            if heads.get(queue, 0) >= _HEADS or (j.gpu_milli < FULL_GPU and j.num_gpus == 1):
+                continue
+            c = classes.get(st.jobs[j.job_id].priority_class, _NO_CLASS)
+            w = Waiting(queue, j.gpus, j.gpu_types, c.priority)
+            types = sorted(j.gpu_types or free.keys())
+            if not any(self.quota.may_use(usage, w, t) for t in types):
+                continue
+            heads[queue] = heads.get(queue, 0) + 1
+            if self.quota.limit_reason(usage, queue, {ANY: j.gpus}, c.preemptible) is not None:
+                continue
+            if j.job_id in reclaiming:  # its victims are stopping: what they free is its
+                first.append(j.job_id)
+                t = types[0] if types else only
+                usage.add(queue, {t: j.gpus})
+                free[t] = free.get(t, 0.0) - j.gpus
+                continue
+            if view.fits(j.num_gpus, j.gpu_milli, j.gpu_types):
+                first.append(j.job_id)  # it starts on what is free
+                continue
+            got = self.quota.reclaim(usage, w, cands, free, now, self.min_run_s)
+            if got is None or not got[1]:
+                continue
+            t, victims = got
+            first.append(j.job_id)
+            for r in victims:
+                vid = ids[r.key]
+                self.draining[vid] = (j.job_id, now)
+                usage.add(r.queue, r.gpus, -1.0)
+                free[t] = free.get(t, 0.0) + r.gpus.get(t, 0.0)
+                why = f"reclaim: queue {queue}'s guarantee, for {j.job_id}"
+                out.append(KillRequest(vid, why, requeue=True, grace_s=self.grace_s))
+            cands = [r for r in cands if ids[r.key] not in self.draining]
+            usage.add(queue, {t: j.gpus})
+            free[t] = free.get(t, 0.0) - j.gpus
+        st.first = first
+        return out

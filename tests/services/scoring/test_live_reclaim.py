@@ -1,0 +1,102 @@
+"""Reclaim on live hosts (services/scoring/reclaim.py) on hand-made scoring states: which
+borrowers a waiting job of a guaranteed queue preempts, and when none."""
+
+from __future__ import annotations
+
+from services.scoring.policies import make_policy
+from services.scoring.queue import ScoringState
+from services.scoring.reclaim import LiveReclaim
+from shared.cluster import ClusterSpec, NodeSpec, PriorityClass, QueueSpec
+from shared.messages import Job, JobEvent, NodeStatus
+
+NODES = (NodeSpec("h-0", "GPU", 4), NodeSpec("h-1", "GPU", 4))
+QUEUES = {
+    "prod": QueueSpec(guaranteed_gpus=4),
+    "research": QueueSpec(guaranteed_gpus=2),
+    "ads": QueueSpec(guaranteed_gpus=2),
+}
+CLASSES = {"serve": PriorityClass(100, False), "low": PriorityClass(1, True)}
+CLUSTER = ClusterSpec("c", NODES, queues=QUEUES, priority_classes=CLASSES)
+
+
+def _state() -> ScoringState:
+    s = ScoringState(make_policy("fifo"), CLUSTER)
+    for n in NODES:
+        s.node(NodeStatus(n.node_id, "GPU", 4, list(range(4))))
+    return s
+
+
+def _run(
+    s: ScoringState, jid: str, vc: str, gpus: int, node: str, at: float, cls: str = ""
+) -> None:
+    s.accepted(Job(jid, gpus, 0.0, vc=vc, priority_class=cls), free=True)
+    s.placed([jid])
+    s.event(JobEvent(jid, "started", at, [node]), free=True)
+    busy = sum(q.num_gpus for j, q in s.running.items() if s.nodes_of.get(j) == [node])
+    s.node(NodeStatus(node, "GPU", 4, list(range(busy, 4))))
+
+
+def _borrowing() -> ScoringState:
+    """Every GPU held, research 4 over its guarantee, prod's p1 (2 GPUs) waiting."""
+    s = _state()
+    _run(s, "r1", "research", 4, "h-0", 0.0)  # research borrows 2 beyond its 2
+    _run(s, "a1", "ads", 2, "h-1", 0.0)  # ads inside its guarantee
+    _run(s, "r2", "research", 2, "h-1", 100.0)  # research now 4 over
+    s.accepted(Job("p1", 2, 200.0, vc="prod"), free=True)
+    return s
+
+
+def test_a_job_inside_its_guarantee_preempts_the_newest_borrower_past_its_minimum_run() -> None:
+    s = _borrowing()
+    r = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0)
+    assert r.check(s, 300.0) == []  # both borrowers inside their minimum run time
+    assert s.first == []
+    # r1 past it (r2 not): r1 alone frees what p1 needs
+    early = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0).check(_borrowing(), 650.0)
+    assert [k.job_id for k in early] == ["r1"]
+    kills = r.check(s, 701.0)  # both past it: the newest (r2) frees enough alone
+    assert [(k.job_id, k.requeue, k.grace_s) for k in kills] == [("r2", True, 30.0)]
+    assert kills[0].reason == "reclaim: queue prod's guarantee, for p1"
+    assert s.first == ["p1"]
+    assert r.check(s, 702.0) == []  # r2 is stopping: not asked again, p1 still first
+    assert s.first == ["p1"]
+    # its stop comes back: r2 waits again, p1 leads the next round on the freed GPUs
+    s.event(JobEvent("r2", "preempted", 703.0, ["h-1"]), free=True)
+    s.node(NodeStatus("h-1", "GPU", 4, [2, 3]))
+    batch = s.free_round(1, 704.0)
+    assert batch is not None and [j for j, _ in batch.jobs][:1] == ["p1"]
+    assert "r2" in s.queued
+
+
+def test_no_preemption_of_a_queue_inside_its_guarantee_or_a_non_preemptible_job() -> None:
+    s = _state()
+    _run(s, "a1", "ads", 2, "h-0", 0.0)  # inside ads' guarantee
+    _run(s, "s1", "research", 4, "h-1", 0.0, cls="serve")  # non-preemptible borrower
+    _run(s, "a2", "ads", 2, "h-0", 0.0)  # ads over by 2, preemptible
+    s.accepted(Job("p1", 4, 10.0, vc="prod"), free=True)
+    r = LiveReclaim(CLUSTER, grace_s=0.0, min_run_s=0.0)
+    # ads gives back only what it holds beyond its guarantee (2 of 4); research's job
+    # may not be preempted: p1 (4 GPUs) cannot be made to fit
+    assert r.check(s, 1000.0) == []
+    # a job that 2 GPUs make fit takes them from ads' newest borrower
+    s.accepted(Job("p2", 2, 11.0, vc="prod"), free=True)
+    kills = r.check(s, 1000.0)
+    assert [k.job_id for k in kills] == ["a2"]
+    # a job of a queue with no unused guarantee reclaims nothing (it may only borrow)
+    s2 = _state()
+    _run(s2, "p9", "prod", 8, "h-0", 0.0)
+    s2.accepted(Job("x", 1, 1.0, vc="nobody"), free=True)
+    assert LiveReclaim(CLUSTER, 0.0, 0.0).check(s2, 1000.0) == [] and s2.first == []
+
+
+def test_a_job_on_two_hosts_waits_again_once_both_processes_stopped() -> None:
+    s = _state()
+    s.accepted(Job("g", 8, 0.0, vc="research"), free=True)
+    s.placed(["g"])
+    for node in ("h-0", "h-1"):  # each host agent reports its own start and stop
+        s.event(JobEvent("g", "started", 1.0, [node]), free=True)
+    s.event(JobEvent("g", "preempted", 50.0, ["h-0"]), free=True)
+    assert s.where("g") == "running"  # h-1's process still stops: not placed again yet
+    s.event(JobEvent("g", "preempted", 52.0, ["h-1"]), free=True)
+    assert s.where("g") == "queued" and not s.stopping
+    assert s.preempts["g"] == 1
