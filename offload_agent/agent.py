@@ -68,7 +68,8 @@ from offload_agent.jobs import JobRunner, Started
 from offload_agent.launcher import launch, node_status
 from offload_agent.metrics import forget, observe
 from offload_agent.nvme import swap_dir
-from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats, run_service
+from shared import serving
+from shared.bus import Outgoing, Producer, Record, ServiceSpec, ServiceStats
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import (
@@ -442,13 +443,11 @@ async def serve(
     config: AgentConfig | None = None,
 ) -> ServiceStats:
     config = config or AgentConfig.from_env()
-    stop = stop or asyncio.Event()
     stats = ServiceStats()
     config.socket_path.unlink(missing_ok=True)  # a stale socket from a dead agent
     async with Producer(settings, client_id=f"{NAME}-{config.node_id}") as producer:
         agent = HostAgent(settings, config, producer, stats)
         server = await asyncio.start_unix_server(agent.handle_client, path=str(config.socket_path))
-        status = asyncio.create_task(agent.publish_status(stop))
         t = settings.topics
         topics = [t.offload_plans, t.jobs_accepted, t.sched_placements, t.jobs_kill]
         spec = ServiceSpec(
@@ -459,11 +458,13 @@ async def serve(
             replay_topics=[t.jobs_accepted, t.jobs_events, t.jobs_exits],
             replay=agent.replay,
         )
+
+        async def status(s: serving.Serving) -> None:
+            await agent.publish_status(s.stop)
+
         try:
-            return await run_service(settings, spec, stop, stats, ready)
+            return await serving.serve(settings, spec, stop, ready, stats=stats, beside=[status])
         finally:
-            stop.set()
-            await status
             server.close()
             await server.wait_closed()
             config.socket_path.unlink(missing_ok=True)

@@ -41,7 +41,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from offload_agent.access import HookAccess
 from offload_agent.cache import TensorCache
+from offload_agent.checkpoint import Checkpoint
 from offload_agent.device import Device
 from offload_agent.gradients import GradientSteps
 from offload_agent.hooks import (
@@ -53,15 +55,7 @@ from offload_agent.hooks import (
 )
 from offload_agent.layout import ParamBinder, build_cache
 from offload_agent.nvme import NvmeStore, SwapPathError
-from offload_agent.optim import (
-    GRAD_KIND,
-    STATE_KINDS,
-    AdamW,
-    Optimizer,
-    ParamGroup,
-    slice_id,
-    state_id,
-)
+from offload_agent.optim import AdamW, Optimizer, ParamGroup
 from offload_agent.precision import MASTER_KIND, PRECISIONS, LossScale, LossScaler
 from offload_agent.profiler import Recorder
 from offload_agent.residency import TensorSpec
@@ -187,21 +181,19 @@ class OffloadEngine:
             sliced_states(model, slice_bytes=slicing[0], above=slicing[1]) if slicing else {}
         )
         self.specs = specs_of(model, accumulate=keep, working=self.working, sliced=self.sliced)
-        # the cached tensors that are slices of a state (a parameter's own name may
-        # hold '@' or '#': the ids are listed, not parsed)
-        self._slice_ids = frozenset(
-            slice_id(state_id(n, k), i)
-            for n, cut in self.sliced.items()
-            for k in STATE_KINDS
-            for i in range(cut.count)
-        )
         self.masters = {  # parameter -> its fp32 master copy (mixed precision)
             s.tensor_id.removesuffix(f"#{MASTER_KIND}"): s.tensor_id
             for s in self.specs
             if s.kind == MASTER_KIND
         }
-        self._dtypes = {n: p.dtype for n, p in self.params.items()}  # as the model had them
-        self._spec = {s.tensor_id: s for s in self.specs}
+        # what the hooks call (use, release, pin, a complete gradient)
+        self.access = HookAccess(
+            self._cache,
+            self.recorder,
+            device.fast_device,
+            gradient=lambda tensor_id, grad: self.grads.on_gradient(tensor_id, grad),
+        )
+        self.loose = self.access.loose  # parameters read outside their modules' forward
         self.grads = GradientSteps(
             self.optim,
             order=list(self.params),
@@ -209,7 +201,7 @@ class OffloadEngine:
             scaler=self.scaler,
             accumulation_steps=config.accumulation_steps,
             max_grad_norm=config.max_grad_norm,
-            use=self.use,
+            use=self.access.use,
             cache=self._cache,
             sliced=self.sliced,
         )
@@ -223,11 +215,13 @@ class OffloadEngine:
         self._refused = False  # a plan for this profile was refused
         self._handles: list[object] = []
         self._binder = ParamBinder(self.params)
-        self.loose: set[str] = set()  # parameters read outside their modules' forward
         self._watch_loose = config.watch_loose is not False  # the first step looks
-        self.views = ViewPins(self)  # views of cached tensors, pinned while they live
-        self._fetched: set[str] = set()  # tensors fetched in this step
-        self._in_step = False
+        self.views = ViewPins(self.access)  # views of cached tensors, pinned while they live
+        # reading and writing the training state (snapshot, state_dict, load_state_dict)
+        self.checkpoint = Checkpoint(
+            self._cache, self.params, self.specs, self.masters, self.sliced, self.optim,
+            self.scaler,
+        )  # fmt: skip
         # module buffers (BatchNorm statistics, position ids) as the model had them,
         # to give back at close: while the engine runs they live in the fast tier
         self._buffer_homes: list[tuple[nn.Module, str, torch.device]] = []
@@ -248,10 +242,10 @@ class OffloadEngine:
                 self.store.remove_all()  # no partial swap files left behind
             raise
         self._move_buffers()
-        self._placeholders = {
+        self.access.placeholders = {
             t.untyped_storage().data_ptr(): n for n, t in self._binder.placeholders.items()
         }
-        self._handles = install_hooks(self.model, self.names, self, self.views)
+        self._handles = install_hooks(self.model, self.names, self.access, self.views)
         self._handles.append(self.model.register_forward_hook(self._check_graph))
         self._handles.append(
             self.model.register_state_dict_post_hook(
@@ -266,11 +260,11 @@ class OffloadEngine:
         show, through an op that saved nothing). Refused now, before backward
         steps any parameter; without this, only when its gradient arrived,
         after the parameters later in the forward had stepped."""
-        if self._watch_loose or not self._in_step or not torch.is_grad_enabled():
+        if self._watch_loose or not self.access.in_step or not torch.is_grad_enabled():
             return
         for leaf in graph_params(output):
             name = self.names.get(leaf)  # type: ignore[call-overload]
-            if name is not None and name not in self._fetched:
+            if name is not None and name not in self.access.fetched:
                 raise RuntimeError(
                     f"{name} will get a gradient but was not fetched in this step: the "
                     "forward read its placeholder, outside the forward of its module, in a "
@@ -309,15 +303,6 @@ class OffloadEngine:
             return spec, self.params[spec.tensor_id.removesuffix(f"#{MASTER_KIND}")].detach()
         return spec, torch.zeros(spec.shape, dtype=spec.dtype)
 
-    def _value(self, name: str) -> torch.Tensor:
-        """A parameter's current value in the dtype the model gave it: its fp32
-        master under mixed precision (a frozen one: its working copy, converted)."""
-        cache = self._cache()
-        master = self.masters.get(name)
-        if master is not None:
-            return cache.materialize(master).to(self._dtypes[name])
-        return cache.materialize(name).to(self._dtypes[name])
-
     def _real_values(
         self, module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any
     ) -> None:
@@ -329,7 +314,7 @@ class OffloadEngine:
         for key in state:
             tid = self.aliases.get(key.removeprefix(prefix))
             if tid is not None:
-                state[key] = self._value(tid)
+                state[key] = self.checkpoint.value(tid)
 
     def close(self, *, restore: bool = True) -> None:
         """Wait for copies in flight, remove the hooks and (by default) give every
@@ -344,7 +329,7 @@ class OffloadEngine:
             self.cache.drain()
             if restore:
                 for name, param in self.params.items():
-                    param.data = self._value(name)
+                    param.data = self.checkpoint.value(name)
                 self._restore_buffers()
         except Exception as exc:  # shutting down: report and go on
             log.warning("offload engine closed with an I/O error: %s", exc)
@@ -384,7 +369,8 @@ class OffloadEngine:
     def step(self) -> Iterator[None]:
         """One training step: forward and backward (with the optimizer) inside."""
         cache = self._cache()
-        if self._in_step:
+        access = self.access
+        if access.in_step:
             raise RuntimeError("engine.step() is already active: steps do not nest")
         self.steps += 1
         warmup = self._profile is None and self.config.strategy == "tencache"
@@ -392,22 +378,22 @@ class OffloadEngine:
             self.recorder.start()
         t0 = time.perf_counter()
         self.grads.begin()
-        self._fetched.clear()
-        self._in_step = True
+        access.fetched.clear()
+        access.in_step = True
         try:
             with ExitStack() as stack:
-                pack = stack.enter_context(saved_tensor_refs(self))
+                pack = stack.enter_context(saved_tensor_refs(access))
                 # An evaluation step (gradients off as it begins) is watched too:
                 # with no graph, a loose read the first step did not show could
                 # not be refused at the end of the forward and would read the
                 # NaN placeholder silently; watched, it reads the parameter.
                 if self._watch_loose or not torch.is_grad_enabled():
-                    stack.enter_context(LooseParams(self.names, self, self.views, pack))
+                    stack.enter_context(LooseParams(self.names, access, self.views, pack))
                 cache.begin_step()
                 yield
                 self.grads.finish(self.steps)
         finally:
-            self._in_step = False
+            access.in_step = False
             for entry in cache.residency:
                 entry.pins = 0
             kept = self.views.end_step()
@@ -436,73 +422,7 @@ class OffloadEngine:
                 node_id=self.config.node_id,
             )
 
-    # HookTarget: called by the hooks ------------------------------------------
-
-    def use(self, tensor_id: str) -> torch.Tensor:
-        if not self._in_step:
-            raise RuntimeError(
-                f"{tensor_id} is used outside `with engine.step():`; run every forward and "
-                "backward (evaluation too) inside it"
-            )
-        self.recorder.on_use(tensor_id)
-        self._fetched.add(tensor_id)
-        return self._cache().use(tensor_id)
-
-    def release(self, tensor_id: str, *, all_pins: bool = False) -> None:
-        self._cache().release(tensor_id, all_pins=all_pins)
-
-    def pinned(self, tensor_id: str) -> bool:
-        return self._cache().residency[tensor_id].pins > 0
-
-    def pin(self, tensor_id: str) -> None:
-        """One more pin on a tensor in the fast tier (a view of it lives on)."""
-        entry = self._cache().residency[tensor_id]
-        assert entry.fast_slot is not None, tensor_id
-        entry.pins += 1
-
-    def placeholder_of(self, t: torch.Tensor) -> str | None:
-        """The parameter whose NaN placeholder `t` is (or views), if any."""
-        if t.layout is not torch.strided:
-            return None
-        return self._placeholders.get(t.untyped_storage().data_ptr())
-
-    def use_loose(self, tensor_id: str) -> None:
-        """A parameter read with no module hook around it: fetch it (the caller
-        releases it after the op)."""
-        if tensor_id not in self.loose:
-            self.loose.add(tensor_id)
-            log.info(
-                "%s is read outside the forward of its module (e.g. weight tying through "
-                "F.linear); it is fetched for each op that reads it",
-                tensor_id,
-            )
-        self.use(tensor_id)
-
-    def owner_of(self, t: torch.Tensor) -> tuple[str, torch.Tensor] | None:
-        cache = self._cache()
-        if t.device != self.device.fast_device:
-            return None
-        entry = cache.owner(t)
-        return None if entry is None else (entry.spec.tensor_id, entry.fast_view())
-
-    def optimizer_step(self, tensor_id: str, param: nn.Parameter) -> None:
-        """A parameter's gradient is complete: step it now, or (accumulation,
-        clipping, fp16) add it to the step's sum and step at the end."""
-        grad = param.grad
-        assert grad is not None
-        param.grad = None
-        if not self._in_step:
-            raise RuntimeError(
-                f"backward reached {tensor_id} outside `with engine.step():`; run every "
-                "forward and backward inside it"
-            )
-        if tensor_id not in self._fetched:
-            raise RuntimeError(
-                f"{tensor_id} has a gradient but was not fetched in this step: the forward "
-                "read its placeholder, outside the forward of its module, in a way the "
-                "first step did not show; set EngineConfig(watch_loose=True)"
-            )
-        self.grads.on_gradient(tensor_id, grad)
+    # ---- the optimizer's settings and figures ---------------------------------
 
     @property
     def last_grad_norm(self) -> float | None:
@@ -573,118 +493,28 @@ class OffloadEngine:
         self._install(setup, ((s, old.materialize(s.tensor_id)) for s in self.specs))
         return True
 
+    # ---- checkpoints (checkpoint.py) -----------------------------------------
+
     def snapshot(self) -> dict[str, torch.Tensor]:
         """CPU copies of every tensor's current value (parameters and states; a
         sliced state whole, under its `state_id`, as it is without slicing)."""
-        cache = self._cache()
-        cache.drain()
-        out = {
-            s.tensor_id: cache.materialize(s.tensor_id)
-            for s in self.specs
-            if s.tensor_id not in self._slice_ids
-        }
-        for name in self.sliced:
-            for k in STATE_KINDS:
-                out[state_id(name, k)] = self._state_value(name, k)
-        return out
-
-    def _state_value(self, name: str, kind: str) -> torch.Tensor:
-        """A CPU copy of one AdamW state of parameter `name`, whole."""
-        cache = self._cache()
-        sid = state_id(name, kind)
-        cut = self.sliced.get(name)
-        if cut is None:
-            return cache.materialize(sid)
-        pieces = [cache.materialize(slice_id(sid, i)) for i in range(cut.count)]
-        return cut.join(pieces, tuple(self.params[name].shape))
-
-    def _trained(self, name: str) -> bool:
-        """Parameter `name` has optimizer states (it is not frozen)."""
-        return name in self.sliced or state_id(name, STATE_KINDS[0]) in self._cache().residency
+        return self.checkpoint.snapshot()
 
     def state_dict(self) -> dict[str, Any]:
         """Parameters (in the dtype the model gave them: the fp32 masters under
         mixed precision), optimizer states, step counts and the loss scale, as
         CPU tensors and numbers read one tensor at a time (`torch.save` it;
         `load_state_dict` resumes bit-exactly, under any strategy and budget)."""
-        cache = self._cache()
-        cache.drain()
-        trained = [n for n in self.params if self._trained(n)]
-        state: dict[str, Any] = {
-            "params": {n: self._value(n) for n in self.params},
-            "state": {
-                n: {
-                    "step": self.optim.steps.get(n, 0),
-                    **{k: self._state_value(n, k) for k in STATE_KINDS},
-                }
-                for n in trained
-            },
-            "groups": [
-                {"params": list(g.params), **dataclasses.asdict(g.config)}
-                for g in self.optim.groups
-            ],
-            "steps": self.steps,
-        }
-        if self.scaler is not None:
-            state["scaler"] = self.scaler.state_dict()
-        return state
+        return self.checkpoint.state_dict(self.steps)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Put back what `state_dict` gave (after `start()`, between steps). A
         checkpoint of fp32 training loads into a mixed-precision engine and back:
         parameters are stored in the model's own dtype either way."""
-        cache = self._cache()
-        if self._in_step:
+        self._cache()
+        if self.access.in_step:
             raise RuntimeError("load_state_dict inside `with engine.step():`")
-        params, states = state["params"], state["state"]
-        # tensor id -> (shape, dtype) as the state dict holds it: sliced states whole
-        want = {
-            s.tensor_id: (s.shape, self._dtypes.get(s.tensor_id, s.dtype))
-            for s in self.specs
-            if s.kind not in (GRAD_KIND, MASTER_KIND) and s.tensor_id not in self._slice_ids
-        }
-        for name in self.sliced:
-            for k in STATE_KINDS:
-                sid = state_id(name, k)
-                dtype = self._spec[slice_id(sid, 0)].dtype
-                want[sid] = (tuple(self.params[name].shape), dtype)
-        got = dict(params)
-        got.update({state_id(n, k): st[k] for n, st in states.items() for k in STATE_KINDS})
-        if set(got) != set(want):
-            diff = sorted(set(got) ^ set(want))
-            raise ValueError(f"state dict does not match the model: {diff[:3]} ({len(diff)})")
-        for tid, value in got.items():
-            shape, dtype = want[tid]
-            if tuple(value.shape) != shape or value.dtype != dtype:
-                raise ValueError(
-                    f"state dict: {tid} is {tuple(value.shape)} {value.dtype}, "
-                    f"the model has {shape} {dtype}"
-                )
-        cache.drain()
-        sliced_states_by_id = {
-            state_id(n, k): cut for n, cut in self.sliced.items() for k in STATE_KINDS
-        }
-        for tid, value in got.items():
-            master = self.masters.get(tid)
-            if master is not None:
-                cache.overwrite(master, value.to(torch.float32))
-            cut = sliced_states_by_id.get(tid)
-            if cut is not None:
-                for i, piece in enumerate(cut.split(value)):
-                    cache.overwrite(slice_id(tid, i), piece)
-                continue
-            cache.overwrite(tid, value.to(self._spec[tid].dtype))
-        self.optim.steps = {n: int(st["step"]) for n, st in states.items() if st["step"]}
-        self.optim.groups = [
-            ParamGroup(
-                tuple(g["params"]),
-                AdamW(g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"]),
-            )
-            for g in state["groups"]
-        ]
-        self.steps = int(state["steps"])
-        if self.scaler is not None and "scaler" in state:
-            self.scaler.load_state_dict(state["scaler"])
+        self.steps = self.checkpoint.load_state_dict(state)
 
     def stats_message(self) -> OffloadStats:
         """What this process measured, as published on `offload.stats`."""

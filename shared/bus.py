@@ -1,7 +1,9 @@
 """The consumer loop every service runs, and the producer it publishes with.
 
 A service is a handler: `Record -> Sequence[Outgoing]` (pure logic behind it).
-`run_service` does the rest, the same way for every service:
+Every service's entry point calls `shared.serving.serve`, which runs this loop
+(`run_service`) with the service's own tasks. The loop does the rest, the same
+way for every service:
 
 * consume in batches with auto-commit off;
 * call the handler per record; a `Reject` (or any exception from a handler)
@@ -106,7 +108,6 @@ __all__ = [
     "read_back",
     "read_to_end",
     "run_service",
-    "serve_service",
     "stop_on_signals",
 ]
 
@@ -204,27 +205,6 @@ class ServiceSpec:
     # the dead-letter topics of `topics` are read back too, for SRC_HEADER alone)
     metrics_interval_s: float = 2.0
     max_batch: int = 5000
-
-
-async def serve_service(
-    settings: BusSettings,
-    build: Callable[[BusSettings, ServiceStats], ServiceSpec],
-    stop: asyncio.Event | None = None,
-    ready: asyncio.Event | None = None,
-    group_id: str | None = None,
-) -> ServiceStats:
-    """Build a service's spec around fresh counters and run it; `group_id` overrides
-    the default consumer group (`<topic prefix><service name>`). The spec is built
-    afresh (new handler state, read back) whenever the service takes partitions over."""
-    stats = ServiceStats()
-
-    def fresh(settings: BusSettings, stats: ServiceStats) -> ServiceSpec:
-        spec = build(settings, stats)
-        if group_id:
-            spec.group_id = group_id
-        return spec
-
-    return await run_service(settings, fresh(settings, stats), stop, stats, ready, rebuild=fresh)
 
 
 async def run_service(

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import msgspec
 
 from services.arrival.admission import Admission, decode_spec
-from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, serve_service
+from shared import serving
+from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats
 from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.messages import JobEvent, NodeStatus
@@ -171,4 +172,4 @@ async def serve(
     conf: ArrivalSettings | None = None,
 ) -> ServiceStats:
     spec = functools.partial(service_spec, conf=conf)
-    return await serve_service(settings, spec, stop, ready, group_id)
+    return await serving.serve(settings, spec, stop, ready, group_id)

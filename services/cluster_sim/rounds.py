@@ -270,7 +270,7 @@ class Rounds:
         if queue is not None:
             req.jobs = [(jid, 0.0) for jid, _, _ in queue.waiting]
             req.estimates = [est for _, _, est in queue.waiting]
-            held = {r.alloc.job_id: r.alloc for r in sim.releases.values()}
+            held = {r.alloc.job_id: r.alloc for r in sim.backfill.releases.values()}
             req.releases = [
                 ExpectedRelease(
                     end, jid, [(n, list(g)) for n, g in held[jid].gpus], held[jid].gpu_milli

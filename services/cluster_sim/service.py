@@ -55,6 +55,7 @@ from typing import Any
 import msgspec
 
 from services.cluster_sim.rounds import RemotePlacer, RemotePolicy, Rounds, bus_simulator
+from shared import serving
 from shared.bus import (
     Outgoing,
     Producer,
@@ -64,9 +65,8 @@ from shared.bus import (
     Stopped,
     deliver,
     read_back,
-    run_service,
 )
-from shared.cluster import load_cluster
+from shared.cluster import ClusterSpec, load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.jsonfile import finite_or_null, write_json
@@ -503,7 +503,6 @@ async def serve(
     conf: SimSettings | None = None,
 ) -> ServiceStats:
     conf = conf or SimSettings()
-    stop = stop or asyncio.Event()
     cluster = load_cluster(conf.cluster)
     skipped = SkipStats()
     jobs = load_marked(
@@ -514,18 +513,29 @@ async def serve(
     stats = ServiceStats()
     handler = Handler(settings, stats)
     t = settings.topics
-    spec = ServiceSpec(
-        name=NAME,
-        topics=[t.sched_priorities, t.sched_placements],
-        handle=handler,
-        group_id=group_id or "",
-    )
+    spec = ServiceSpec(name=NAME, topics=[t.sched_priorities, t.sched_placements], handle=handler)
+
+    async def simulation(s: serving.Serving) -> None:
+        await _simulate(s, handler, cluster, jobs, conf)
+
+    return await serving.serve(settings, spec, stop, ready, group_id, stats=stats, main=simulation)
+
+
+async def _simulate(
+    s: serving.Serving,
+    handler: Handler,
+    cluster: ClusterSpec,
+    jobs: list[TraceJob],
+    conf: SimSettings,
+) -> None:
+    """The service's own work beside its consumer: read back the rounds already
+    answered, simulate the trace with the policy and the placer over the bus, write
+    the results; then, unless it exits when done, wait for `stop`."""
+    settings, stop, stats, t = s.settings, s.stop, s.stats, s.settings.topics
     loop = asyncio.get_running_loop()
     producer = Producer(settings, client_id=NAME)
     channel = handler.channel = BusChannel(settings, producer, loop, conf, stop, stats)
-    consumer_ready = asyncio.Event()
-    consumer = asyncio.create_task(run_service(settings, spec, stop, stats, consumer_ready))
-    await _first(consumer_ready, consumer)  # (the broker is there: read back what was done)
+    await s.until_built()  # (the broker is there: read back what was done)
     back = [t.sched_rounds, t.sched_priorities, t.sched_placements]
     back += [t.jobs_submit] if conf.replay else []
     seen = await read_back(settings, back, channel.recover)
@@ -549,8 +559,7 @@ async def serve(
             RemotePlacer(conf.placer, rounds),
             conf.sim_config(),
         )
-        if ready is not None:
-            ready.set()
+        s.ready.set()
         log.info("simulating %d jobs (%s)", len(jobs), "lockstep" if conf.lockstep else "real time")
         done = threading.Event()
 
@@ -583,15 +592,3 @@ async def serve(
             )  # fmt: skip
         if not conf.exit_when_done:
             await stop.wait()
-        stop.set()
-        await consumer
-    return stats
-
-
-async def _first(ready: asyncio.Event, task: asyncio.Task[Any]) -> None:
-    """Wait until the consumer is up (or raise what stopped it)."""
-    waiter = asyncio.ensure_future(ready.wait())
-    await asyncio.wait([waiter, task], return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        waiter.cancel()
-        task.result()

@@ -27,7 +27,8 @@ import msgspec
 
 from services.placement.registry import OFFLOAD_SUFFIX, make_placer
 from services.placement.rounds import PlacementState
-from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, run_service
+from shared import serving
+from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats
 from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
@@ -234,7 +235,6 @@ async def serve(
             t.sched_priorities,
         ],
         handle=handler,
-        group_id=group_id or "",
         replay_topics=[
             t.jobs_accepted,
             t.jobs_events,
@@ -245,4 +245,4 @@ async def serve(
         ],
         replay=handler.replay,
     )
-    return await run_service(settings, spec, stop, stats, ready)
+    return await serving.serve(settings, spec, stop, ready, group_id, stats=stats)

@@ -28,7 +28,8 @@ from typing import TypeVar
 
 import msgspec
 
-from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats, serve_service
+from shared import serving
+from shared.bus import Outgoing, Record, ServiceSpec, ServiceStats
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import PrefetchPlan, TensorProfile, encode
@@ -229,4 +230,4 @@ async def serve(
     ready: asyncio.Event | None = None,
     group_id: str | None = None,
 ) -> ServiceStats:
-    return await serve_service(settings, service_spec, stop, ready, group_id)
+    return await serving.serve(settings, service_spec, stop, ready, group_id)

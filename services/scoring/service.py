@@ -52,6 +52,7 @@ import msgspec
 from services.scoring.policies import make_policy
 from services.scoring.queue import ScoringState
 from services.scoring.reclaim import LiveReclaim
+from shared import serving
 from shared.bus import (
     Outgoing,
     Producer,
@@ -60,7 +61,6 @@ from shared.bus import (
     ServiceStats,
     Stopped,
     deliver,
-    run_service,
 )
 from shared.cluster import load_cluster
 from shared.config import BusSettings
@@ -468,7 +468,6 @@ async def serve(
     conf: ScoringSettings | None = None,
 ) -> ServiceStats:
     conf = conf or ScoringSettings()
-    stop = stop or asyncio.Event()
     stats = ServiceStats()
     handler = ScoringHandler(settings, stats, conf)
     t = settings.topics
@@ -480,16 +479,14 @@ async def serve(
             t.rl_rewards, t.sched_placements, t.jobs_kill, *ledger,
         ],
         handle=handler,
-        group_id=group_id or "",
         replay_topics=[
             t.jobs_accepted, t.jobs_rejected, t.jobs_events, t.cluster_nodes, t.sched_rounds,
             t.sched_priorities, *ledger,
         ],
         replay=handler.replay,
     )  # fmt: skip
-    ticker = asyncio.create_task(_ticker(settings, handler, stop, stats))
-    try:
-        return await run_service(settings, spec, stop, stats, ready)
-    finally:
-        stop.set()
-        await ticker
+
+    async def ticker(s: serving.Serving) -> None:
+        await _ticker(settings, handler, s.stop, stats)
+
+    return await serving.serve(settings, spec, stop, ready, group_id, stats=stats, beside=[ticker])

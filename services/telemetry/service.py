@@ -42,6 +42,7 @@ from services.telemetry.prom import (
     QUEUE_PENDING,
 )
 from services.telemetry.windows import Telemetry, preemption_reason
+from shared import serving
 from shared.bus import (
     Outgoing,
     Producer,
@@ -50,7 +51,6 @@ from shared.bus import (
     ServiceStats,
     Stopped,
     deliver,
-    run_service,
 )
 from shared.cluster import load_cluster
 from shared.config import BusSettings
@@ -204,13 +204,6 @@ async def _publisher(
                 )
 
 
-async def _relay(built: asyncio.Event, ready: asyncio.Event | None) -> None:
-    """The caller's `ready` once the state is built."""
-    await built.wait()
-    if ready is not None:
-        ready.set()
-
-
 async def _until_either(first: asyncio.Event, second: asyncio.Event) -> None:
     waits = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
     try:
@@ -228,7 +221,6 @@ async def serve(
     conf: TelemetrySettings | None = None,
 ) -> ServiceStats:
     conf = conf or TelemetrySettings()
-    stop = stop or asyncio.Event()
     stats = ServiceStats()
     handler = TelemetryHandler(settings, stats, conf)
     t = settings.topics
@@ -240,16 +232,13 @@ async def serve(
         name=NAME,
         topics=inputs,
         handle=handler,
-        group_id=group_id or "",
         replay_topics=inputs,
         replay=lambda rec: handler.apply(rec, strict=False),
     )
-    built = asyncio.Event()
-    publisher = asyncio.create_task(_publisher(settings, handler, conf, stop, built, stats))
-    relay = asyncio.create_task(_relay(built, ready))
-    try:
-        return await run_service(settings, spec, stop, stats, built)
-    finally:
-        stop.set()
-        relay.cancel()
-        await publisher
+
+    async def publisher(s: serving.Serving) -> None:
+        await _publisher(settings, handler, conf, s.stop, s.built, stats)
+
+    return await serving.serve(
+        settings, spec, stop, ready, group_id, stats=stats, beside=[publisher]
+    )

@@ -25,7 +25,7 @@ and acts on their answer:
 
 So a job that fits its team's unused guarantee starts within grace + minimum
 run time + a round, as long as the borrowers are preemptible (tests/shared/sim/
-test_sim_reclaim.py checks it on random traces).
+test_reclaim.py checks it on random traces).
 """
 
 from __future__ import annotations

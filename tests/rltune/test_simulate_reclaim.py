@@ -1,5 +1,5 @@
 """`rltune simulate`'s reclaim flags reach the simulator: the hand-worked schedule of
-tests/shared/sim/test_sim_reclaim.py through the command line."""
+tests/shared/sim/test_reclaim.py through the command line."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def test_the_simulator_reads_them_through_the_order_wrapper(name: str, wrapped: 
     placer = make_placer(name, reproducible=True)
     given = OrderedPlacer(placer, "easy") if wrapped else placer
     sim = Simulator(cluster, make_policy("fifo"), given, SimConfig())
-    assert (sim.replace is not None) == name.endswith("+offload+replace")
+    assert (sim.replacing is not None) == name.endswith("+offload+replace")
     assert sim._collect == name.startswith("milp")
     view = getattr(placer, "offload_view", None)
     assert (view is sim.offload) == ("+offload" in name)

@@ -206,7 +206,7 @@ def test_two_training_processes_with_default_settings_never_share_a_file(tmp_pat
     import subprocess
     import sys
 
-    from tests.offload_agent.test_offload_engine import STEPS
+    from tests.offload_agent.test_engine import STEPS
 
     env = {k: v for k, v in os.environ.items() if k != "RLTUNE_SWAP_DIR"}
     env["TMPDIR"] = str(tmp_path)  # the default root: <tmp>/rltune-swap
