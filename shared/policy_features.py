@@ -29,7 +29,10 @@ Per job (JOB_FEATURES, one row each):
     prediction (the user's last two runs capped by the request); and, for traces
     without identity too, the sweep's siblings of docs/rl-ceiling.md: the mean log10
     run time and the number (log10) of finished jobs of its class (user/VC, GPU
-    count) submitted within 30 minutes of it. All 0 where unknown.
+    count) submitted within 30 minutes of it. All 0 where unknown;
+    then `fair_share` (FAIR_SHARE_FEATURES): Slurm's fair-share factor of the job's
+    queue from the usage decayed with the cluster's half-life (shared/fairshare.py),
+    1 where the observation does not offer one.
 Per cluster, a fixed length whatever the GPU types (GLOBAL_FEATURES): free /
 total GPUs, waiting demand / total, fragmentation, log10 queue length, log10
 mean run of every finished job. `cluster_features` is the per-type variant.
@@ -59,6 +62,7 @@ from shared.placement_api import FULL_GPU
 from shared.policy_api import History, Observation, QueuedJob
 
 __all__ = [
+    "FAIR_SHARE_FEATURES",
     "FEATURE_NEEDS",
     "GLOBAL_FEATURES",
     "HISTORY_FEATURES",
@@ -85,12 +89,20 @@ JOB_FEATURES = (
     "log_project_runs", "project_log_run", "project_run_over_req",
     "log_app_runs", "app_log_run", "app_run_over_req",
     "log_req_s", "has_req", "log_pred_s", "sibling_log_run", "log_siblings",
+    # appended: fair share (FAIR_SHARE_FEATURES)
+    "fair_share",
 )  # fmt: skip
 OFFLOAD_FEATURES = ("offload_pressure",)  # only in the feature sets that ask for them
 # who submitted what and what they asked for, from finished jobs only: only in the
 # feature sets that ask for them (the shipped checkpoint reads none)
-IDENTITY_FEATURES = JOB_FEATURES[JOB_FEATURES.index("log_user_runs") :]
+IDENTITY_FEATURES = JOB_FEATURES[
+    JOB_FEATURES.index("log_user_runs") : JOB_FEATURES.index("log_siblings") + 1
+]
 SIBLING_FEATURES = ("sibling_log_run", "log_siblings")  # within IDENTITY_FEATURES
+# the fair-share factor of the job's queue (shared/fairshare.py), from an observation
+# that offers `fair_share(vc)` (the simulator's, the scoring service's), else 1: only
+# in the feature sets that ask for it (no checkpoint written before it reads it)
+FAIR_SHARE_FEATURES = ("fair_share",)
 # the trace field an identity feature is computed from: a checkpoint that reads one
 # is refused on a trace whose jobs never carry it (`needs_of`)
 FEATURE_NEEDS: dict[str, tuple[str, ...]] = {
@@ -216,7 +228,13 @@ def encode(
         sibs = np.array([_siblings(h, j) for j in jobs], dtype=np.float64)
     else:
         sibs = np.zeros((n, 2))
-    x[:n] = np.concatenate((by_kind, per_job, offload[:, None], sibs), axis=1)[:, _ORDER]
+    share = np.ones(n)
+    fair = getattr(obs, "fair_share", None)
+    if fair is not None:
+        of_vc = {vc: fair(vc) for vc in {j.vc for j in jobs}}  # per VC, once
+        share = np.fromiter((of_vc[j.vc] for j in jobs), np.float64, n)
+    cols = (by_kind, per_job, offload[:, None], sibs, share[:, None])
+    x[:n] = np.concatenate(cols, axis=1)[:, _ORDER]
     return x, mask
 
 
@@ -288,7 +306,7 @@ _BLOCKS = (
     "log_app_runs", "app_log_run", "app_run_over_req", "log_req_s", "has_req", "log_pred_s",
     # per job
     "log_wait_s", "log_attained_gpu_s", "log_est_bsld", "log_wait_over_est", "offload_pressure",
-    "sibling_log_run", "log_siblings",
+    "sibling_log_run", "log_siblings", "fair_share",
 )  # fmt: skip
 _ORDER = np.array([_BLOCKS.index(f) for f in JOB_FEATURES], dtype=np.intp)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from shared.errors import UserError
 from shared.policy_features import (
+    FAIR_SHARE_FEATURES,
     HISTORY_FEATURES,
     IDENTITY_FEATURES,
     JOB_FEATURES,
@@ -38,15 +39,17 @@ RESIDUALS = ("drf",)  # network.BASES (that module imports torch)
 REWARDS = ("episode", "round")
 BOUND_SCALES = ("fixed", "backlog", "fifo", "fifo-head")  # see Args.bound_scale
 
-_BASE = tuple(f for f in JOB_FEATURES if f not in OFFLOAD_FEATURES + IDENTITY_FEATURES)
+_OPTIONAL = OFFLOAD_FEATURES + IDENTITY_FEATURES + FAIR_SHARE_FEATURES
+_BASE = tuple(f for f in JOB_FEATURES if f not in _OPTIONAL)
 FEATURE_SETS = {
-    "all": _BASE,  # every feature but the offload and identity ones
+    "all": _BASE,  # every feature but the offload, identity and fair-share ones
     "no-history": tuple(f for f in _BASE if f not in HISTORY_FEATURES),
     "offload": _BASE + OFFLOAD_FEATURES,  # all, and the job's offload pressure
     "identity": _BASE + IDENTITY_FEATURES,  # all, and who submitted what (causal)
     # the ablation: identity without the siblings' two columns
     "identity-no-siblings": _BASE
     + tuple(f for f in IDENTITY_FEATURES if f not in SIBLING_FEATURES),
+    "fair-share": _BASE + FAIR_SHARE_FEATURES,  # all, and the queue's fair-share factor
 }
 # none knows run times; `las` is `fifo` without preemption, so it is not run twice
 HEURISTICS = ("fifo", "sjf-est", "f1", "wfp3", "unicep", "multifactor", "smallest", "drf")
