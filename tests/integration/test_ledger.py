@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
@@ -54,7 +55,9 @@ async def _run_until(bus: BusSettings, conf: LedgerSettings, applied: int) -> Se
     return stats
 
 
-async def test_ledger_table_matches_reference_and_survives_a_restart(bus, tmp_path) -> None:
+async def test_ledger_table_matches_reference_and_survives_a_restart(
+    bus: BusSettings, tmp_path: Path
+) -> None:
     cluster = tmp_path / "c.yaml"
     cluster.write_text(
         "nodes: [{name: n, count: 4, gpu_type: V100, gpus: 8}]\n"
@@ -64,7 +67,9 @@ async def test_ledger_table_matches_reference_and_survives_a_restart(bus, tmp_pa
     conf = LedgerSettings(str(cluster))
     t = bus.topics
     jobs = {"a": ("nlp", 4), "b": ("cv", 2), "c": ("nlp", 1), "d": ("other", 8)}
-    first = [(t.jobs_accepted, j, Job(j, g, 0.0, vc=vc)) for j, (vc, g) in jobs.items()]
+    first: list[tuple[str, str, Job | JobEvent]] = [
+        (t.jobs_accepted, j, Job(j, g, 0.0, vc=vc)) for j, (vc, g) in jobs.items()
+    ]
     first += [
         (t.jobs_events, "a", JobEvent("a", "started", 0.0)),
         (t.jobs_events, "b", JobEvent("b", "started", 100.0)),
@@ -92,7 +97,7 @@ async def test_ledger_table_matches_reference_and_survives_a_restart(bus, tmp_pa
 
     # the service stops; more happens; it starts again: the table comes back from its
     # changelog, and only the new events are read
-    second = [
+    second: list[tuple[str, str, Job | JobEvent]] = [
         (t.jobs_events, "a", JobEvent("a", "finished", 5000.0)),
         (t.jobs_events, "c", JobEvent("c", "finished", 6000.0)),
         (t.jobs_events, "d", JobEvent("d", "started", 6000.0)),
@@ -115,10 +120,10 @@ async def test_ledger_table_matches_reference_and_survives_a_restart(bus, tmp_pa
     # On the embedded broker the group is sometimes joined twice after a restart, and
     # the second assignment reads again from the committed offset: those events count
     # as duplicates (the job's row has their offset) and change nothing
-    first = s2.extra[f"first_offset_{t.jobs_events}"]
-    assert first >= 5, dict(s2.extra)
+    resumed = s2.extra[f"first_offset_{t.jobs_events}"]
+    assert resumed >= 5, dict(s2.extra)
     dup = s2.extra["duplicate_events"]
-    assert s2.extra[f"read_{t.jobs_events}"] == 10 - first + dup
+    assert s2.extra[f"read_{t.jobs_events}"] == 10 - resumed + dup
     assert s2.extra["changes_applied"] == 4
     assert s2.extra[f"read_{t.jobs_accepted}"] == 0
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import math
 import urllib.request
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -50,7 +51,7 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-async def test_queue_metrics_equal_the_state(bus: BusSettings, tmp_path) -> None:
+async def test_queue_metrics_equal_the_state(bus: BusSettings, tmp_path: Path) -> None:
     cluster = tmp_path / "c.yaml"
     cluster.write_text(CLUSTER)
     t = bus.topics
@@ -140,7 +141,7 @@ async def test_queue_metrics_equal_the_state(bus: BusSettings, tmp_path) -> None
         for s in (msgspec.json.decode(r.value or b"", type=MetricsSnapshot) for r in snaps)
         if s.source == "telemetry.all"
     ][-1]
-    q = last.queues
-    assert q["qteamb"]["pending_jobs"] == 2 and q["qteamb"]["preemptions.reclaim"] == 1
-    assert q["qteama"]["allocated_gpus.V100"] == 4 and q["qteama"]["borrowed_gpus"] == 2
-    assert q["qorg"]["fair_share"] == pytest.approx(want["qorg"], rel=1e-9)
+    queues = last.queues
+    assert queues["qteamb"]["pending_jobs"] == 2 and queues["qteamb"]["preemptions.reclaim"] == 1
+    assert queues["qteama"]["allocated_gpus.V100"] == 4 and queues["qteama"]["borrowed_gpus"] == 2
+    assert queues["qorg"]["fair_share"] == pytest.approx(want["qorg"], rel=1e-9)
