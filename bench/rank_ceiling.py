@@ -52,7 +52,7 @@ from rltune import simulate as cli
 from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
 from services.scoring.policies.base import GroupedPolicy, Key, StaticKeyPolicy
-from services.scoring.policies.drf import Drf
+from services.scoring.policies.drf import DrfByAllocation
 from shared.policy_api import Observation, Policy, QueuedJob
 from shared.sim import simulate
 from shared.traces import SkipStats, TraceJob
@@ -121,7 +121,7 @@ class DrfClassOracle(GroupedPolicy):
         self.means = means
         self.runs = runs
         self.name = name
-        self._drf = Drf()
+        self._drf = DrfByAllocation()  # its shares; the class order breaks the ties
         self._shares: dict[str, float] = {}
 
     def reset(self, ctx: object) -> None:
@@ -135,7 +135,7 @@ class DrfClassOracle(GroupedPolicy):
         """`drf`'s rank of the VC this round (once per VC and `window` call)."""
         got = self._shares.get(vc)
         if got is None:
-            got = self._shares[vc] = self._drf.group_rank(vc, obs)
+            got = self._shares[vc] = self._drf.group_rank(vc, obs)[0]
         return got
 
     def estimate(self, job: QueuedJob) -> float:

@@ -79,8 +79,8 @@ def main(argv: list[str]) -> int:
 def _rollouts(a: argparse.Namespace, net: ScoreNet, features: tuple[str, ...]) -> dict[str, float]:
     args = Args(trace=a.trace, clusters=TRAIN_CLUSTERS, until="2017-10-15", val_from="2017-10-05")
     cfg = EpisodeConfig()
-    train, clusters = _train_world(args)
-    specs = episode_specs(len(train), len(clusters), cfg, a.episodes, [1, 0])
+    traces, _ = _train_world(args)
+    specs = episode_specs([len(t) for t in traces], cfg, a.episodes, [1, 0])
     rates: dict[int, tuple[float, float]] = {}
     results = []
     for workers in (0, a.workers):
@@ -127,14 +127,24 @@ def _latency(a: argparse.Namespace, net: ScoreNet, features: tuple[str, ...]) ->
     cluster = load_cluster(ROOT / "clusters" / "philly-hetero.yaml")
     rng = np.random.default_rng(0)
     history = History()
-    for i in range(2000):  # finished jobs of 12 VCs
+    # a checkpoint that reads identity is timed on jobs that carry it (users,
+    # projects, executables, requested times: its costliest features), others on VCs
+    ident = any(f.startswith(("log_user", "user_", "log_req")) for f in features)
+
+    def who(i: int) -> dict[str, object]:
+        if not ident:
+            return {"vc": f"vc{i % 12}"}
+        return {"vc": f"vc{i % 12}", "user": f"u{i % 40}", "project": f"p{i % 9}",
+                "app": f"a{i % 25}", "time_limit_s": float(3600 * (1 + i % 6))}  # fmt: skip
+
+    for i in range(2000):  # finished jobs of 12 VCs (and 40 users, 9 projects, 25 apps)
         history.record(
-            QueuedJob(-1, "h", 0.0, int(rng.choice([1, 2, 4, 8])), vc=f"vc{i % 12}"),
+            QueuedJob(-1, "h", float(i), int(rng.choice([1, 2, 4, 8])), **who(i)),  # type: ignore[arg-type]
             float(rng.lognormal(8, 2)),
         )
     jobs = [
         QueuedJob(i, f"j{i}", float(i * 30), int(rng.choice([1, 1, 1, 2, 4, 8])),
-                  vc=f"vc{int(rng.integers(12))}")
+                  **who(int(rng.integers(2000))))  # type: ignore[arg-type]
         for i in range(a.window)
     ]  # fmt: skip
     waiting = WaitingIndex()

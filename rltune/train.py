@@ -18,11 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     from services.scoring.rl.args import Args
 
     p = sub.add_parser("train", help="train the learned policy with PPO")
-    p.add_argument("--trace", required=True, help=_doc("trace"))
-    p.add_argument("--format", required=True, help=_doc("format"))
+    p.add_argument("--trace", default="", help=_doc("trace") + " (or --world)")
+    p.add_argument("--format", default="philly", help=_doc("format"))
     p.add_argument(
         "--cluster",
-        required=True,
+        default="",
         help="cluster file(s) to train on, comma-separated; episodes draw one at random",
     )
     p.add_argument("--out", required=True, metavar="MODEL", help=_doc("out"))
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"trained {len(logs)} iterations in {took:.0f} s; wrote {targs.out}"
         + (
-            f" (validation: {val:+.1%} vs {ckpt.meta['validation']['best_heuristic']})"
+            f" (validation: {val:+.1%} vs each validation episode's best heuristic)"
             if val is not None
             else ""
         ),

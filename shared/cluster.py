@@ -12,6 +12,7 @@
     priority_classes:
       inference: {priority: 100, preemptible: false, preempt_lower: true}
       train: {priority: 10, preemptible: true, checkpoint_s: 1800}
+    fair_share: {half_life_h: 168}      # decay of the usage behind fair share (shared/fairshare.py)
 
 A node group `{name: v100, count: 28}` becomes nodes `v100-0` .. `v100-27`.
 
@@ -88,6 +89,8 @@ class ClusterSpec:
     priority_classes: Mapping[str, PriorityClass] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    # the half-life of the decayed usage fair share reads (`fair_share: {half_life_h}`)
+    half_life_s: float = 7 * 86400.0
 
     @property
     def total_gpus(self) -> int:
@@ -135,7 +138,9 @@ def load_cluster(path: str | Path) -> ClusterSpec:
 
 _TOP_KEYS = (
     "name", "nodes", "speed", "reference", "queues", "priority_classes", "priority_preemption",
+    "fair_share",
 )  # fmt: skip
+_FAIR_SHARE_KEYS = ("half_life_h",)
 _NODE_KEYS = ("name", "gpu_type", "count", "gpus", "pcie_gbps", "nvme_gbps", "host_mem_gib")
 _QUEUE_KEYS = ("guaranteed_gpus", "limit_gpus", "weight", "parent")
 _CLASS_KEYS = ("priority", "preemptible", "checkpoint_s", "preempt_lower")
@@ -188,6 +193,7 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterSpec:
     if not isinstance(every, bool):
         raise UserError(f"{source}: `priority_preemption` must be true or false, got {every!r}")
     classes = _priority_classes(data.get("priority_classes") or {}, source, every)
+    half_life_s = _half_life(data.get("fair_share") or {}, source)
     return ClusterSpec(
         name=str(data.get("name") or Path(source).stem),
         nodes=tuple(nodes),
@@ -195,7 +201,20 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterSpec:
         reference=reference,
         queues=MappingProxyType(queues),
         priority_classes=MappingProxyType(classes),
+        half_life_s=half_life_s,
     )
+
+
+def _half_life(raw: Any, source: str) -> float:
+    """`fair_share: {half_life_h: H}`: seconds (default 7 days, Slurm's
+    PriorityDecayHalfLife)."""
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: `fair_share` must be a mapping like {{half_life_h: 168}}")
+    _known_keys(raw, _FAIR_SHARE_KEYS, f"{source}: fair_share")
+    h = raw.get("half_life_h", 168)
+    if not _positive(h):
+        raise UserError(f"{source}: fair_share.half_life_h must be a positive number, got {h!r}")
+    return float(h) * 3600.0
 
 
 def _node_group(g: Any, where: str) -> list[NodeSpec]:

@@ -327,6 +327,10 @@ class MetricsSnapshot(Struct, omit_defaults=True):
     rejected: dict[str, int] = {}
     counters: dict[str, float] = {}  # service counters (accepted, dlq, ...) by name
     source: str = ""
+    # appended: per queue (telemetry's `all` window): pending_jobs, allocated_gpus
+    # (and allocated_gpus.<gpu type>), borrowed_gpus, preemptions (and
+    # preemptions.<reason>), fair_share
+    queues: dict[str, dict[str, float]] = {}
 
 
 class Reward(Struct):

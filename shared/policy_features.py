@@ -29,7 +29,10 @@ Per job (JOB_FEATURES, one row each):
     prediction (the user's last two runs capped by the request); and, for traces
     without identity too, the sweep's siblings of docs/rl-ceiling.md: the mean log10
     run time and the number (log10) of finished jobs of its class (user/VC, GPU
-    count) submitted within 30 minutes of it. All 0 where unknown.
+    count) submitted within 30 minutes of it. All 0 where unknown;
+    then `fair_share` (FAIR_SHARE_FEATURES): Slurm's fair-share factor of the job's
+    queue from the usage decayed with the cluster's half-life (shared/fairshare.py),
+    1 where the observation does not offer one.
 Per cluster, a fixed length whatever the GPU types (GLOBAL_FEATURES): free /
 total GPUs, waiting demand / total, fragmentation, log10 queue length, log10
 mean run of every finished job. `cluster_features` is the per-type variant.
@@ -59,12 +62,14 @@ from shared.placement_api import FULL_GPU
 from shared.policy_api import History, Observation, QueuedJob
 
 __all__ = [
+    "FAIR_SHARE_FEATURES",
     "FEATURE_NEEDS",
     "GLOBAL_FEATURES",
     "HISTORY_FEATURES",
     "IDENTITY_FEATURES",
     "JOB_FEATURES",
     "OFFLOAD_FEATURES",
+    "SIBLING_FEATURES",
     "cluster_features",
     "encode",
     "encode_global",
@@ -84,11 +89,20 @@ JOB_FEATURES = (
     "log_project_runs", "project_log_run", "project_run_over_req",
     "log_app_runs", "app_log_run", "app_run_over_req",
     "log_req_s", "has_req", "log_pred_s", "sibling_log_run", "log_siblings",
+    # appended: fair share (FAIR_SHARE_FEATURES)
+    "fair_share",
 )  # fmt: skip
 OFFLOAD_FEATURES = ("offload_pressure",)  # only in the feature sets that ask for them
 # who submitted what and what they asked for, from finished jobs only: only in the
 # feature sets that ask for them (the shipped checkpoint reads none)
-IDENTITY_FEATURES = JOB_FEATURES[JOB_FEATURES.index("log_user_runs") :]
+IDENTITY_FEATURES = JOB_FEATURES[
+    JOB_FEATURES.index("log_user_runs") : JOB_FEATURES.index("log_siblings") + 1
+]
+SIBLING_FEATURES = ("sibling_log_run", "log_siblings")  # within IDENTITY_FEATURES
+# the fair-share factor of the job's queue (shared/fairshare.py), from an observation
+# that offers `fair_share(vc)` (the simulator's, the scoring service's), else 1: only
+# in the feature sets that ask for it (no checkpoint written before it reads it)
+FAIR_SHARE_FEATURES = ("fair_share",)
 # the trace field an identity feature is computed from: a checkpoint that reads one
 # is refused on a trace whose jobs never carry it (`needs_of`)
 FEATURE_NEEDS: dict[str, tuple[str, ...]] = {
@@ -147,7 +161,7 @@ def encode(
     mask[:n] = True
     if not n:
         return x, mask
-    kinds_of_jobs = list(map(_KIND if identity else _KIND_PLAIN, jobs))
+    kinds_of_jobs = list(map(_KIND_PLAIN, jobs))
     index = {k: i for i, k in enumerate(dict.fromkeys(kinds_of_jobs))}
     kind = list(map(index.__getitem__, kinds_of_jobs))  # each job's kind, by index
 
@@ -156,8 +170,8 @@ def encode(
     n_types = max(len(obs.gpu_types), 1)
     total_gpus = max(obs.total_gpus(), 1)
     over: dict[frozenset[str], tuple[float, float, float, float]] = {}
-    logged, plain, ident = [], [], []
-    for user, vc, num_gpus, milli, types, *who_asked in index:
+    logged, plain = [], []
+    for user, vc, num_gpus, milli, types in index:
         who = user or vc  # QueuedJob.who
         mean = h.mean_run(who, num_gpus)
         mean_any = h.mean_run_any(who)
@@ -180,7 +194,6 @@ def encode(
             gpus / total if total > 0 else 0.0, held / total_gpus, log_run, short,
             est0, est is not None, group0, held,
         ))  # fmt: skip
-        ident.append(_identity(h, user, *who_asked) if identity else _NO_IDENTITY)
     per_kind = np.array(plain, dtype=np.float64)
     logs = np.log10(1.0 + np.array(logged, dtype=np.float64))
     has_est = per_kind[:, 14]
@@ -188,7 +201,15 @@ def encode(
     per_kind[:, 0] = np.log2(per_kind[:, 0])
     per_kind[:, 15] = _rank(per_kind[:, 15])  # est_rank: sjf-est's key, no history first
     per_kind[:, 16] = _rank(per_kind[:, 16])  # the VC's share's rank
-    by_kind = np.concatenate((per_kind, logs, np.array(ident, dtype=np.float64)), axis=1)[kind]
+    if identity:  # per (user, project, app, request): kinds of their own
+        asks = list(map(_ASKED, jobs))
+        ask_index = {k: i for i, k in enumerate(dict.fromkeys(asks))}
+        memo: dict[tuple[str, str], tuple[float, float, float]] = {}  # per name
+        ident = np.array([_identity(h, *k, memo) for k in ask_index], dtype=np.float64)
+        ident = ident[list(map(ask_index.__getitem__, asks))]
+    else:
+        ident = np.zeros((n, len(_NO_IDENTITY)))
+    by_kind = np.concatenate((np.concatenate((per_kind, logs), axis=1)[kind], ident), axis=1)
 
     attained = np.fromiter(map(_ATTAINED, jobs), np.float64, n)
     submit = np.fromiter(map(_SUBMIT, jobs), np.float64, n)
@@ -207,7 +228,13 @@ def encode(
         sibs = np.array([_siblings(h, j) for j in jobs], dtype=np.float64)
     else:
         sibs = np.zeros((n, 2))
-    x[:n] = np.concatenate((by_kind, per_job, offload[:, None], sibs), axis=1)[:, _ORDER]
+    share = np.ones(n)
+    fair = getattr(obs, "fair_share", None)
+    if fair is not None:
+        of_vc = {vc: fair(vc) for vc in {j.vc for j in jobs}}  # per VC, once
+        share = np.fromiter((of_vc[j.vc] for j in jobs), np.float64, n)
+    cols = (by_kind, per_job, offload[:, None], sibs, share[:, None])
+    x[:n] = np.concatenate(cols, axis=1)[:, _ORDER]
     return x, mask
 
 
@@ -215,7 +242,12 @@ _NO_IDENTITY = (0.0,) * 12
 
 
 def _identity(
-    h: History, user: str, project: str, app: str, limit: float | None
+    h: History,
+    user: str,
+    project: str,
+    app: str,
+    limit: float | None,
+    memo: dict[tuple[str, str], tuple[float, float, float]],
 ) -> tuple[float, ...]:
     """The IDENTITY_FEATURES of one kind of job, but the siblings' (per job), in
     `_BLOCKS` order: per user, project and app the finished jobs (log10(1 + count)),
@@ -224,12 +256,16 @@ def _identity(
     prediction (`History.predict`, log10(1 + s); 0 if none). Finished jobs only."""
     out: list[float] = []
     for field, name in (("user", user), ("project", project), ("app", app)):
-        st = h.identity_stats(field, name)
-        if st is None:
-            out += (0.0, 0.0, 0.0)
-        else:
-            count, log_run, ratio = st
-            out += (math.log10(1.0 + count), log_run, max(ratio, 0.0))
+        got = memo.get((field, name))
+        if got is None:  # a name is looked up once per window (kinds share users)
+            st = h.identity_stats(field, name)
+            if st is None:
+                got = (0.0, 0.0, 0.0)
+            else:
+                count, log_run, ratio = st
+                got = (math.log10(1.0 + count), log_run, max(ratio, 0.0))
+            memo[field, name] = got
+        out += got
     pred = h.predict(user, limit)
     out += (_log10(limit), 1.0 if limit else 0.0, _log10(pred))
     return tuple(out)
@@ -249,10 +285,9 @@ def needs_of(features: Sequence[str]) -> tuple[str, ...]:
 
 # what a job's features but its wait, service, siblings and offload pressure are a
 # function of
-_KIND = operator.attrgetter(
-    "user", "vc", "num_gpus", "gpu_milli", "gpu_types", "project", "app", "time_limit_s"
-)
 _KIND_PLAIN = operator.attrgetter("user", "vc", "num_gpus", "gpu_milli", "gpu_types")
+# what its identity features but the siblings' are a function of
+_ASKED = operator.attrgetter("user", "project", "app", "time_limit_s")
 _ATTAINED = operator.attrgetter("attained_gpu_s")
 _SUBMIT = operator.attrgetter("submit_s")
 # where each JOB_FEATURES column is in what `encode` concatenates ("-": only used there)
@@ -271,7 +306,7 @@ _BLOCKS = (
     "log_app_runs", "app_log_run", "app_run_over_req", "log_req_s", "has_req", "log_pred_s",
     # per job
     "log_wait_s", "log_attained_gpu_s", "log_est_bsld", "log_wait_over_est", "offload_pressure",
-    "sibling_log_run", "log_siblings",
+    "sibling_log_run", "log_siblings", "fair_share",
 )  # fmt: skip
 _ORDER = np.array([_BLOCKS.index(f) for f in JOB_FEATURES], dtype=np.intp)
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from services.placement.view import FreeView
 from shared.cluster import ClusterSpec
+from shared.fairshare import FairShare
 from shared.messages import Job, JobEvent, NodeStatus, PriorityBatch, RoundRequest
 from shared.placement_api import FULL_GPU
 from shared.policy_api import History, Policy, PolicyContext, QueuedJob
@@ -74,6 +75,9 @@ class ScoringState:
         self.history = History()
         self.waiting = WaitingIndex()
         self.vc_held: dict[str, float] = {}
+        # decayed usage per queue, from the events' times (what the simulator keeps)
+        self.fair = FairShare(cluster)
+        self._holding: dict[str, float] = {}  # job -> GPUs the ledger counts for it now
         self.jobs: dict[str, Job] = {}  # accepted, by id
         self.dropped: set[str] = set()  # rejected on arrival: never waited for
         self.queued: dict[str, QueuedJob] = {}  # waiting
@@ -127,6 +131,7 @@ class ScoringState:
             if jid in self.started_at:
                 return
             self.started_at[jid] = ev.time
+            self._usage(jid, ev.time, 1.0)
             if free:
                 self._start(jid)
         elif ev.kind in ("finished", "failed", "preempted"):
@@ -137,6 +142,7 @@ class ScoringState:
             start = self.started_at.pop(jid)
             self.nodes_of.pop(jid, None)
             self.run_s[jid] = self.run_s.get(jid, 0.0) + ev.time - start
+            self._usage(jid, ev.time, -1.0)
             if ev.kind == "preempted":
                 self.preempts[jid] += 1
                 job = self.jobs.get(jid)
@@ -152,6 +158,17 @@ class ScoringState:
         elif ev.kind == "rejected_placement" and free and jid not in self.started_at:
             self._stop(jid, requeue=True)  # the executor refused it: it waits again
         self.dirty = True
+
+    def _usage(self, jid: str, t: float, sign: float) -> None:
+        """The ledger: a job's GPUs count to its queue's usage from its start to its end."""
+        job = self.jobs.get(jid)
+        if job is None:
+            return
+        if sign > 0:
+            gpus = self._holding[jid] = queued_job(job, -1).gpus
+        elif (gpus := self._holding.pop(jid, 0.0)) == 0.0:
+            return  # its start was not counted (its accepted record came later)
+        self.fair.change(job.vc, t, sign * gpus)
 
     def _all_stopped(self, jid: str, nodes: list[str]) -> bool:
         """Whether a preempted job's process has stopped on every node it started on
@@ -234,6 +251,10 @@ class ScoringState:
         """What a round still waits for (for `why` and for the logs)."""
         miss = [f"job {j}" for j in req.arrived if j not in self.jobs and j not in self.dropped]
         miss += [f"finish of {j}" for j in req.finished if j not in self.run_s]
+        # the start events too: the fair-share ledger counts a job from its start's time
+        miss += [
+            f"start of {j}" for j in req.started if j not in self.started_at and j not in self.run_s
+        ]
         due = Counter(req.preempted)
         miss += [
             f"preemption of {j}" for j, n in due.items() if self.preempts[j] < self.requeued[j] + n
@@ -284,7 +305,7 @@ class ScoringState:
     def _batch(
         self, round_id: int, now: float, k: int, driven: bool, fits_only: bool
     ) -> PriorityBatch:
-        obs = SimObservation(self.view.state, self.waiting, self.history, self.vc_held)
+        obs = SimObservation(self.view.state, self.waiting, self.history, self.vc_held, self.fair)
         obs.now = now
         fits = self.view.state.fits
         ahead = [self.queued[j] for j in self.first if j in self.queued] if fits_only else []

@@ -10,8 +10,11 @@ Rounds (`--rounds`): `driven` answers the executor's `RoundRequest`s (cluster_si
 (live hosts); `auto` (default) is driven once a round request has been seen and
 free until then. A `rl:PATH` policy is reloaded when the file changes, without
 stopping. After a restart the state is rebuilt from the topics (`replay`).
-Rewards on `rl.rewards` are read and counted; with `--learn` (off by default;
-learned policies only) they train the policy online with PPO
+With `--ledger` the fair-share usage (drf's tie-break, the `fair_share` feature)
+is the ledger service's table, read from its changelog
+(`<prefix>ledger-usage-changelog`, the latest row per queue), instead of being kept
+here from `jobs.events`. Rewards on `rl.rewards` are read and counted; with
+`--learn` (off by default; learned policies only) they train the policy online with PPO
 (`services.scoring.online`): it then samples its rankings, and every
 `--learn-episodes` rewards one update changes the weights it ranks with.
 
@@ -62,6 +65,7 @@ from shared.bus import (
 from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
+from shared.fairshare import row_from_changelog, usage_changelog
 from shared.messages import (
     Job,
     JobEvent,
@@ -100,6 +104,7 @@ class ScoringSettings:
     grace_s: float = 120.0  # reclaim on live hosts: SIGTERM, then SIGKILL after this
     min_run_s: float = 600.0  # reclaim: a job is never preempted in its first S seconds
     reclaim_every_s: float = 0.5  # reclaim: how often the queues are looked at
+    ledger: bool = False  # fair share from the ledger service's table, not from the events
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -123,6 +128,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--min-run", type=float, default=600.0, metavar="S",
         help="reclaim: a job is never preempted in its first S seconds (default 600)",
     )  # fmt: skip
+    p.add_argument(
+        "--ledger",
+        action="store_true",
+        help="read fair share's decayed usage from the ledger service's table (its "
+        "changelog) instead of keeping it from jobs.events (off: lockstep runs keep it "
+        "in step with the rounds)",
+    )
 
 
 def from_args(args: argparse.Namespace) -> ScoringSettings:
@@ -139,7 +151,7 @@ def from_args(args: argparse.Namespace) -> ScoringSettings:
     return ScoringSettings(
         args.policy, args.cluster, args.window, args.seed, args.rounds,
         learn=args.learn, learn_episodes=args.learn_episodes, grace_s=args.grace,
-        min_run_s=args.min_run,
+        min_run_s=args.min_run, ledger=args.ledger,
     )  # fmt: skip
 
 
@@ -179,6 +191,7 @@ class ScoringHandler:
             self.t.rl_rewards: self._rewards,
             self.t.sched_placements: self._placements,
             self.t.jobs_kill: self._kills,
+            usage_changelog(settings.topic_prefix): self._ledger,
         }
         self._placement = msgspec.json.Decoder(PlacementBatch)
         self.learner: Any = None
@@ -293,6 +306,15 @@ class ScoringHandler:
             return
         self.state.placed([a.job_id for a in batch.assignments], batch.round_id)
 
+    def _ledger(self, rec: Record) -> None:
+        """A row of the ledger service's `usage` table (services/ledger)."""
+        got = row_from_changelog(rec.key, rec.value)
+        if got is None:
+            self.stats.extra["ignored_bad_ledger_row"] += 1
+            return
+        self.state.fair.load(*got)
+        self.stats.extra["ledger_rows"] += 1
+
     def _rewards(self, rec: Record) -> None:
         try:
             reward = self._reward.decode(rec.value or b"")
@@ -328,7 +350,9 @@ class ScoringHandler:
         elif rec.topic == self.t.jobs_events:
             with contextlib.suppress(msgspec.MsgspecError):
                 self.state.event(self._event.decode(rec.value or b""), False)
-        elif rec.topic in (self.t.jobs_rejected, self.t.cluster_nodes):
+        elif rec.topic in (self.t.jobs_rejected, self.t.cluster_nodes) or (
+            self.conf.ledger and rec.topic == usage_changelog(self.t.prefix)
+        ):
             self._routes[rec.topic](rec)
 
     def _rebuild(self) -> None:
@@ -448,16 +472,17 @@ async def serve(
     stats = ServiceStats()
     handler = ScoringHandler(settings, stats, conf)
     t = settings.topics
+    ledger = [usage_changelog(settings.topic_prefix)] if conf.ledger else []
     spec = ServiceSpec(
         name=NAME,
         topics=[
             t.jobs_accepted, t.jobs_rejected, t.jobs_events, t.cluster_nodes, t.sched_rounds,
-            t.rl_rewards, t.sched_placements, t.jobs_kill,
+            t.rl_rewards, t.sched_placements, t.jobs_kill, *ledger,
         ],
         handle=handler,
         replay_topics=[
             t.jobs_accepted, t.jobs_rejected, t.jobs_events, t.cluster_nodes, t.sched_rounds,
-            t.sched_priorities,
+            t.sched_priorities, *ledger,
         ],
         replay=handler.replay,
     )  # fmt: skip

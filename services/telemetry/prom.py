@@ -6,7 +6,20 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-__all__ = ["COLLECTORS", "GPU_UTIL", "JCT", "JOBS", "OFFLOAD_HIT", "OFFLOAD_MIGRATION", "ROUNDS"]
+__all__ = [
+    "COLLECTORS",
+    "FAIR_SHARE",
+    "GPU_UTIL",
+    "JCT",
+    "JOBS",
+    "OFFLOAD_HIT",
+    "OFFLOAD_MIGRATION",
+    "PREEMPTIONS",
+    "QUEUE_ALLOCATED",
+    "QUEUE_BORROWED",
+    "QUEUE_PENDING",
+    "ROUNDS",
+]
 
 JOBS = Gauge(
     "rltune_jobs",
@@ -29,4 +42,29 @@ OFFLOAD_MIGRATION = Gauge(
     "10Cache migration latency of the running jobs (p50: mean of theirs; p99: max)",
     ["percentile"],  # not "quantile": that label is for summaries
 )
-COLLECTORS = (JOBS, JCT, GPU_UTIL, ROUNDS, OFFLOAD_HIT, OFFLOAD_MIGRATION)
+# per team queue (docs/guide/tenancy.md): the queue of a job's VC, or the VC itself
+# when the cluster file has no queues
+QUEUE_PENDING = Gauge(
+    "rltune_queue_pending_jobs", "Jobs accepted and not started yet, per queue", ["queue"]
+)
+QUEUE_ALLOCATED = Gauge(
+    "rltune_queue_allocated_gpus", "GPUs held by the queue's running jobs", ["queue", "gpu_type"]
+)
+QUEUE_BORROWED = Gauge(
+    "rltune_queue_borrowed_gpus",
+    "GPUs the queue holds beyond its guarantee (a team's count to its org too)",
+    ["queue"],
+)
+PREEMPTIONS = Counter(
+    "rltune_preemptions_total", "Running jobs preempted, by queue and reason", ["queue", "reason"]
+)
+FAIR_SHARE = Gauge(
+    "rltune_queue_fair_share_factor",
+    "Slurm's classic fair-share factor of the queue over its decayed GPU-seconds"
+    " (1: no usage, 0.5: exactly its share)",
+    ["queue"],
+)
+COLLECTORS = (
+    JOBS, JCT, GPU_UTIL, ROUNDS, OFFLOAD_HIT, OFFLOAD_MIGRATION,
+    QUEUE_PENDING, QUEUE_ALLOCATED, QUEUE_BORROWED, PREEMPTIONS, FAIR_SHARE,
+)  # fmt: skip

@@ -29,8 +29,19 @@ from typing import Any
 
 import msgspec
 
-from services.telemetry.prom import GPU_UTIL, JCT, JOBS, OFFLOAD_HIT, OFFLOAD_MIGRATION
-from services.telemetry.windows import Telemetry
+from services.telemetry.prom import (
+    FAIR_SHARE,
+    GPU_UTIL,
+    JCT,
+    JOBS,
+    OFFLOAD_HIT,
+    OFFLOAD_MIGRATION,
+    PREEMPTIONS,
+    QUEUE_ALLOCATED,
+    QUEUE_BORROWED,
+    QUEUE_PENDING,
+)
+from services.telemetry.windows import Telemetry, preemption_reason
 from shared import serving
 from shared.bus import (
     Outgoing,
@@ -41,6 +52,7 @@ from shared.bus import (
     Stopped,
     deliver,
 )
+from shared.cluster import load_cluster
 from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import Job, JobEvent, NodeStatus, OffloadStats, PlacementBatch, encode
@@ -56,17 +68,23 @@ NAME = "telemetry"
 class TelemetrySettings:
     interval_s: float = 1.0  # wall seconds between snapshots
     window_s: float = 3600.0  # the sliding window, in the messages' clock
+    cluster: str | None = None  # queues and half-life of the per-queue figures
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=1.0, help="seconds between snapshots")
     p.add_argument("--window", type=float, default=3600.0, help="sliding window (message clock)")
+    p.add_argument(
+        "--cluster", default=None, help="cluster spec: its queues, for the per-queue figures"
+    )
 
 
 def from_args(args: argparse.Namespace) -> TelemetrySettings:
     if args.interval <= 0 or args.window <= 0:
         raise UserError("--interval and --window must be positive")
-    return TelemetrySettings(args.interval, args.window)
+    if args.cluster is not None:
+        load_cluster(args.cluster)  # a bad file: one line and exit 2, before connecting
+    return TelemetrySettings(args.interval, args.window, args.cluster)
 
 
 class TelemetryHandler:
@@ -74,7 +92,8 @@ class TelemetryHandler:
         t = settings.topics
         self.t = t
         self.stats = stats
-        self.state = Telemetry(conf.window_s)
+        cluster = load_cluster(conf.cluster) if conf.cluster else None
+        self.state = Telemetry(conf.window_s, cluster=cluster)
         self._job = msgspec.json.Decoder(Job)
         self._dec: dict[str, msgspec.json.Decoder[Any]] = {
             t.jobs_events: msgspec.json.Decoder(JobEvent),
@@ -113,6 +132,9 @@ class TelemetryHandler:
                 s.event(msg)
                 if strict and js is not None and before is not None:  # not on read-back
                     _observe(js.job, msg, before, js.done)
+                    if msg.kind == "preempted" and before[0] is not None:
+                        reason = preemption_reason(msg.detail)
+                        PREEMPTIONS.labels(s.queue_of(js.job), reason).inc()
             elif isinstance(msg, NodeStatus):
                 s.node(msg)
             else:
@@ -135,6 +157,15 @@ def export(s: Telemetry) -> None:
         JOBS.labels(state).set(c[state])
     for t, u in s.util_by_type().items():
         GPU_UTIL.labels(t).set(u)
+    for q, row in s.queues().items():
+        QUEUE_PENDING.labels(q).set(row["pending_jobs"])
+        QUEUE_ALLOCATED.labels(q, "all").set(row["allocated_gpus"])
+        for key, v in row.items():
+            if key.startswith("allocated_gpus."):
+                QUEUE_ALLOCATED.labels(q, key.split(".", 1)[1]).set(v)
+        if "borrowed_gpus" in row:
+            QUEUE_BORROWED.labels(q).set(row["borrowed_gpus"])
+        FAIR_SHARE.labels(q).set(row["fair_share"])
     if "offload_hit_rate" in c:
         OFFLOAD_HIT.set(c["offload_hit_rate"])
         OFFLOAD_MIGRATION.labels("50").set(c["offload_migration_ms_p50"] / 1e3)

@@ -16,6 +16,13 @@ runs produces; they are not in its queue yet, so they are not `waiting`),
 utilisation now per GPU type, rounds and throughput, placement latency,
 rejections, offload hit rate and migration latency. `reward` turns the last
 window into a `Reward` (see `Reward.parts`).
+
+Per queue (`queues`, given the cluster file's queues; each VC is a queue of its own
+without one): pending jobs (accepted, not started, submitted by the cluster's clock),
+GPUs held per GPU type, GPUs borrowed (held beyond the guarantee, `shared.tenancy`;
+only where the cluster file has queues), preemptions by reason, and the fair-share
+factor from the usage decayed with the cluster's half-life (`shared.fairshare`, kept
+here from the events as the simulator keeps it).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
+from shared.cluster import ClusterSpec
+from shared.fairshare import FairShare, queue_key
 from shared.messages import (
     Job,
     JobEvent,
@@ -35,6 +44,7 @@ from shared.messages import (
 )
 from shared.metrics import JobRecord, Segment, percentile, summarize
 from shared.placement_api import FULL_GPU
+from shared.tenancy import Quota, Usage
 
 __all__ = ["RewardWeights", "Telemetry"]
 
@@ -58,13 +68,25 @@ class _JobState:
     open_start: float | None = None
     open_types: str = ""
     open_nodes: str = ""
+    open_node_ids: tuple[str, ...] = ()
+    # (kind, time) of the events the per-queue figures counted: a record read twice
+    # (read back at start, then consumed) counts once
+    counted: set[tuple[str, float]] = field(default_factory=set)
     open_restart: float = 0.0  # a moved job's restore (its MoveOrder's restart_s)
     done: bool = False
     failed: bool = False
 
 
 class Telemetry:
-    def __init__(self, window_s: float = 3600.0, weights: RewardWeights | None = None) -> None:
+    def __init__(
+        self,
+        window_s: float = 3600.0,
+        weights: RewardWeights | None = None,
+        cluster: ClusterSpec | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.fair = FairShare(cluster)
+        self.preemptions: Counter[tuple[str, str]] = Counter()  # (queue, reason)
         self.window_s = window_s
         self.weights = weights or RewardWeights()
         self.jobs: dict[str, _JobState] = {}
@@ -109,12 +131,20 @@ class Telemetry:
             at, cost = self.move_cost.pop(ev.job_id, (ev.time, 0.0))
             js.open_restart = cost if at == ev.time else 0.0
         if ev.kind == "started" and js.open_start is None:
+            if self._first(js, ev):
+                self.fair.change(js.job.vc, ev.time, _gpus(js.job))
             js.open_start = ev.time
             js.open_nodes = ev.detail
+            js.open_node_ids = tuple(ev.node_ids)
             js.open_types = "+".join(
                 sorted({self.nodes[n].gpu_type for n in ev.node_ids if n in self.nodes})
             )
         elif ev.kind in ("finished", "failed", "preempted") and js.open_start is not None:
+            if self._first(js, ev):
+                self.fair.change(js.job.vc, ev.time, -_gpus(js.job))
+                if ev.kind == "preempted":
+                    q = self.queue_of(js.job)
+                    self.preemptions[(q, preemption_reason(ev.detail))] += 1
             self._close(js, ev.time)
             if ev.kind != "preempted":
                 js.done = True
@@ -125,6 +155,15 @@ class Telemetry:
             self.counts["cancelled"] += 1
         elif ev.kind == "rejected_placement":
             self.counts["rejected_placement"] += 1
+
+    @staticmethod
+    def _first(js: _JobState, ev: JobEvent) -> bool:
+        """Whether the per-queue figures see `ev` for the first time."""
+        key = (ev.kind, ev.time)
+        if key in js.counted:
+            return False
+        js.counted.add(key)
+        return True
 
     def _close(self, js: _JobState, t: float) -> None:
         restart = min(js.open_restart, max(t - (js.open_start or 0.0), 0.0))
@@ -238,6 +277,54 @@ class Telemetry:
         out["throughput_per_h"] = recent * 3600.0 / self.window_s
         return out
 
+    def queue_of(self, job: Job) -> str:
+        return queue_key(self.cluster, job.vc)
+
+    def queues(self) -> dict[str, dict[str, float]]:
+        """Per queue: `pending_jobs` (its own jobs), `allocated_gpus` and
+        `allocated_gpus.<type>` (a team's count to its org as well),
+        `borrowed_gpus` (with the cluster file's queues), `preemptions` and
+        `preemptions.<reason>`, `fair_share`."""
+        out: dict[str, dict[str, float]] = {}
+
+        def row(q: str) -> dict[str, float]:
+            r = out.get(q)
+            if r is None:
+                r = out[q] = {"pending_jobs": 0.0, "allocated_gpus": 0.0}
+            return r
+
+        quota = Quota(self.cluster.queues if self.cluster is not None else {})
+        usage = Usage(quota)  # a team's GPUs count to its org as well
+        for js in self.jobs.values():
+            if js.done:
+                continue
+            q = self.queue_of(js.job)
+            row(q)
+            if js.open_start is not None:
+                # the types of its nodes as known now (a start may be read before them)
+                types = {self.nodes[n].gpu_type for n in js.open_node_ids if n in self.nodes}
+                t = js.open_types or "+".join(sorted(types)) or "unknown"
+                usage.add(q, {t: _gpus(js.job)})
+            elif js.job.submit_time <= self.now:
+                row(q)["pending_jobs"] += 1
+        for q, by_type in usage.by_type.items():
+            r = row(q)
+            r["allocated_gpus"] = sum(by_type.values())
+            for t, g in by_type.items():
+                r[f"allocated_gpus.{t}"] = g
+        if self.cluster is not None and self.cluster.queues:
+            for q in self.cluster.queues:
+                row(q)["borrowed_gpus"] = quota.borrowed(usage, q)
+        for (q, reason), n in self.preemptions.items():
+            r = row(q)
+            r["preemptions"] = r.get("preemptions", 0.0) + n
+            r[f"preemptions.{reason}"] = float(n)
+        for q, f in self.fair.factors(self.now).items():
+            row(q)["fair_share"] = f
+        for r in out.values():
+            r.setdefault("fair_share", 1.0)
+        return out
+
     def snapshot(self, wall: float, window: str = "all") -> MetricsSnapshot:
         since = None if window == "all" else self.now - self.window_s
         s = summarize(self.records(since), self.total_gpus(), list(self.solves.values()))
@@ -257,6 +344,7 @@ class Telemetry:
             placement_p99_ms=_num(s["placement_p99_ms"]),
             rejected={k: int(v) for k, v in self.rejected.items()},
             counters=self.counters(),
+            queues=self.queues() if window == "all" else {},
             source=f"telemetry.{window}",  # the service's own counters are "telemetry"
         )
 
@@ -270,6 +358,23 @@ class Telemetry:
         mig_s = parts.get("offload_migration_ms_p99", 0.0) / 1e3
         value = -parts["avg_bsld"] + self.weights.hit_rate * hit - self.weights.migration_s * mig_s
         return Reward(window=f"{window}@{self.now:g}", value=value, parts=parts)
+
+
+PREEMPTION_REASONS = ("reclaim", "priority", "las", "kill")
+
+
+def preemption_reason(detail: str) -> str:
+    """The `reason` label of a preemption: the first word of its event's detail when
+    it is a known reason, `unspecified` when there is none, else `other` (a label
+    must not take free text)."""
+    word = detail.strip().split(" ", 1)[0].split(":", 1)[0].lower() if detail else ""
+    if not word:
+        return "unspecified"
+    return word if word in PREEMPTION_REASONS else "other"
+
+
+def _gpus(job: Job) -> float:
+    return job.num_gpus * job.gpu_milli / FULL_GPU
 
 
 def _num(v: object) -> float:

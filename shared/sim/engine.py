@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from shared.cluster import ClusterSpec
+from shared.fairshare import FairShare
 from shared.metrics import JobRecord, Segment, summarize
 from shared.offload_metrics import offload_summary
 from shared.offload_signal import OffloadPart, offload_part
@@ -196,7 +197,8 @@ class Simulator:
         self.waiting = WaitingIndex()
         self.vc_held: dict[str, float] = {}
         self.queue_held: dict[str, float] = {}
-        self.obs = SimObservation(self.state, self.waiting, self.history, self.vc_held)
+        self.fair = FairShare(cluster)  # decayed usage per queue (drf, the policy feature)
+        self.obs = SimObservation(self.state, self.waiting, self.history, self.vc_held, self.fair)
         self.runs: list[Run] = []
         self.events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, epoch)
         self.settled = True
@@ -487,7 +489,7 @@ class Simulator:
         run.types = "+".join(types)
         run.nodes = ";".join(f"{st.node_ids[i]}:{'+'.join(map(str, g))}" for i, g in claim)
         job.runs += 1
-        self._hold(job, job.gpus)
+        self._hold(job, job.gpus, now)
         if run.offload is not None:
             run.mark, run.seg_unhidden = now, 0.0
             self.rates.rerate(self.offload.start(job.seq, _parts(claim)), now)
@@ -514,7 +516,7 @@ class Simulator:
         job = run.job
         self.backfill.stopped(job.seq)
         self.state.release(run.claim, job.gpu_milli)
-        self._hold(job, -job.gpus)
+        self._hold(job, -job.gpus, now)
         unhidden = 0.0
         if run.offload is not None:
             self.rates.bank(run, now)
@@ -530,8 +532,9 @@ class Simulator:
         if self.reclaim is not None:
             self.reclaim.stopped(run)
 
-    def _hold(self, job: QueuedJob, gpus: float) -> None:
+    def _hold(self, job: QueuedJob, gpus: float, now: float) -> None:
         self.vc_held[job.vc] = self.vc_held.get(job.vc, 0.0) + gpus
+        self.fair.change(job.vc, now, gpus)
         q = self.cluster.queue_of(job.vc)
         self.queue_held[q] = self.queue_held.get(q, 0.0) + gpus
         spec = self.cluster.queues.get(q)

@@ -12,6 +12,7 @@ from shared.policy_api import History, QueuedJob
 from shared.sim.state import ClusterState
 
 if TYPE_CHECKING:
+    from shared.fairshare import FairShare
     from shared.sim.offload_state import OffloadState
 
 __all__ = ["SimObservation", "WaitingIndex"]
@@ -69,12 +70,14 @@ class SimObservation:
         waiting: WaitingIndex,
         history: History,
         vc_held: dict[str, float],
+        fair: FairShare | None = None,
     ) -> None:
         self.now = 0.0
         self.history = history
         self._state = state
         self._waiting = waiting
         self._vc_held = vc_held
+        self._fair = fair
         self.offload: OffloadState | None = None  # the simulator's, once it has one
 
     @property
@@ -106,6 +109,11 @@ class SimObservation:
 
     def queue_length(self) -> int:
         return self._waiting.count
+
+    def fair_share(self, vc: str) -> float:
+        """The fair-share factor of `vc`'s queue now (shared/fairshare.py): 1 with no
+        usage, 0.5 at exactly its share of the decayed usage, less above it."""
+        return 1.0 if self._fair is None else self._fair.factor(vc, self.now)
 
     def offload_pressure(self, job: QueuedJob) -> float:
         """The job's offload demand against the free PCIe bandwidth of its allowed

@@ -149,7 +149,7 @@ def test_siblings_start_the_jobs_the_plain_scan_starts(
             near = [r for t, r in done if abs(t - job.submit_s) <= BURST_S]
             pool = near or [r for _, r in done]
             est = sum(pool) / len(pool) if pool else 0.0
-            return (self._drf.group_rank(job.vc, obs), est, job.submit_s, job.seq)
+            return (*self._drf.group_rank(job.vc, obs), est, job.submit_s, job.seq)
 
     seen: dict[tuple[str, int], list[tuple[float, float]]] = {}
     jobs = [TraceJob(f"j{i}", float(s), float(r), g, vc=vc) for i, (s, r, g, vc) in enumerate(rows)]

@@ -107,7 +107,12 @@ def _in_process(cluster: Path, offload: float) -> SimResult:
 
 @pytest.mark.parametrize(
     ("policy", "bad_input", "offload", "preempt"),
-    [("rl", False, 0.5, False), ("sjf-est", True, 0.0, False), ("las", False, 0.0, True)],
+    [
+        ("rl", False, 0.5, False),
+        ("sjf-est", True, 0.0, False),
+        ("las", False, 0.0, True),
+        ("drf", False, 0.0, False),  # its fair-share tie-break: usage from the events
+    ],
 )
 async def test_lockstep_same_start_times_as_simulate(
     bus: BusSettings, tmp_path: Path, policy: str, bad_input: bool, offload: float, preempt: bool

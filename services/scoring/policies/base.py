@@ -99,7 +99,8 @@ class GroupedPolicy(_Base):
     """Jobs in groups, each in FIFO order (submit, seq); the order across groups is
     recomputed each round from what the policy has learned.
 
-    Fast case, `group_rank(gid, obs)` returns a number: the order is (rank, submit,
+    Fast case, `group_rank(gid, obs)` returns a number (or a tuple of numbers): the
+    order is (rank, submit,
     seq), read off group by group. Otherwise `job_key(job, obs)` must be monotone
     in FIFO order within a group, and the groups are merged on it.
     """
@@ -112,7 +113,7 @@ class GroupedPolicy(_Base):
     def group_of(self, job: QueuedJob) -> Hashable:
         raise NotImplementedError
 
-    def group_rank(self, gid: Hashable, obs: Observation) -> float | None:
+    def group_rank(self, gid: Hashable, obs: Observation) -> float | tuple[float, ...] | None:
         return None
 
     def job_key(self, job: QueuedJob, obs: Observation) -> Key:

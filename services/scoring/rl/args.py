@@ -10,10 +10,12 @@ from dataclasses import dataclass
 
 from shared.errors import UserError
 from shared.policy_features import (
+    FAIR_SHARE_FEATURES,
     HISTORY_FEATURES,
     IDENTITY_FEATURES,
     JOB_FEATURES,
     OFFLOAD_FEATURES,
+    SIBLING_FEATURES,
 )
 from shared.traces._io import parse_time
 
@@ -23,6 +25,7 @@ __all__ = [
     "FEATURE_SETS",
     "HEURISTICS",
     "OBJECTIVES",
+    "POLICY_TEACHERS",
     "RESIDUALS",
     "REWARDS",
     "TEACHERS",
@@ -36,18 +39,27 @@ RESIDUALS = ("drf",)  # network.BASES (that module imports torch)
 REWARDS = ("episode", "round")
 BOUND_SCALES = ("fixed", "backlog", "fifo", "fifo-head")  # see Args.bound_scale
 
-_BASE = tuple(f for f in JOB_FEATURES if f not in OFFLOAD_FEATURES + IDENTITY_FEATURES)
+_OPTIONAL = OFFLOAD_FEATURES + IDENTITY_FEATURES + FAIR_SHARE_FEATURES
+_BASE = tuple(f for f in JOB_FEATURES if f not in _OPTIONAL)
 FEATURE_SETS = {
-    "all": _BASE,  # every feature but the offload and identity ones
+    "all": _BASE,  # every feature but the offload, identity and fair-share ones
     "no-history": tuple(f for f in _BASE if f not in HISTORY_FEATURES),
     "offload": _BASE + OFFLOAD_FEATURES,  # all, and the job's offload pressure
     "identity": _BASE + IDENTITY_FEATURES,  # all, and who submitted what (causal)
+    # the ablation: identity without the siblings' two columns
+    "identity-no-siblings": _BASE
+    + tuple(f for f in IDENTITY_FEATURES if f not in SIBLING_FEATURES),
+    "fair-share": _BASE + FAIR_SHARE_FEATURES,  # all, and the queue's fair-share factor
 }
 # none knows run times; `las` is `fifo` without preemption, so it is not run twice
-HEURISTICS = ("fifo", "sjf-est", "f1", "multifactor", "smallest", "drf")
+HEURISTICS = ("fifo", "sjf-est", "f1", "wfp3", "unicep", "multifactor", "smallest", "drf")
 # rankings the warm start can imitate; the last two read true run times (privileged:
 # the trainer has them, the network's inputs never do)
 TEACHERS = ("sjf-est", "drf", "drf-sjf", "sjf-oracle", "drf-oracle")
+# heuristics the warm start can imitate by running them beside the network (every
+# round ranked by the policy object itself; env.EpisodeConfig.teacher)
+POLICY_TEACHERS = ("fifo", "sjf-est", "sjf-req", "f1", "wfp3", "unicep", "multifactor",
+                   "smallest", "drf")  # fmt: skip
 
 
 @dataclass
@@ -58,6 +70,9 @@ class Args:
     """its format (as `rltune simulate --format`)"""
     clusters: tuple[str, ...] = ()
     """cluster files; each episode runs on one of them, drawn at random"""
+    world: str = ""
+    """a world file (YAML: traces, formats, clusters, training and validation parts;
+    services/scoring/rl/world.py) to train across instead of --trace/--cluster"""
     until: str = ""
     """train on jobs submitted before this time (UTC date or trace seconds); empty: all"""
     val_from: str = ""
@@ -88,7 +103,9 @@ class Args:
     """the heuristic of the prefix and of the reward"""
     teacher: str = "drf"
     """the ranking the warm start imitates: sjf-est, drf, drf-sjf, or the privileged
-    sjf-oracle / drf-oracle (true run times, seen by the trainer only)"""
+    sjf-oracle / drf-oracle (true run times, seen by the trainer only), read off the
+    features; or a heuristic run beside the network (f1, wfp3, ...), or best:f1,wfp3,...
+    (per episode the one of those whose own run of it is best)"""
     objective: str = "bsld"
     """what the reward improves: bsld, queue, jct or util"""
     reward: str = "episode"
@@ -187,12 +204,20 @@ ARG_DOCS = _arg_docs()
 
 def validate(args: Args) -> None:
     """UserError (one line) for the first argument that cannot work."""
+    if bool(args.world) == bool(args.trace):
+        raise UserError("give either --trace (with --cluster) or --world FILE, not both")
     if args.objective not in OBJECTIVES:
         raise UserError(f"--objective {args.objective!r}: choose from {', '.join(OBJECTIVES)}")
     if args.reward not in REWARDS:
         raise UserError(f"--reward {args.reward!r}: choose from {', '.join(REWARDS)}")
     if args.teacher not in TEACHERS:
-        raise UserError(f"--teacher {args.teacher!r}: choose from {', '.join(TEACHERS)}")
+        names = args.teacher.removeprefix("best:").split(",")
+        bad = [n for n in names if n not in POLICY_TEACHERS]
+        if bad:
+            raise UserError(
+                f"--teacher {args.teacher!r}: choose from {', '.join(TEACHERS)}, a heuristic "
+                f"({', '.join(POLICY_TEACHERS)}) or best:NAME,NAME,... of those"
+            )
     if args.bound_scale not in BOUND_SCALES:
         raise UserError(
             f"--bound-scale {args.bound_scale!r}: choose from {', '.join(BOUND_SCALES)}"

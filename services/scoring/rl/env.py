@@ -2,7 +2,9 @@
 
 An episode (RLTune's and RLScheduler's setup, on the project's simulator and
 placement code): take `prefix + jobs` consecutive jobs of the trace, thinned
-at random so that their demand is `load` x the cluster's capacity, replay the
+at random so that their demand is `load` x the cluster's capacity (a slice
+whose demand is below that keeps every job and has its arrivals compressed
+to that load, `shared.sim.load.compress_to_load`), replay the
 prefix under the baseline heuristic (the cluster fills and the history of run
 times builds up), then let the learned policy rank every round from the first
 episode job's arrival until the queue drains. The same jobs are run once more
@@ -48,11 +50,12 @@ from services.scoring.rl.args import OBJECTIVES
 from services.scoring.rl.network import ScoreNet
 from services.scoring.rl.policy import RLPolicy, Step
 from shared.cluster import ClusterSpec
+from shared.errors import UserError
 from shared.metrics import JobRecord
 from shared.offload_signal import OffloadPart, offload_part
 from shared.policy_api import Observation, Policy, PolicyContext, QueuedJob
 from shared.sim import SimConfig, SimResult, simulate
-from shared.sim.load import capacity
+from shared.sim.load import capacity, compress_to_load, span_load_limit
 from shared.traces import TraceJob
 
 __all__ = [
@@ -64,6 +67,7 @@ __all__ = [
     "build_episode",
     "capacity",
     "demand",
+    "episode_teacher",
     "objective",
     "round_rewards",
     "run_episode",
@@ -84,6 +88,14 @@ class EpisodeConfig:
     offload_reward: float = 0.0  # W of the offload part (module doc); 0: off
     dense: bool = False  # split the reward over the rounds (module doc, `round_rewards`)
     shuffle_ties: bool = False  # jobs of one submit second in a seeded random order
+    # a heuristic that ranks every recorded round beside the network (Step.teacher), for
+    # the warm start: a policy name, or "best:a,b,c", the one of those whose own run of
+    # the episode has the best objective (DAgger on the best heuristic per episode);
+    # "": none
+    teacher: str = ""
+    # a slice quieter than its load has its arrivals compressed to it (module doc);
+    # False: arrivals as recorded (a hand-solved instance's fixed schedule)
+    compress: bool = True
 
 
 @dataclass(frozen=True)
@@ -136,6 +148,16 @@ def build_episode(
     keep = min(1.0, spec.load * capacity(cluster) / max(demand(raw), 1e-9))
     rng = np.random.default_rng(spec.seed)
     picked = [j for j, u in zip(raw, rng.random(len(raw)), strict=True) if u < keep][:want]
+    if cfg.compress and keep >= 1.0 and 0.0 < demand(picked) < spec.load * capacity(cluster):
+        # a quiet slice (ThetaGPU runs at 0.4): thinning cannot raise its load, so the
+        # arrivals are compressed to it instead (the same measure, `demand`, is
+        # `span_load` x capacity); left as recorded, every order would give the same
+        # schedule and the episode would teach nothing
+        try:
+            picked, _ = compress_to_load(picked, cluster, spec.load, "span")
+        except UserError:  # beyond what compressing reaches: as far as it goes
+            top = 0.99 * span_load_limit(picked, cluster)
+            picked, _ = compress_to_load(picked, cluster, top, "span")
     if cfg.shuffle_ties:
         picked = shuffle_ties(picked, rng)
     return picked, min(cfg.prefix, max(len(picked) - 1, 0))
@@ -316,6 +338,10 @@ def run_episode(
         if (r.segments and r.segments[0].start_s >= at) or not r.segments
     }
     learned = RLPolicy(net, features, sample=sample, max_jobs=cfg.window)
+    if cfg.teacher:
+        learned.teacher = make_policy(
+            episode_teacher(cfg.teacher, jobs, cluster, todo, cfg, sim_cfg, base)
+        )
     keep = _Keep()
     learned.recorder = keep
     run = simulate(
@@ -352,6 +378,36 @@ def run_episode(
         step_rewards=dense,
         run_s=np.asarray([j.duration_s or 0.0 for j in ordered], dtype=np.float64),
     )
+
+
+def episode_teacher(
+    teacher: str,
+    jobs: Sequence[TraceJob],
+    cluster: ClusterSpec,
+    todo: set[int],
+    cfg: EpisodeConfig,
+    sim_cfg: SimConfig,
+    base: SimResult,
+) -> str:
+    """The heuristic `teacher` names for this episode: itself, or of "best:a,b,..." the
+    one whose own run of the episode (prefix included) has the best objective over
+    the jobs `todo` (the baseline's run `base` is reused for the baseline's name)."""
+    names = teacher.removeprefix("best:").split(",")
+    if len(names) == 1:
+        return names[0]
+    best: tuple[float, str] | None = None
+    for name in names:
+        policy = make_policy(name)
+        if any(not any(getattr(j, f) for j in jobs) for f in getattr(policy, "needs", ())):
+            continue  # sjf-req on a trace without requested times
+        res = base if name == cfg.baseline else simulate(
+            jobs, cluster, policy, make_placer(cfg.placer), sim_cfg
+        )  # fmt: skip
+        obj = objective(res.records, cfg.objective, todo, cluster.total_gpus)
+        key = -obj if cfg.objective == "util" else obj
+        if math.isfinite(key) and (best is None or key < best[0]):
+            best = (key, name)
+    return names[0] if best is None else best[1]
 
 
 def _offload_part(res: SimResult, ids: set[str]) -> OffloadPart:

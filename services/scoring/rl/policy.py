@@ -80,7 +80,7 @@ from services.scoring.rl.network import ScoreNet, WindowScorer
 from services.scoring.rl.ppo import sample_ranking
 from services.scoring.rl.shadow import FifoShadow
 from shared.errors import UserError
-from shared.policy_api import Observation, PolicyContext, QueuedJob
+from shared.policy_api import Observation, Policy, PolicyContext, QueuedJob
 from shared.policy_features import (
     IDENTITY_FEATURES,
     JOB_FEATURES,
@@ -95,11 +95,13 @@ __all__ = ["RLPolicy", "Recorder", "Step"]
 class Step:
     """One recorded round: what the network saw and the ranking it drew."""
 
-    __slots__ = ("g", "perm", "pool", "pulled", "x")
+    __slots__ = ("g", "perm", "pool", "pulled", "teacher", "x")
 
     def __init__(self, x: np.ndarray, g: np.ndarray, perm: np.ndarray, pool: list[int]) -> None:
         self.x, self.g, self.perm, self.pool = x, g, perm, pool
         self.pulled = 0  # ranks the simulator read
+        # a teacher policy's ranking of the same jobs (indices into pool), if one rode along
+        self.teacher: np.ndarray | None = None
 
 
 class Recorder(Protocol):
@@ -144,6 +146,9 @@ class RLPolicy:
         self.bound_gpus = bound_gpus
         self.bound_scale = bound_scale
         self.recorder: Recorder | None = None
+        # a heuristic that sees the same jobs and ranks each recorded round too (the
+        # warm start imitates it; `Step.teacher`); it never changes what is handed out
+        self.teacher: Policy | None = None
         self.reset_state(0)
 
     @property
@@ -163,6 +168,8 @@ class RLPolicy:
                     f"{', '.join(weighted)}; use a policy trained without --residual"
                 )
         self.reset_state(ctx.seed)
+        if self.teacher is not None:
+            self.teacher.reset(ctx)
 
     def reset_state(self, seed: int) -> None:
         self._fifo: dict[int, QueuedJob] = {}
@@ -184,6 +191,8 @@ class RLPolicy:
             self._big[job.seq] = job
         if self._shadow is not None:
             self._shadow.add(job)
+        if self.teacher is not None:
+            self.teacher.add(job)
 
     def remove(self, job: QueuedJob) -> None:
         del self._fifo[job.seq]
@@ -201,6 +210,8 @@ class RLPolicy:
             self._shadow.forget(job.seq)
         if self.recorder is not None:
             self.recorder.removed(job.seq)
+        if self.teacher is not None:
+            self.teacher.remove(job)
 
     def candidates(self, obs: Observation | None = None) -> list[QueuedJob]:
         """The jobs the network scores, in (submit, seq) order (a residual network on
@@ -304,8 +315,18 @@ class RLPolicy:
         if self.recorder is None:
             return itertools.chain(forced[:k], (pool[i] for i in perm[: max(k - len(forced), 0)]))
         step = Step(x, g, perm, [j.seq for j in pool])  # every feature: the trainer selects
+        if self.teacher is not None:
+            step.teacher = self._teacher_order(pool, obs)
         self.recorder.record(step, obs.now)
         return itertools.chain(forced[:k], _counted(pool, perm[: max(k - len(forced), 0)], step))
+
+    def _teacher_order(self, pool: list[QueuedJob], obs: Observation) -> np.ndarray:
+        """The teacher's ranking of `pool` (indices): its order of the whole queue,
+        restricted to the pool; a job it does not list goes last, older first."""
+        assert self.teacher is not None
+        at = {j.seq: i for i, j in enumerate(self.teacher.window(len(self._fifo), obs))}
+        keys = [at.get(j.seq, len(at) + n) for n, j in enumerate(pool)]
+        return np.argsort(np.asarray(keys), kind="stable").astype(np.int64)
 
 
 def _equal_rows_tie(x: np.ndarray, s: np.ndarray) -> np.ndarray:

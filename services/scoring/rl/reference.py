@@ -98,7 +98,9 @@ def encode_per_job(
         offload,
     )
     x[:n, : len(cols)] = np.stack(cols, axis=1)
-    x[:n, len(cols) :] = [_identity_row(job, h) for job in jobs]
+    x[:n, len(cols) : len(JOB_FEATURES) - 1] = [_identity_row(job, h) for job in jobs]
+    fair = getattr(obs, "fair_share", None)
+    x[:n, -1] = [fair(job.vc) if fair is not None else 1.0 for job in jobs]  # fair_share
     return x, mask
 
 

@@ -1,6 +1,6 @@
 """Rollouts from several simulator processes at once, and the batch they make.
 
-Each worker process reads the training trace and clusters once, then runs
+Each worker process reads the training traces and clusters once, then runs
 whole episodes (`env.run_episode`) for the weights it is sent. Results come
 back in the order the episodes were asked for, whatever finishes first, so a
 run is deterministic for a seed with any number of workers. `workers=0` runs
@@ -86,9 +86,14 @@ def teacher_ranking(name: str, x: np.ndarray, run_s: np.ndarray | None = None) -
 _WORLD: dict[str, Any] = {}
 
 
-def _init(loader: Callable[[], tuple[list[TraceJob], list[ClusterSpec]]]) -> None:
+# the jobs of each world and its cluster: episode `spec` runs `traces[spec.cluster]`
+# on `clusters[spec.cluster]` (one trace on several clusters repeats the list)
+Worlds = tuple[Sequence[Sequence[TraceJob]], Sequence[ClusterSpec]]
+
+
+def _init(loader: Callable[[], Worlds]) -> None:
     torch.set_num_threads(1)
-    _WORLD["trace"], _WORLD["clusters"] = loader()
+    _WORLD["traces"], _WORLD["clusters"] = loader()
 
 
 def _episode(
@@ -101,18 +106,17 @@ def _episode(
 ) -> EpisodeResult:
     net = ScoreNet(NetConfig(**net_cfg))
     net.load_state_dict(weights)
-    return run_episode(_WORLD["trace"], _WORLD["clusters"], spec, cfg, net, features, sample=sample)
+    trace = _WORLD["traces"][spec.cluster]
+    return run_episode(trace, _WORLD["clusters"], spec, cfg, net, features, sample=sample)
 
 
 class Rollouts:
     """A pool of `workers` simulator processes (0: run in this process)."""
 
-    def __init__(
-        self, loader: Callable[[], tuple[list[TraceJob], list[ClusterSpec]]], workers: int
-    ) -> None:
+    def __init__(self, loader: Callable[[], Worlds], workers: int) -> None:
         self.workers = workers
         self._pool: Executor | None = None
-        self._world: tuple[list[TraceJob], list[ClusterSpec]] | None = None
+        self._world: Worlds | None = None
         if workers > 0:
             ctx = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(
@@ -133,8 +137,11 @@ class Rollouts:
         args = (cfg, net.cfg.to_dict(), weights, features, sample)
         if self._pool is None:
             assert self._world is not None
-            trace, clusters = self._world
-            return [run_episode(trace, clusters, s, cfg, net, features, sample) for s in specs]
+            traces, clusters = self._world
+            return [
+                run_episode(traces[s.cluster], clusters, s, cfg, net, features, sample)
+                for s in specs
+            ]
         futures = [self._pool.submit(_episode, s, *args) for s in specs]
         return [f.result() for f in futures]
 
@@ -192,7 +199,11 @@ def make_batch(
         pulled[i] = s.pulled
         run_s = getattr(res, "run_s", None)
         truth = run_s[np.asarray(s.pool, dtype=np.int64)] if run_s is not None else None
-        teacher[i, :k] = teacher_ranking(teacher_name, s.x, truth)
+        own = getattr(s, "teacher", None)
+        if own is not None:  # a heuristic policy rode along (env.EpisodeConfig.teacher)
+            teacher[i, :k] = own
+        elif teacher_name in TEACHERS or teacher_name in ORACLE_TEACHERS:
+            teacher[i, :k] = teacher_ranking(teacher_name, s.x, truth)
         dense = getattr(res, "step_rewards", None)
         if dense is not None:
             rewards[i] = dense[j]

@@ -13,6 +13,7 @@ the latest one (with optimizer state, for `--resume`) is `out` + `.last`.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import math
 import time
@@ -24,7 +25,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from services.scoring.rl.args import FEATURE_SETS, HEURISTICS, Args, validate, when
+from services.scoring.rl.args import (
+    FEATURE_SETS,
+    HEURISTICS,
+    TEACHERS,
+    Args,
+    validate,
+    when,
+)
 from services.scoring.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from services.scoring.rl.env import (
     EpisodeConfig,
@@ -40,8 +48,9 @@ from services.scoring.rl.ppo import (
     pl_log_prob,
     value_loss,
 )
-from services.scoring.rl.rollout import Batch, Rollouts, make_batch
-from shared.cluster import ClusterSpec, load_cluster
+from services.scoring.rl.rollout import Batch, Rollouts, Worlds, make_batch
+from services.scoring.rl.world import World, load_world_file
+from shared.cluster import load_cluster
 from shared.errors import UserError
 from shared.policy_features import GLOBAL_FEATURES, needs_of
 from shared.sim import load_jobs
@@ -57,6 +66,7 @@ __all__ = [
     "make_optimizer",
     "net_config",
     "train",
+    "world_needs",
 ]
 
 WARM_START_LR = 3e-3
@@ -76,16 +86,22 @@ class IterationLog:
     val_gain: float | None
 
 
-def load_world(args: Args) -> tuple[list[TraceJob], list[ClusterSpec], list[TraceJob]]:
-    """(training jobs, clusters, validation jobs)."""
+def load_world(args: Args) -> tuple[World, World]:
+    """(training worlds, validation worlds): with `--world FILE` the file's parts
+    (world.py); else the one trace on each `--cluster`, split by `--until` and
+    `--val-from`."""
+    if args.world:
+        tw, vw = load_world_file(args.world, "train"), load_world_file(args.world, "val")
+        tw.jobs = [_mark(args, jobs) for jobs in tw.jobs]
+        vw.jobs = [_mark(args, jobs) for jobs in vw.jobs]
+        short = [n for n, j in zip(tw.names, tw.jobs, strict=True) if len(j) < 2 * args.jobs]
+        if short:
+            raise UserError(f"world part {short[0]}: fewer than {2 * args.jobs} training jobs")
+        return tw, vw
     if not args.clusters:
-        raise UserError("give at least one --cluster to train on")
+        raise UserError("give at least one --cluster (or --world FILE) to train on")
     clusters = [load_cluster(c) for c in args.clusters]
-    jobs = load_jobs(args.trace, args.format, clusters[0], SkipStats())
-    if args.offload_fraction:
-        jobs = mark_offloading(jobs, args.offload_fraction, args.seed)
-    if args.share_fraction:
-        jobs = mark_shares(jobs, args.share_fraction, args.seed)
+    jobs = _mark(args, load_jobs(args.trace, args.format, clusters[0], SkipStats()))
     until, val_from = when(args.until), when(args.val_from)
     end = until if until is not None else math.inf
     split = val_from if val_from is not None else end
@@ -93,33 +109,66 @@ def load_world(args: Args) -> tuple[list[TraceJob], list[ClusterSpec], list[Trac
     val = [j for j in jobs if split <= j.submit_s < end]
     if len(train) < 4 * (args.prefix + args.jobs):
         raise UserError(f"only {len(train)} training jobs before --until; need more")
-    return train, clusters, val
+    names = [c.name for c in clusters]
+    n = len(clusters)
+    return (
+        World(names, [train] * n, clusters),
+        World(names, [val] * n if val else [], clusters if val else []),
+    )
 
 
-def _train_world(args: Args) -> tuple[list[TraceJob], list[ClusterSpec]]:
-    train, clusters, _ = load_world(args)
-    return train, clusters
+def world_needs(features: Sequence[str], worlds: Sequence[Sequence[TraceJob]]) -> list[str]:
+    """The trace fields `features` read that every world's jobs carry (some job has
+    it): what a checkpoint trained on `worlds` is refused without. A field some world
+    lacked was 0 in all its episodes, as on any trace without it, so the network has
+    learnt to rank without it."""
+    return [f for f in needs_of(features) if all(any(getattr(j, f) for j in w) for w in worlds)]
 
 
-def _val_world(args: Args) -> tuple[list[TraceJob], list[ClusterSpec]]:
-    _, clusters, val = load_world(args)
-    return val, clusters
+def _mark(args: Args, jobs: list[TraceJob]) -> list[TraceJob]:
+    if args.offload_fraction:
+        jobs = mark_offloading(jobs, args.offload_fraction, args.seed)
+    if args.share_fraction:
+        jobs = mark_shares(jobs, args.share_fraction, args.seed)
+    return jobs
+
+
+def _train_world(args: Args) -> Worlds:
+    train, _ = load_world(args)
+    return train.jobs, train.clusters
+
+
+def _val_world(args: Args) -> Worlds:
+    _, val = load_world(args)
+    return val.jobs, val.clusters
 
 
 def episode_specs(
-    n_jobs: int, n_clusters: int, cfg: EpisodeConfig, count: int, seed: Sequence[int]
+    n_jobs: Sequence[int],
+    cfg: EpisodeConfig,
+    count: int,
+    seed: Sequence[int],
+    every_world: bool = False,
 ) -> list[EpisodeSpec]:
+    """`count` episodes: each a world (index into `n_jobs`, the worlds' job counts), a
+    first job in it, a load in [load_lo, load_hi] and a seed. `every_world`: the
+    worlds in turn (validation: each trace is judged, none left out by the draw)."""
     rng = np.random.default_rng(list(seed))
-    last = max(n_jobs - 4 * (cfg.prefix + cfg.jobs), 1)
-    return [
-        EpisodeSpec(
-            int(rng.integers(n_clusters)),
-            int(rng.integers(last)),
-            float(rng.uniform(cfg.load_lo, cfg.load_hi)),
-            int(rng.integers(2**31 - 1)),
+    out = []
+    for i in range(count):
+        w = int(rng.integers(len(n_jobs)))
+        if every_world:
+            w = i % len(n_jobs)
+        last = max(n_jobs[w] - 4 * (cfg.prefix + cfg.jobs), 1)
+        out.append(
+            EpisodeSpec(
+                w,
+                int(rng.integers(last)),
+                float(rng.uniform(cfg.load_lo, cfg.load_hi)),
+                int(rng.integers(2**31 - 1)),
+            )
         )
-        for _ in range(count)
-    ]
+    return out
 
 
 def net_config(args: Args, features: Sequence[str]) -> NetConfig:
@@ -252,19 +301,18 @@ def heuristic_scores(
     cfg: EpisodeConfig,
     net: ScoreNet,
     features: tuple[str, ...],
-) -> tuple[str, list[float]]:
-    """The heuristic with the best mean objective on the validation episodes, and its
-    objective per episode (each run as the policy after the baseline prefix)."""
-    best: tuple[float, str, list[float]] | None = None
+) -> tuple[list[str], list[float]]:
+    """Per validation episode, the best heuristic (each run as the baseline, prefix
+    included) and its objective: the bar is the best heuristic of each episode, not
+    one heuristic for all, as the matrix holds a policy to each cell's best."""
+    best = [(math.inf, "", math.nan)] * len(specs)  # (key, heuristic, objective)
     for h in HEURISTICS:
         res = val.run(specs, EpisodeConfig(**{**asdict(cfg), "baseline": h}), net, features)
-        objs = [r.baseline_obj for r in res]
-        mean = float(np.mean(objs))
-        key = -mean if cfg.objective == "util" else mean
-        if best is None or key < best[0]:
-            best = (key, h, objs)
-    assert best is not None
-    return best[1], best[2]
+        for i, r in enumerate(res):
+            key = -r.baseline_obj if cfg.objective == "util" else r.baseline_obj
+            if math.isfinite(key) and key < best[i][0]:
+                best[i] = (key, h, r.baseline_obj)
+    return [b[1] for b in best], [b[2] for b in best]
 
 
 def train(
@@ -284,7 +332,7 @@ def train(
         args.placer, args.window, args.offload_reward, args.reward == "round",
         args.shuffle_ties,
     )  # fmt: skip
-    train_jobs, clusters, val_jobs = load_world(args)
+    train_w, val_w = load_world(args)
     # ---- the network, the optimizer, or both from a checkpoint ----
     start_iter = 0
     if args.resume:
@@ -309,16 +357,18 @@ def train(
         "features_set": args.features,
         "trace": args.trace,
         "format": args.format,
+        "world": Path(args.world).read_text() if args.world else None,
         "clusters": {c: Path(c).read_text() for c in args.clusters},
-        "train_jobs": len(train_jobs),
-        "val_jobs": len(val_jobs),
+        "train_jobs": sum(map(len, {id(j): j for j in train_w.jobs}.values())),
+        "val_jobs": sum(map(len, {id(j): j for j in val_w.jobs}.values())),
         "max_wait_s": args.max_wait_h * 3600.0 if args.max_wait_h else None,
         "bound_gpus": args.bound_gpus,
         "bound_scale": args.bound_scale,
-        # the trace fields its identity features were computed from in training: served
-        # on a trace without one of these, it is refused (a field the training trace
-        # lacked was always 0 there, as it is on such a trace)
-        "needs": [f for f in needs_of(features) if any(getattr(j, f) for j in train_jobs)],
+        # the trace fields its identity features were computed from in every training
+        # world: served on a trace without one of these, it is refused. A field some
+        # world lacked is not needed: there it was always 0, as it is on such a trace,
+        # so the network has learnt what to do without it (masked as 0).
+        "needs": world_needs(features, train_w.jobs),
     }
     if args.offload_fraction:
         meta["offload_marking"] = describe_marking(args.offload_fraction, args.seed)
@@ -326,13 +376,17 @@ def train(
         meta["share_marking"] = describe_shares(args.share_fraction, args.seed)
     # ---- rollout workers; validation episodes and the best heuristic on them ----
     rollouts = Rollouts(functools.partial(_train_world, args), args.workers)
-    val = Rollouts(functools.partial(_val_world, args), 0) if val_jobs else None
+    val = Rollouts(functools.partial(_val_world, args), args.workers) if val_w.jobs else None
     val_specs: list[EpisodeSpec] = []
-    best_h, best_objs = "", list[float]()
+    best_h, best_objs = list[str](), list[float]()
     if val is not None:
         val_cfg = EpisodeConfig(**{**asdict(cfg), "load_lo": 0.95, "load_hi": 0.95})
         val_specs = episode_specs(
-            len(val_jobs), len(clusters), val_cfg, args.val_episodes, [args.seed, 999_999]
+            [len(j) for j in val_w.jobs],
+            val_cfg,
+            args.val_episodes,
+            [args.seed, 999_999],
+            every_world=True,
         )
         best_h, best_objs = heuristic_scores(val, val_specs, val_cfg, net, features)
         meta["validation"] = {"best_heuristic": best_h, "objective": best_objs}
@@ -357,16 +411,20 @@ def train(
             # ---- rollouts ----
             t0 = time.perf_counter()
             specs = episode_specs(
-                len(train_jobs), len(clusters), cfg, args.episodes, [args.seed, it]
+                [len(j) for j in train_w.jobs], cfg, args.episodes, [args.seed, it]
             )
-            results: list[EpisodeResult] = rollouts.run(specs, cfg, net, features)
+            warm = it < args.warm_iterations and args.warm_start > 0
+            run_cfg = cfg
+            if warm and args.teacher not in TEACHERS:  # a heuristic rides along (env)
+                run_cfg = dataclasses.replace(cfg, teacher=args.teacher)
+            results: list[EpisodeResult] = rollouts.run(specs, run_cfg, net, features)
             rollout_s = time.perf_counter() - t0
             # ---- update ----
             t1 = time.perf_counter()
             batch = make_batch(results, features, args.teacher)
             gen = torch.Generator().manual_seed(args.seed * 1_000_003 + it)  # resumable
             losses: dict[str, float] = {}
-            if it < args.warm_iterations and args.warm_start and batch is not None:
+            if warm and batch is not None:
                 # the rounds the current network visited, ranked by the teacher: imitate
                 losses["warm_start"] = warm_start(net, opt, batch, args, gen)
             elif batch is not None:
@@ -414,6 +472,8 @@ def train(
     finally:
         log_file.close()
         rollouts.close()
+        if val is not None:
+            val.close()
     if best_val == -math.inf:  # no validation ran: the last weights are the result
         best_ckpt = Checkpoint(net, features, meta)
         save_checkpoint(args.out, best_ckpt)

@@ -17,13 +17,17 @@ from services.scoring.service import ScoringHandler, ScoringSettings
 from shared.bus import Record, ServiceStats
 from shared.config import BusSettings
 from shared.messages import Job, NodeStatus, Reward, encode
-from shared.policy_features import GLOBAL_FEATURES, JOB_FEATURES
+from shared.policy_features import FAIR_SHARE_FEATURES, GLOBAL_FEATURES, JOB_FEATURES
+
+# the columns the network was first drawn over (an added optional column would change
+# the seeded draw of its weights)
+FEATURES = tuple(f for f in JOB_FEATURES if f not in FAIR_SHARE_FEATURES)
 
 
 def _setup() -> tuple[ScoringState, OnlineLearner, RLPolicy]:
     torch.manual_seed(0)
-    net = ScoreNet(NetConfig(len(JOB_FEATURES), len(GLOBAL_FEATURES), hidden=16))
-    policy = RLPolicy(net, JOB_FEATURES)
+    net = ScoreNet(NetConfig(len(FEATURES), len(GLOBAL_FEATURES), hidden=16))
+    policy = RLPolicy(net, FEATURES)
     state = ScoringState(policy, None, seed=0)
     state.node(NodeStatus("h", "V100", 64, list(range(64))))
     for i in range(8):  # four 1-GPU jobs and four 8-GPU jobs, interleaved by age

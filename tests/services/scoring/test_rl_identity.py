@@ -76,7 +76,7 @@ def test_trained_identity_checkpoint_needs_what_its_training_trace_carried(
     tmp_path: Path,
 ) -> None:
     from rltune import main
-    from tests.rltune.test_train_cli import _train
+    from tests.rltune.test_train import _train
 
     argv = _train(tmp_path, "i.pt", "--iterations", "1", "--features", "identity")
     assert main(argv) == 0

@@ -20,18 +20,24 @@ from services.scoring.rl.network import NetConfig, ScoreNet
 from services.scoring.rl.rollout import make_batch
 from services.scoring.rl.train import ppo_update
 from shared.cluster import parse_cluster
-from shared.policy_features import GLOBAL_FEATURES, IDENTITY_FEATURES, JOB_FEATURES
+from shared.policy_features import (
+    FAIR_SHARE_FEATURES,
+    GLOBAL_FEATURES,
+    IDENTITY_FEATURES,
+    JOB_FEATURES,
+)
 from shared.traces import TraceJob
 
 # the features before the identity ones were appended: the network (and so the seeded
 # initial order this test starts from) has the shape it was written for
-FEATURES = tuple(f for f in JOB_FEATURES if f not in IDENTITY_FEATURES)
+FEATURES = tuple(f for f in JOB_FEATURES if f not in IDENTITY_FEATURES + FAIR_SHARE_FEATURES)
 CLUSTER = parse_cluster({"nodes": [{"name": "n", "gpu_type": "P100", "gpus": 1}]})
 RUN = {"s": 10.0, "l": 1000.0}
 PREFIX = [("s", 0.0), ("l", 20.0), ("s", 1100.0), ("l", 1200.0)]  # the last ends at 2200
 BURST = [("ls"[i % 2], 1300.0 + i) for i in range(8)]
 TRACE = [TraceJob(f"{u}{i}", t, RUN[u], 1, user=u) for i, (u, t) in enumerate(PREFIX + BURST)]
-CFG = EpisodeConfig(prefix=len(PREFIX), jobs=len(BURST), baseline="fifo", window=8)
+# arrivals as recorded: the hand schedule below is of these submit times
+CFG = EpisodeConfig(prefix=len(PREFIX), jobs=len(BURST), baseline="fifo", window=8, compress=False)
 
 
 def _mean_bsld(order: list[tuple[str, float]]) -> float:

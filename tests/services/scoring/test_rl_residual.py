@@ -18,6 +18,7 @@ from torch import nn
 from bench.tie_orders import shuffled
 from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
+from services.scoring.policies.drf import DrfByAllocation
 from services.scoring.rl.args import FEATURE_SETS, Args
 from services.scoring.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from services.scoring.rl.env import EpisodeConfig, EpisodeSpec, build_episode, shuffle_ties
@@ -88,7 +89,8 @@ def test_untrained_residual_is_drf_in_a_simulation() -> None:
     cfg = SimConfig(window=16, seed=0)
     a = simulate(jobs, cluster, RLPolicy(_residual(3), FEATURES, max_jobs=16),
                  make_placer("greedy"), cfg)  # fmt: skip
-    b = simulate(jobs, cluster, make_policy("drf"), make_placer("greedy"), cfg)
+    # (drf's base is its order by allocation: the fair-share tie-break is not in it)
+    b = simulate(jobs, cluster, DrfByAllocation(), make_placer("greedy"), cfg)
     assert max(r.queue_s for r in b.records) > 3600  # a loaded run
     assert [r.segments for r in a.records] == [r.segments for r in b.records]
 

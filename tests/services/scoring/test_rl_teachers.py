@@ -99,3 +99,37 @@ def test_oracle_teacher_needs_run_times() -> None:
     x = np.zeros((3, len(JOB_FEATURES)), dtype=np.float32)
     with pytest.raises(ValueError, match="true run times"):
         teacher_ranking("sjf-oracle", x)
+
+
+def _episode_steps(teacher: str) -> list:
+    """The recorded rounds of one real ThetaGPU episode with `teacher` riding along."""
+    from pathlib import Path
+
+    from services.scoring.rl.args import FEATURE_SETS
+    from services.scoring.rl.env import EpisodeConfig, EpisodeSpec, run_episode
+    from services.scoring.rl.network import NetConfig, ScoreNet
+    from shared.cluster import load_cluster
+    from shared.policy_features import GLOBAL_FEATURES
+    from shared.sim import load_jobs
+    from shared.traces import SkipStats
+    from tests.paths import THETAGPU
+
+    cluster = load_cluster(Path(__file__).resolve().parents[3] / "clusters" / "thetagpu.yaml")
+    jobs = load_jobs(THETAGPU, "alcf", cluster, SkipStats())[:1500]
+    feats = FEATURE_SETS["identity"]
+    net = ScoreNet(NetConfig(len(feats), len(GLOBAL_FEATURES)))
+    cfg = EpisodeConfig(prefix=64, jobs=96, load_lo=1.2, load_hi=1.2, teacher=teacher)
+    res = run_episode(jobs, [cluster], EpisodeSpec(0, 0, 1.2, 3), cfg, net, feats)
+    assert len(res.steps) > 10
+    return res.steps
+
+
+def test_a_heuristic_riding_along_ranks_each_round_as_its_own_order() -> None:
+    """fifo ranks a pool (held in (submit, seq) order) as it stands; smallest by GPUs
+    then age: both computed here from the recorded features alone."""
+    for step in _episode_steps("fifo"):
+        assert step.teacher.tolist() == list(range(len(step.pool)))
+    gpus = JOB_FEATURES.index("log2_gpus")
+    for step in _episode_steps("smallest"):
+        want = np.lexsort((np.arange(len(step.pool)), step.x[:, gpus]))
+        assert step.teacher.tolist() == want.tolist()

@@ -1,0 +1,270 @@
+"""Ledger service: each queue's decayed GPU-seconds as a faust-streaming table.
+
+One faust agent consumes `jobs.accepted` and `jobs.events` (both keyed by job_id)
+into two faust Tables: `jobs`, keyed by job_id (a job's queue, its GPUs, whether
+they are counted now, and the offset of its last event applied), and `usage`,
+keyed by queue, one `shared.fairshare.Row` per queue (decayed usage, as of, GPUs
+held). Each has its changelog topic (`<prefix>ledger-jobs-changelog`,
+`<prefix>ledger-usage-changelog`): after a restart faust reads the tables back from
+the changelogs and the consumer resumes at its committed offsets, so `jobs.events`
+is not read again from its start.
+
+Partitions. A faust table writes a change to the changelog partition of the record
+being processed; `usage` is keyed by queue, not by job, so the service counts on
+the deployment's one partition per topic (k8s/topics.yaml, `ensure_topics`). With
+several, the changes would first go through a topic keyed by queue (faust's
+`group_by`); on the embedded broker that second agent stalled after a restart in
+one of three runs (measured), so it is not done.
+
+The decay and the factor are `shared.fairshare` (one implementation, the one the
+simulator, scoring and telemetry keep in process). The changelog of `usage` is the
+table as others see it: `rltune service scoring --ledger` reads it (the latest row
+per queue) for drf's tie-break and the `fair_share` feature, instead of keeping the
+usage itself from `jobs.events`.
+
+On the embedded broker (Tansu), measured with tests/integration/test_ledger.py:
+faust's group join waits out the rebalance timeout (30 s at faust's defaults, about
+5 s with the 3 s set here); the group is sometimes joined twice after a restart,
+and the second assignment reads again from the committed offset (those events are
+recognised by offset and change nothing); topics are not compacted, so a restart
+reads every changelog record back (one per table write), not one per key. With
+faust's default producer batches (16 KiB) a restarted service applied none of the
+new events in 5 of 20 runs (the `jobs` table came back without the rows its last
+writes made); with one record per batch (`producer_max_batch_size=256`) in none of
+7. The cause was not found; a failed run shows as rows that stop changing.
+
+Idempotent by record: the `jobs` row keeps the offset of the last `jobs.events`
+record applied to it, so an event read again after a restart (its offset not yet
+committed while the tables' changelogs already had its change) changes nothing.
+
+Not wired into `rltune service`, compose or k8s yet: the deployment's principals
+need a Kafka user and ACLs for faust's own topics (`<prefix>ledger-*`: the
+changelogs, the assignor topic) and faust's SASL settings (it speaks PLAINTEXT
+here); `serve` runs it in process (as the tests do).
+
+A start counts from the start event's time, a stop (finished, failed, preempted,
+cancelled after a start) at its time. A start whose accepted record is not in yet
+waits for it in the `jobs` row; a message that does not decode is counted and
+skipped (telemetry dead-letters `jobs.events`, arrival validated `jobs.accepted`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+import msgspec
+
+from shared.bus import ServiceStats
+from shared.cluster import ClusterSpec, load_cluster
+from shared.config import BusSettings
+from shared.errors import UserError
+from shared.fairshare import (
+    DEFAULT_HALF_LIFE_S,
+    Row,
+    queue_key,
+    row_from_changelog,
+    usage_changelog,
+)
+from shared.messages import Job, JobEvent
+
+__all__ = ["LedgerSettings", "add_args", "build_app", "from_args", "read_usage", "serve"]
+
+NAME = "ledger"
+log = logging.getLogger("rltune.ledger")
+STOPS = ("finished", "failed", "preempted", "cancelled")
+
+
+@dataclass(frozen=True)
+class LedgerSettings:
+    cluster: str | None = None  # queues and half-life; None: each VC a queue, 7 days
+    datadir: str | None = None  # faust's local folder (None: a temporary one)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", default=None, help="cluster spec (queues, fair_share.half_life_h)")
+
+
+def from_args(args: argparse.Namespace) -> LedgerSettings:
+    if args.cluster is not None:
+        load_cluster(args.cluster)  # a bad file: one line and exit 2, before connecting
+    return LedgerSettings(args.cluster)
+
+
+def _broker_url(settings: BusSettings) -> str:
+    if settings.security.protocol != "PLAINTEXT":
+        raise UserError("the ledger service speaks PLAINTEXT only for now")
+    return ";".join(f"kafka://{h}" for h in settings.bootstrap.split(","))
+
+
+def build_app(
+    settings: BusSettings,
+    cluster: ClusterSpec | None,
+    stats: ServiceStats,
+    datadir: str,
+    group_id: str | None = None,
+) -> faust.App:
+    """The faust app: one agent, two tables (module docstring)."""
+    t = settings.topics
+    half_life = cluster.half_life_s if cluster is not None else DEFAULT_HALF_LIFE_S
+    app = faust.App(
+        group_id or f"{settings.topic_prefix}{NAME}",
+        broker=_broker_url(settings),
+        store="memory://",
+        datadir=datadir,
+        web_enabled=False,
+        topic_partitions=1,
+        topic_replication_factor=1,
+        producer_acks=-1,
+        producer_max_batch_size=256,
+        broker_commit_every=100,
+        broker_commit_interval=0.5,
+        table_cleanup_interval=3600.0,
+        consumer_auto_offset_reset="earliest",
+        # the group join waits the rebalance timeout out on the embedded broker (Tansu):
+        # 30 s at faust's defaults (measured), a few here
+        broker_rebalance_timeout=3.0,
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=1.0,
+        key_serializer="json",
+        value_serializer="json",
+    )
+    inputs = app.topic(t.jobs_accepted, t.jobs_events, key_serializer="raw", value_serializer="raw")
+    jobs = app.Table("jobs", default=lambda: None)
+    usage = app.Table("usage", default=lambda: None)
+    job_dec = msgspec.json.Decoder(Job)
+    ev_dec = msgspec.json.Decoder(JobEvent)
+
+    @app.agent(inputs)
+    async def track(stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            stats.consumed += 1
+            stats.extra[f"read_{msg.topic}"] += 1
+            first = f"first_offset_{msg.topic}"
+            if first not in stats.extra:
+                stats.extra[first] = msg.offset
+            try:
+                if msg.topic == t.jobs_accepted:
+                    out = _accepted(jobs, job_dec.decode(event.value or b""), cluster)
+                else:
+                    ev = ev_dec.decode(event.value or b"")
+                    got = _event(jobs, ev, msg.offset)
+                    if got is None:
+                        stats.extra["duplicate_events"] += 1
+                        continue
+                    out = got
+            except msgspec.MsgspecError:
+                stats.extra["ignored_bad_message"] += 1
+                continue
+            for queue, change in out:
+                row = usage[queue]
+                old = (
+                    Row(row["usage"], row["as_of"], row["gpus"]) if row else Row(as_of=change["t"])
+                )
+                new = old.change(change["t"], change["gpus"], half_life)
+                usage[queue] = {"usage": new.usage, "as_of": new.as_of, "gpus": new.gpus}
+                stats.extra["changes_applied"] += 1
+
+    app.ledger_usage = usage  # type: ignore[attr-defined]
+    app.ledger_jobs = jobs  # type: ignore[attr-defined]
+    return app
+
+
+def _accepted(jobs: Any, job: Job, cluster: ClusterSpec | None) -> list[tuple[str, dict]]:
+    row = jobs[job.job_id] or {}
+    if "queue" in row:
+        return []  # a redelivery
+    gpus = job.num_gpus * job.gpu_milli / 1000.0
+    row = {**row, "queue": queue_key(cluster, job.vc), "gpus": gpus}
+    out = []
+    if row.get("pending") is not None:  # its start came first
+        out.append((row["queue"], {"t": row.pop("pending"), "gpus": gpus}))
+        row["counted"] = True
+    jobs[job.job_id] = row
+    return out
+
+
+def _event(jobs: Any, ev: JobEvent, offset: int) -> list[tuple[str, dict]] | None:
+    row = jobs[ev.job_id] or {}
+    if row.get("offset", -1) >= offset:
+        return None  # applied already: read again after a restart or a rebalance
+    row = {**row, "offset": offset}
+    out = []
+    counted = row.get("counted", False)
+    if ev.kind == "started" and not counted and row.get("pending") is None:
+        if "queue" in row:
+            out.append((row["queue"], {"t": ev.time, "gpus": row["gpus"]}))
+            row["counted"] = True
+        else:
+            row["pending"] = ev.time
+    elif ev.kind in STOPS:
+        if counted:
+            out.append((row["queue"], {"t": ev.time, "gpus": -row["gpus"]}))
+        row["counted"] = False
+        row["pending"] = None
+    jobs[ev.job_id] = row
+    return out
+
+
+async def serve(
+    settings: BusSettings,
+    stop: asyncio.Event | None = None,
+    ready: asyncio.Event | None = None,
+    group_id: str | None = None,
+    conf: LedgerSettings | None = None,
+    stats: ServiceStats | None = None,
+) -> ServiceStats:
+    conf = conf or LedgerSettings()
+    stop = stop or asyncio.Event()
+    stats = stats or ServiceStats()
+    cluster = load_cluster(conf.cluster) if conf.cluster else None
+    with contextlib.ExitStack() as stack:
+        datadir = conf.datadir or stack.enter_context(tempfile.TemporaryDirectory())
+        app = build_app(settings, cluster, stats, datadir, group_id)
+        app.finalize()
+        await app.start()
+        try:
+            if ready is not None:
+                ready.set()
+            await stop.wait()
+        finally:
+            await app.stop()
+    return stats
+
+
+async def read_usage(settings: BusSettings, timeout_s: float = 30.0) -> dict[str, Row]:
+    """The `usage` table as its changelog holds it: the latest row per queue (what a
+    compacted topic keeps), read from the start to the end as of now."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    topic = usage_changelog(settings.topic_prefix)
+    c = AIOKafkaConsumer(
+        **settings.client_kwargs(), enable_auto_commit=False, auto_offset_reset="earliest"
+    )
+    await c.start()
+    try:
+        await c.topics()  # fresh metadata: the topic is faust's, created after we started
+        parts = c.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        end = await c.end_offsets(tps)
+        rows: dict[str, Row] = {}
+        async with asyncio.timeout(timeout_s):
+            for tp in tps:
+                while await c.position(tp) < end[tp]:
+                    batch = await c.getmany(tp, timeout_ms=500)
+                    for rec in batch.get(tp, []):
+                        got = row_from_changelog(rec.key, rec.value)
+                        if got is not None:
+                            rows[got[0]] = got[1]
+        return rows
+    finally:
+        await c.stop()
