@@ -365,9 +365,14 @@ PREEMPTION_REASONS = ("reclaim", "priority", "las", "kill")
 
 def preemption_reason(detail: str) -> str:
     """The `reason` label of a preemption: the first word of its event's detail when
-    it is a known reason, `unspecified` when there is none, else `other` (a label
-    must not take free text)."""
-    word = detail.strip().split(" ", 1)[0].split(":", 1)[0].lower() if detail else ""
+    it is a known reason (the simulator's `priority`, `reclaim`, `las`), or the first
+    word inside the parentheses of a host agent's `preempted (priority: class high of
+    hi); exit code 143`; `unspecified` when there is none, else `other` (a label must
+    not take free text)."""
+    text = detail.strip().lower()
+    if text.startswith("preempted (") and ")" in text:
+        text = text[len("preempted (") : text.index(")")]
+    word = text.split(" ", 1)[0].split(":", 1)[0].split(";", 1)[0]
     if not word:
         return "unspecified"
     return word if word in PREEMPTION_REASONS else "other"

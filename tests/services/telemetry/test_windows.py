@@ -3,7 +3,9 @@ failed and done, and no JCT, queueing delay or reward part is computed from it."
 
 from __future__ import annotations
 
-from services.telemetry.windows import Telemetry
+import pytest
+
+from services.telemetry.windows import Telemetry, preemption_reason
 from shared.messages import Job, JobEvent, NodeStatus
 
 
@@ -107,3 +109,20 @@ def test_a_job_started_by_two_host_agents_is_one_run_not_a_move() -> None:
     assert (c["done"], c["failed"], c["moves"], c["cancelled"]) == (1, 0, 0, 0)
     (rec,) = t.records()
     assert [(g.start_s, g.finish_s) for g in rec.segments] == [(10.0, 30.0)]
+
+
+@pytest.mark.parametrize(
+    ("detail", "label"),
+    [
+        ("priority", "priority"),  # the simulator's and lockstep's details
+        ("reclaim", "reclaim"),
+        ("las", "las"),
+        ("", "unspecified"),
+        ("preempted (priority: class high of hi); exit code 143", "priority"),  # a host's
+        ("preempted (reclaim: queue nlp); exit code -9", "reclaim"),
+        ("preempted (because I said so); exit code 0", "other"),
+        ("free text from a forged event", "other"),
+    ],
+)
+def test_preemption_reason_label(detail: str, label: str) -> None:
+    assert preemption_reason(detail) == label
