@@ -10,6 +10,7 @@ user rltune-arrival
 user rltune-scoring
 user rltune-placement
 user rltune-telemetry
+user rltune-ledger
 user rltune-profiler
 user rltune-cluster-sim
 user rltune-offload-agent
@@ -90,7 +91,8 @@ acl --allow-principal User:rltune-scoring \
     --topic rltune.sched.priorities \
     --topic rltune.sched.priorities.dlq \
     --topic rltune.sched.rounds \
-    --topic rltune.sched.rounds.dlq
+    --topic rltune.sched.rounds.dlq \
+    --topic rltune.ledger-usage-changelog
 acl --allow-principal User:rltune-scoring \
     --operation Read \
     --resource-pattern-type literal \
@@ -165,6 +167,34 @@ acl --allow-principal User:rltune-telemetry \
     --operation Read \
     --resource-pattern-type literal \
     --group rltune.telemetry
+acl --allow-principal User:rltune-ledger \
+    --operation Write \
+    --operation Describe \
+    --resource-pattern-type literal \
+    --topic rltune.jobs.events.dlq \
+    --topic rltune.jobs.rejected \
+    --topic rltune.metrics
+acl --allow-principal User:rltune-ledger \
+    --operation Read \
+    --operation Describe \
+    --resource-pattern-type literal \
+    --topic rltune.jobs.accepted \
+    --topic rltune.jobs.events \
+    --topic rltune.jobs.events.dlq \
+    --topic rltune.jobs.rejected
+acl --allow-principal User:rltune-ledger \
+    --operation Create \
+    --operation Read \
+    --operation Write \
+    --operation Describe \
+    --resource-pattern-type literal \
+    --topic rltune.ledger-jobs-changelog \
+    --topic rltune.ledger-usage-changelog \
+    --topic rltune.ledger-__assignor-__leader
+acl --allow-principal User:rltune-ledger \
+    --operation Read \
+    --resource-pattern-type literal \
+    --group rltune.ledger
 acl --allow-principal User:rltune-profiler \
     --operation Write \
     --operation Describe \

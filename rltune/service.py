@@ -24,6 +24,7 @@ SERVICES = {
     "scoring": "services.scoring.service",
     "placement": "services.placement.service",
     "telemetry": "services.telemetry.service",
+    "ledger": "services.ledger.service",
     "profiler": "services.profiler.service",
     "cluster-sim": "services.cluster_sim.service",
     "offload-agent": "offload_agent.agent",

@@ -19,13 +19,16 @@ for internal topics, `jobs.rejected` for public ones); cluster-sim writes
 a user would); scoring writes `jobs.events` (`cancelled` for a job killed while
 it waited) and `jobs.kill` (preemptions: reclaim on live hosts, a `KillRequest`
 with `requeue`); a user reads `jobs.kill` (`rltune why --cluster` names the
-preemptions under way).
+preemptions under way); the ledger creates, writes and reads its faust topics
+(`owns`: changelogs and leader topic, named one by one) and scoring reads its
+`usage` changelog (`reads_owned`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from shared.fairshare import ledger_topics, usage_changelog
 from shared.topics import Topics
 
 __all__ = [
@@ -35,8 +38,10 @@ __all__ = [
     "compose_acls",
     "group",
     "kafka_users",
+    "owns",
     "principal_name",
     "reads",
+    "reads_owned",
     "writes",
 ]
 
@@ -47,6 +52,7 @@ WRITES: dict[str, tuple[str, ...]] = {
     "scoring": ("sched.priorities", "jobs.events", "jobs.kill"),
     "placement": ("sched.placements",),
     "telemetry": ("rl.rewards",),
+    "ledger": (),  # its own topics: OWNS
     "profiler": ("offload.plans",),
     "cluster-sim": (
         "sched.rounds",
@@ -104,6 +110,7 @@ READS: dict[str, tuple[str, ...]] = {
         "metrics",
         "rl.rewards",
     ),
+    "ledger": ("jobs.accepted", "jobs.events"),
     "profiler": ("offload.profiles", "offload.plans"),
     "cluster-sim": (
         "sched.rounds",
@@ -128,6 +135,19 @@ READS: dict[str, tuple[str, ...]] = {
 }
 
 PRINCIPALS = tuple(WRITES)
+
+
+def owns(principal: str, topics: Topics) -> list[str]:
+    """Topics a principal creates and keeps itself, outside DESIGN.md's table: the
+    ledger's faust topics (its tables' changelogs, its leader assignor's topic), each
+    named, never a prefix."""
+    return ledger_topics(topics.prefix) if principal == "ledger" else []
+
+
+def reads_owned(principal: str, topics: Topics) -> list[str]:
+    """Others' own topics a principal reads: scoring (`--ledger`) reads the ledger's
+    `usage` changelog."""
+    return [usage_changelog(topics.prefix)] if principal == "scoring" else []
 
 
 def writes(principal: str, topics: Topics) -> list[str]:
@@ -171,6 +191,9 @@ def group(principal: str, topics: Topics) -> tuple[str, bool]:
 def _acls(principal: str, topics: Topics) -> list[dict[str, Any]]:
     acls = [_acl("topic", t, ["Write", "Describe"]) for t in writes(principal, topics)]
     acls += [_acl("topic", t, ["Read", "Describe"]) for t in reads(principal, topics)]
+    acls += [_acl("topic", t, ["Read", "Describe"]) for t in reads_owned(principal, topics)]
+    ops = ["Create", "Read", "Write", "Describe"]
+    acls += [_acl("topic", t, ops) for t in owns(principal, topics)]
     name, prefix = group(principal, topics)
     acls.append(_acl("group", name, ["Read"], prefix=prefix))
     return acls

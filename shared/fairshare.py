@@ -53,6 +53,7 @@ __all__ = [
     "factors",
     "queue_key",
     "row_from_changelog",
+    "ledger_topics",
     "usage_changelog",
 ]
 
@@ -208,6 +209,17 @@ def usage_changelog(prefix: str) -> str:
     """The changelog topic of the ledger service's `usage` table (faust names it
     `<app id>-<table>-changelog`; the app id is `<prefix>ledger`)."""
     return f"{prefix}ledger-usage-changelog"
+
+
+def ledger_topics(prefix: str) -> list[str]:
+    """Every topic faust makes for the ledger service (app id `<prefix>ledger`): the
+    `jobs` and `usage` tables' changelogs and the leader assignor's topic
+    (`<app id>-__assignor-__leader`). Its principal owns these (shared/acl.py)."""
+    return [
+        f"{prefix}ledger-jobs-changelog",
+        usage_changelog(prefix),
+        f"{prefix}ledger-__assignor-__leader",
+    ]
 
 
 def row_from_changelog(key: bytes | None, value: bytes | None) -> tuple[str, Row] | None:

@@ -37,10 +37,14 @@ Idempotent by record: the `jobs` row keeps the offset of the last `jobs.events`
 record applied to it, so an event read again after a restart (its offset not yet
 committed while the tables' changelogs already had its change) changes nothing.
 
-Not wired into `rltune service`, compose or k8s yet: the deployment's principals
-need a Kafka user and ACLs for faust's own topics (`<prefix>ledger-*`: the
-changelogs, the assignor topic) and faust's SASL settings (it speaks PLAINTEXT
-here); `serve` runs it in process (as the tests do).
+Deployed as `rltune service ledger` (compose, k8s) with the login every service
+makes (`credentials`: faust's `broker_credentials` from `KafkaSecurity`), as the
+principal `rltune-ledger` (shared/acl.py): it reads `jobs.accepted` and
+`jobs.events` and owns faust's own topics (`shared.fairshare.ledger_topics`: the
+changelogs and the leader assignor's topic, named after the app id
+`<prefix>ledger`), which faust creates with compaction on for the changelogs. The app id is also the
+consumer group; `--group-id` renames both, and its topics are then outside the
+ACLs.
 
 A start counts from the start event's time, a stop (finished, failed, preempted,
 cancelled after a start) at its time. A start whose accepted record is not in yet
@@ -60,11 +64,11 @@ from typing import Any
 
 import faust
 import msgspec
+from faust.types.auth import CredentialsT
 
 from shared.bus import ServiceStats
 from shared.cluster import ClusterSpec, load_cluster
-from shared.config import BusSettings
-from shared.errors import UserError
+from shared.config import BusSettings, KafkaSecurity
 from shared.fairshare import (
     DEFAULT_HALF_LIFE_S,
     Row,
@@ -72,9 +76,18 @@ from shared.fairshare import (
     row_from_changelog,
     usage_changelog,
 )
+from shared.health import BROKER, HEALTH, ServiceHealth
 from shared.messages import Job, JobEvent
 
-__all__ = ["LedgerSettings", "add_args", "build_app", "from_args", "read_usage", "serve"]
+__all__ = [
+    "LedgerSettings",
+    "add_args",
+    "build_app",
+    "credentials",
+    "from_args",
+    "read_usage",
+    "serve",
+]
 
 NAME = "ledger"
 log = logging.getLogger("rltune.ledger")
@@ -98,9 +111,25 @@ def from_args(args: argparse.Namespace) -> LedgerSettings:
 
 
 def _broker_url(settings: BusSettings) -> str:
-    if settings.security.protocol != "PLAINTEXT":
-        raise UserError("the ledger service speaks PLAINTEXT only for now")
     return ";".join(f"kafka://{h}" for h in settings.bootstrap.split(","))
+
+
+def credentials(security: KafkaSecurity) -> CredentialsT | None:
+    """faust's `broker_credentials` for the login every other service makes
+    (`KafkaSecurity.client_kwargs`): SASL (SCRAM or PLAIN, with TLS under SASL_SSL),
+    TLS alone, or none for PLAINTEXT. faust hands them to its consumer, producer and
+    the client that creates its topics."""
+    kw = security.client_kwargs()
+    if not kw:
+        return None
+    if security.protocol.startswith("SASL"):
+        return faust.SASLCredentials(
+            username=security.username,
+            password=security.password,
+            ssl_context=kw.get("ssl_context"),
+            mechanism=security.mechanism,
+        )
+    return faust.SSLCredentials(kw["ssl_context"])
 
 
 def build_app(
@@ -116,6 +145,7 @@ def build_app(
     app = faust.App(
         group_id or f"{settings.topic_prefix}{NAME}",
         broker=_broker_url(settings),
+        broker_credentials=credentials(settings.security),
         store="memory://",
         datadir=datadir,
         web_enabled=False,
@@ -229,14 +259,33 @@ async def serve(
         datadir = conf.datadir or stack.enter_context(tempfile.TemporaryDirectory())
         app = build_app(settings, cluster, stats, datadir, group_id)
         app.finalize()
+        health = HEALTH[NAME] = ServiceHealth(NAME)
         await app.start()
         try:
             if ready is not None:
                 ready.set()
-            await stop.wait()
+            while not stop.is_set():
+                _probe(app, health)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
         finally:
+            health.stopped = True
+            if HEALTH.get(NAME) is health:
+                del HEALTH[NAME]
             await app.stop()
     return stats
+
+
+def _probe(app: faust.App, health: ServiceHealth) -> None:
+    """The probes (`rltune service ledger --prometheus-port`) from faust's state: live
+    while the app has not crashed; ready once its consumer holds partitions, which
+    it gets only through the broker (a group join answered)."""
+    if app.crashed:
+        return  # liveness fails after `live_after_s`: k8s restarts the pod
+    health.turn()
+    health.assigned = bool(app.consumer.assignment())
+    if health.assigned:
+        BROKER.ok()
 
 
 async def read_usage(settings: BusSettings, timeout_s: float = 30.0) -> dict[str, Row]:
