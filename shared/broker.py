@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -189,14 +189,21 @@ async def ensure_topics(
     names: Iterable[str] | None = None,
     partitions: int = 1,
     replication: int = 1,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> None:
-    """Create the topics that do not exist yet (all of the deployment's by default)."""
+    """Create the topics that do not exist yet (all of the deployment's by default),
+    each with its `configs` entry as topic configuration (e.g. cleanup.policy)."""
     wanted = list(names) if names is not None else settings.topics.all()
+    configs = configs or {}
     admin = AIOKafkaAdminClient(**settings.client_kwargs())
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        new = [NewTopic(n, partitions, replication) for n in wanted if n not in existing]
+        new = [
+            NewTopic(n, partitions, replication, topic_configs=dict(configs.get(n, {})))
+            for n in wanted
+            if n not in existing
+        ]
         if not new:
             return
         resp = await admin.create_topics(new)

@@ -23,6 +23,7 @@ import yaml
 from rltune.service import SERVICES, available
 from services.telemetry import prom as telemetry_prom
 from shared import acl, prom
+from shared.fairshare import ledger_topics
 from shared.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -244,7 +245,7 @@ def test_compose_topic_init_creates_exactly_the_topics() -> None:
     prefix = Topics().prefix
     assert init["environment"]["RLTUNE_TOPIC_PREFIX"] == f"${{RLTUNE_TOPIC_PREFIX:-{prefix}}}"
     created = [prefix + suffix for suffix in init["command"]]
-    assert sorted(created) == sorted(Topics().all())
+    assert sorted(created) == sorted(Topics().all() + ledger_topics(prefix))
     assert len(created) == len(set(created))
     kafka_env = _compose()["services"]["kafka"]["environment"]
     assert str(kafka_env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"]) == "false"
@@ -253,7 +254,7 @@ def test_compose_topic_init_creates_exactly_the_topics() -> None:
 def test_strimzi_topics_are_exactly_the_topics() -> None:
     topics = [d for d in _k8s_docs() if d["kind"] == "KafkaTopic"]
     names = [d["spec"].get("topicName", d["metadata"]["name"]) for d in topics]
-    assert sorted(names) == sorted(Topics().all())
+    assert sorted(names) == sorted(Topics().all() + ledger_topics(Topics().prefix))
     assert len(names) == len(set(names))
 
 

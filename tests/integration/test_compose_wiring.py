@@ -10,6 +10,7 @@ stock Kafka client publishes then runs on one of its agents, as after
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -25,6 +26,7 @@ import yaml
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from shared.broker import EmbeddedBroker, free_port
+from shared.fairshare import ledger_topics
 from shared.topics import Topics
 
 pytestmark = [
@@ -91,7 +93,7 @@ def test_compose_runs_a_published_job_on_its_agents(broker: EmbeddedBroker, tmp_
     listing = KafkaConsumer(bootstrap_servers=broker.bootstrap)
     have = {t for t in listing.topics() if t.startswith(prefix)}
     listing.close()
-    assert have == set(Topics(prefix).all())  # every topic, in one step
+    assert have == set(Topics(prefix).all() + ledger_topics(prefix))  # every topic, in one step
     procs: list[subprocess.Popen[bytes]] = []
     ports: dict[str, int] = {}
     try:
@@ -134,7 +136,7 @@ def test_compose_runs_a_published_job_on_its_agents(broker: EmbeddedBroker, tmp_
                     )
                 )
         assert {r.rsplit("-", 1)[0] for r in ports} >= {
-            "arrival", "scoring", "placement", "telemetry", "profiler", "offload-agent",
+            "arrival", "scoring", "placement", "telemetry", "profiler", "offload-agent", "ledger",
         }  # fmt: skip
         assert sum(r.startswith("offload-agent") for r in ports) == 2  # two nodes
         deadline = time.monotonic() + 150
@@ -167,6 +169,24 @@ def test_compose_runs_a_published_job_on_its_agents(broker: EmbeddedBroker, tmp_
         assert events[0]["node_ids"][0] in ("offload-agent-1", "offload-agent-2")
         gpus = out.read_text().split(",")
         assert len(gpus) == 3 and all(0 <= int(g) < 4 for g in gpus)  # RLTUNE_NODE_GPUS 4
+        # the ledger's table (its changelog, which scoring --ledger reads) holds the
+        # job's GPU-seconds: 3 GPUs from start to finish, decayed with the default
+        # 7-day half-life H, 3 (1 - 2^(-d/H)) H / ln 2
+        d = events[1]["time"] - events[0]["time"]
+        half = 7 * 86400.0
+        want = 3 * (1 - 2 ** (-d / half)) * half / math.log(2)
+        changelog = TopicPartition(f"{prefix}ledger-usage-changelog", 0)
+        rows: list[dict[str, float]] = []
+        deadline = time.monotonic() + 60
+        while not any(r["gpus"] == 0 and r["usage"] > 0 for r in rows):
+            assert time.monotonic() < deadline, rows
+            reader = KafkaConsumer(bootstrap_servers=broker.bootstrap, consumer_timeout_ms=500)
+            reader.assign([changelog])
+            reader.seek_to_beginning(changelog)
+            rows = [json.loads(m.value) for m in reader]
+            reader.close()
+        assert rows[-1]["gpus"] == 0
+        assert rows[-1]["usage"] == pytest.approx(want, rel=1e-6, abs=1e-9)
     finally:
         for p in procs:
             p.terminate()
