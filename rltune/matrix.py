@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.errors import UserError
+from shared.listfile import trace_entries
 
 __all__ = ["HEURISTICS", "Cell", "load_matrix", "main", "run_matrix"]
 
@@ -74,33 +75,9 @@ class CellResult:
 
 def load_matrix(path: str | Path) -> list[Cell]:
     """The cells of a matrix file; UserError naming the cell and key if malformed."""
-    import yaml
-
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise UserError(f"matrix file not found: {p}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read matrix file {p}: {exc}") from None
-    except yaml.YAMLError as exc:
-        problem = " ".join(str(exc).split())
-        raise UserError(f"matrix file {p}: not YAML or JSON ({problem})") from None
-    if not isinstance(raw, list) or not raw:
-        raise UserError(f"matrix file {p}: expected a non-empty list of cells")
     cells = []
-    for i, c in enumerate(raw):
-        where = f"matrix file {p}, cell {i + 1}"
-        if not isinstance(c, dict):
-            raise UserError(f"{where}: expected a mapping of trace, format, cluster, ...")
-        unknown = sorted(set(map(str, c)) - _KEYS)
-        if unknown:
-            raise UserError(
-                f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(_KEYS))}"
-            )
-        for key in ("trace", "format"):
-            if not isinstance(c.get(key), str) or not c[key]:
-                raise UserError(f"{where}: `{key}` is required (a string)")
+    for i, (where, c) in enumerate(trace_entries(p, "matrix", "cell", _KEYS)):
         frac = c.get("fraction", [0.0, 1.0])
         if (
             not isinstance(frac, list)

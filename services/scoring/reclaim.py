@@ -90,6 +90,23 @@ class LiveReclaim:
         reclaiming = {f for f, _ in self.draining.values()}
         first: list[str] = []
         out: list[KillRequest] = []
+
+        def start_on(
+            job_id: str, gpus: float, queue: str, t: str, victims: list[Running], why: str
+        ) -> None:
+            """The job goes first in the next rounds, on the GPUs of type `t` its victims
+            free: they drain (asked to stop, requeued), and count as its from now on."""
+            first.append(job_id)
+            for r in victims:
+                vid = ids[r.key]
+                self.draining[vid] = (job_id, now)
+                usage.add(r.queue, r.gpus, -1.0)
+                free[t] = free.get(t, 0.0) + r.gpus.get(t, 0.0)
+                out.append(KillRequest(vid, why, requeue=True, grace_s=self.grace_s))
+            cands[:] = [r for r in cands if ids[r.key] not in self.draining]
+            usage.add(queue, {t: gpus})
+            free[t] = free.get(t, 0.0) - gpus
+
         heads: dict[str, int] = {}
         for j in sorted(st.queued.values(), key=lambda j: j.seq):
             queue = cl.queue_of(j.vc)
@@ -116,17 +133,8 @@ class LiveReclaim:
             if got is None or not got[1]:
                 continue
             t, victims = got
-            first.append(j.job_id)
-            for r in victims:
-                vid = ids[r.key]
-                self.draining[vid] = (j.job_id, now)
-                usage.add(r.queue, r.gpus, -1.0)
-                free[t] = free.get(t, 0.0) + r.gpus.get(t, 0.0)
-                why = f"reclaim: queue {queue}'s guarantee, for {j.job_id}"
-                out.append(KillRequest(vid, why, requeue=True, grace_s=self.grace_s))
-            cands = [r for r in cands if ids[r.key] not in self.draining]
-            usage.add(queue, {t: j.gpus})
-            free[t] = free.get(t, 0.0) - j.gpus
+            why = f"reclaim: queue {queue}'s guarantee, for {j.job_id}"
+            start_on(j.job_id, j.gpus, queue, t, victims, why)
         # rule 5: the highest-priority waiting jobs of classes that preempt lower ones
         eager = [
             (j, c) for j in st.queued.values()
@@ -155,16 +163,7 @@ class LiveReclaim:
             if got is None or not got[1]:
                 continue
             t, victims = got
-            first.append(j.job_id)
-            for r in victims:
-                vid = ids[r.key]
-                self.draining[vid] = (j.job_id, now)
-                usage.add(r.queue, r.gpus, -1.0)
-                free[t] = free.get(t, 0.0) + r.gpus.get(t, 0.0)
-                why = f"priority: class {st.jobs[j.job_id].priority_class} of {j.job_id}"
-                out.append(KillRequest(vid, why, requeue=True, grace_s=self.grace_s))
-            cands = [r for r in cands if ids[r.key] not in self.draining]
-            usage.add(queue, {t: j.gpus})
-            free[t] = free.get(t, 0.0) - j.gpus
+            why = f"priority: class {st.jobs[j.job_id].priority_class} of {j.job_id}"
+            start_on(j.job_id, j.gpus, queue, t, victims, why)
         st.first = first
         return out

@@ -28,6 +28,7 @@ from typing import Any
 
 from shared.cluster import ClusterSpec, load_cluster
 from shared.errors import UserError
+from shared.listfile import trace_entries
 from shared.sim import load_jobs
 from shared.traces import SkipStats, TraceJob
 from shared.traces._io import parse_time
@@ -72,34 +73,9 @@ def _range(where: str, key: str, v: Any) -> tuple[float, float]:
 
 def load_parts(path: str | Path) -> list[Part]:
     """The parts of a world file; UserError naming the part and key if malformed."""
-    import yaml
-
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise UserError(f"world file not found: {p}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read world file {p}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise UserError(
-            f"world file {p}: not YAML or JSON ({' '.join(str(exc).split())})"
-        ) from None
-    if not isinstance(raw, list) or not raw:
-        raise UserError(f"world file {p}: expected a non-empty list of parts")
     parts = []
-    for i, c in enumerate(raw):
-        where = f"world file {p}, part {i + 1}"
-        if not isinstance(c, dict):
-            raise UserError(f"{where}: expected a mapping of trace, format, cluster, ...")
-        unknown = sorted(set(map(str, c)) - _KEYS)
-        if unknown:
-            raise UserError(
-                f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(_KEYS))}"
-            )
-        for key in ("trace", "format"):
-            if not isinstance(c.get(key), str) or not c[key]:
-                raise UserError(f"{where}: `{key}` is required (a string)")
+    for i, (where, c) in enumerate(trace_entries(p, "world", "part", _KEYS)):
         train = _range(where, "train", c.get("train", [0.0, 1.0]))
         val = None if c.get("val") is None else _range(where, "val", c["val"])
         if val is not None and max(train[0], val[0]) < min(train[1], val[1]):
