@@ -51,9 +51,9 @@ __all__ = [
     "Ledger",
     "Row",
     "factors",
+    "ledger_topics",
     "queue_key",
     "row_from_changelog",
-    "ledger_topics",
     "usage_changelog",
 ]
 
