@@ -78,8 +78,10 @@ async def soak(
     seed: int = 0,
     policy: str = "sjf-est",
     deadline_s: float = 3600.0,
+    max_kills: int | None = None,
 ) -> SoakResult:
-    """Run the pipeline to its end through the kills; compare with `simulate`."""
+    """Run the pipeline to its end through the kills (at most `max_kills`, when given);
+    compare with `simulate`."""
     rng = random.Random(seed)
     cluster = small_cluster(out)
     flags = _flags(cluster, jobs, policy, out)
@@ -97,7 +99,8 @@ async def soak(
                 procs["cluster-sim"] = _spawn(
                     bus, "cluster-sim", flags["cluster-sim"], logs["cluster-sim"]
                 )
-            if time.monotonic() >= next_kill:
+            killed = sum(result.kills.values())
+            if time.monotonic() >= next_kill and (max_kills is None or killed < max_kills):
                 victim = rng.choice(SERVICES)
                 p = procs[victim]
                 if p.poll() is None:
