@@ -152,6 +152,8 @@ class Args:
     """iterations spent imitating the teacher (on the states the policy visits) before PPO"""
     learning_rate: float = 3e-4
     """Adam's learning rate"""
+    warm_learning_rate: float = 3e-3
+    """Adam's learning rate while imitating the teacher (the warm start)"""
     gamma: float = 1.0
     """discount (episodes are finite)"""
     gae_lambda: float = 0.95

@@ -69,7 +69,6 @@ __all__ = [
     "world_needs",
 ]
 
-WARM_START_LR = 3e-3
 LOSSES = ("policy", "value", "entropy", "kl", "clip", "warm_start")
 
 
@@ -260,7 +259,7 @@ def warm_start(
     net.global_norm.update(b.g.numpy())
     loss = torch.zeros(())
     for group in opt.param_groups:
-        group["lr"] = WARM_START_LR
+        group["lr"] = args.warm_learning_rate
     for _ in range(args.warm_start):
         order = torch.randperm(len(b), generator=gen)
         for lo in range(0, len(b), args.minibatch_steps):
