@@ -38,7 +38,8 @@ rest of that batch (measured: 5 of 20 restarts with faust's 16 KiB batches, and
 256-byte batches still hold two rows). With one record per batch that answer is the
 end of the log; on Apache Kafka it is anyway, and the cost is only batching (one or
 two changelog writes per input event). Updates are still lost after a restart in
-about one run in eight, with other signatures (docs/design/fair-share.md).
+about one run in eight: the first record after the committed offset sometimes
+never reaches the agent (docs/design/fair-share.md).
 
 Idempotent by record: the `jobs` row keeps the offset of the last `jobs.events`
 record applied to it, so an event read again after a restart (its offset not yet
