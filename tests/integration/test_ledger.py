@@ -143,6 +143,72 @@ async def test_ledger_table_matches_reference_and_survives_a_restart(
     )
 
 
+def _changelog_raw(bootstrap: str, topic: str) -> tuple[list[int], int]:
+    """The changelog read with kafka-python until it stays quiet (no end asked of the
+    broker): every record's offset; and the end ListOffsets answers, the end faust's
+    recovery reads up to."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        tp = TopicPartition(topic, 0)
+        c.assign([tp])
+        c.seek_to_beginning(tp)
+        offsets: list[int] = []
+        quiet = 0
+        while quiet < 3:
+            got = c.poll(timeout_ms=500)
+            quiet = 0 if got else quiet + 1
+            offsets += [r.offset for rs in got.values() for r in rs]
+        return offsets, c.end_offsets([tp])[tp]
+    finally:
+        c.close()
+
+
+async def test_restart_recovers_every_write_of_a_burst(bus: BusSettings, tmp_path: Path) -> None:
+    """A burst of events makes many table writes at once. faust's recovery reads each
+    changelog up to the end ListOffsets answers; the embedded broker answers the first
+    offset of the last record batch plus one, so writes batched together at the end
+    came back missing after a restart (their jobs then never stopped counting). With
+    one record per batch the listed end is each changelog's true end, and the table
+    after the restart is the reference sum."""
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(
+        "nodes: [{name: n, count: 4, gpu_type: V100, gpus: 8}]\n"
+        "queues:\n  nlp: {}\n  cv: {}\nfair_share: {half_life_h: 1}\n"
+    )
+    conf = LedgerSettings(str(cluster))
+    t = bus.topics
+    n = 24
+    spec = {f"j{i}": ("nlp" if i % 2 else "cv", 1 + i % 3, 10.0 * i) for i in range(n)}
+    first: list[tuple[str, str, Job | JobEvent]] = [
+        (t.jobs_accepted, j, Job(j, g, 0.0, vc=vc)) for j, (vc, g, _) in spec.items()
+    ]
+    first += [(t.jobs_events, j, JobEvent(j, "started", s)) for j, (_, _, s) in spec.items()]
+    await _publish(bus, [(tp, k.encode(), encode(m)) for tp, k, m in first])
+    await _run_until(bus, conf, applied=n)
+
+    # what faust's recovery will read up to covers every record the changelogs hold
+    for name in ("jobs", "usage"):
+        topic = f"{bus.topic_prefix}ledger-{name}-changelog"
+        offsets, end = await asyncio.to_thread(_changelog_raw, bus.bootstrap, topic)
+        assert offsets == list(range(len(offsets))) and len(offsets) >= n, (topic, offsets)
+        assert end == len(offsets), (topic, end, len(offsets))
+
+    second = [
+        (t.jobs_events, j, JobEvent(j, "finished", 1000.0 + s)) for j, (_, _, s) in spec.items()
+    ]
+    await _publish(bus, [(tp, k.encode(), encode(m)) for tp, k, m in second])
+    s2 = await _run_until(bus, conf, applied=n)
+    assert s2.extra["changes_applied"] == n, dict(s2.extra)
+    rows = await read_usage(bus)
+    want = reference([(vc, g, s, 1000.0 + s) for vc, g, s in spec.values()], 2000.0)
+    assert set(rows) == {"nlp", "cv"}
+    for q, u in want.items():
+        assert rows[q].at(2000.0, H) == pytest_approx(u)
+    assert all(r.gpus == 0 for r in rows.values())
+
+
 def pytest_approx_map(x: dict[str, float]) -> object:
     import pytest
 
