@@ -53,11 +53,12 @@ typecheck: install
 
 # three workers on two cores: the broker tests spend most of their time waiting on
 # round trips and timeouts, so a third worker fills the gaps (each worker starts its own
-# broker); TEST_WORKERS=0 runs in one process
+# broker); TEST_WORKERS=0 runs in one process. Work stealing: an idle worker takes
+# tests queued on a busy one, so the long broker tests do not end the run on one worker
 TEST_WORKERS ?= 3
 
 unit: install
-	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist worksteal
 
 test: lint typecheck unit
 
