@@ -32,7 +32,8 @@ Per job (JOB_FEATURES, one row each):
     count) submitted within 30 minutes of it. All 0 where unknown;
     then `fair_share` (FAIR_SHARE_FEATURES): Slurm's fair-share factor of the job's
     queue from the usage decayed with the cluster's half-life (shared/fairshare.py),
-    1 where the observation does not offer one.
+    1 where the observation does not offer one;
+    last, `f1`'s key in two columns (F1_FEATURES; given `origin_s`, else 0).
 Per cluster, a fixed length whatever the GPU types (GLOBAL_FEATURES): free /
 total GPUs, waiting demand / total, fragmentation, log10 queue length, log10
 mean run of every finished job. `cluster_features` is the per-type variant.
@@ -62,6 +63,9 @@ from shared.placement_api import FULL_GPU
 from shared.policy_api import History, Observation, QueuedJob
 
 __all__ = [
+    "F1_DEFAULT_RUN_S",
+    "F1_FEATURES",
+    "F1_SUBMIT_WEIGHT",
     "FAIR_SHARE_FEATURES",
     "FEATURE_NEEDS",
     "GLOBAL_FEATURES",
@@ -73,6 +77,8 @@ __all__ = [
     "cluster_features",
     "encode",
     "encode_global",
+    "f1_estimate",
+    "f1_keys",
     "needs_of",
 ]
 
@@ -91,6 +97,8 @@ JOB_FEATURES = (
     "log_req_s", "has_req", "log_pred_s", "sibling_log_run", "log_siblings",
     # appended: fair share (FAIR_SHARE_FEATURES)
     "fair_share",
+    # appended: f1's key (F1_FEATURES)
+    "f1_key", "f1_key_rest",
 )  # fmt: skip
 OFFLOAD_FEATURES = ("offload_pressure",)  # only in the feature sets that ask for them
 # who submitted what and what they asked for, from finished jobs only: only in the
@@ -103,6 +111,16 @@ SIBLING_FEATURES = ("sibling_log_run", "log_siblings")  # within IDENTITY_FEATUR
 # that offers `fair_share(vc)` (the simulator's, the scoring service's), else 1: only
 # in the feature sets that ask for it (no checkpoint written before it reads it)
 FAIR_SHARE_FEATURES = ("fair_share",)
+# `f1`'s key (services/scoring/policies/f1.py): log10(max(r, 1)) n + 870 log10(max(s,
+# 1)), r its run-time estimate (`f1_estimate`), n the GPUs, s the seconds since the first
+# submit the policy saw + 1; computed in float64 as f1 does and carried in two float32
+# columns, the key rounded and what the rounding left (their float64 sum is the key to
+# about 1e-11 of it, so no two keys f1 tells apart tie or swap). Only computed when
+# `encode` is given that origin (a residual network on f1 reads them as its base, not
+# as inputs); 0 otherwise.
+F1_FEATURES = ("f1_key", "f1_key_rest")
+F1_SUBMIT_WEIGHT = 870.0
+F1_DEFAULT_RUN_S = 3600.0
 # the trace field an identity feature is computed from: a checkpoint that reads one
 # is refused on a trace whose jobs never carry it (`needs_of`)
 FEATURE_NEEDS: dict[str, tuple[str, ...]] = {
@@ -139,12 +157,46 @@ def _over_types(types: frozenset[str], obs: Observation) -> tuple[float, float, 
     return free, total, demand, frag
 
 
+def f1_estimate(job: QueuedJob, h: History) -> float:
+    """The run time `f1` ranks `job` on: `History.predict` (the user's last two runs
+    capped by the request, else the request), else the mean run of its user/VC and GPU
+    count, else of its user/VC, else `F1_DEFAULT_RUN_S`. Finished jobs only."""
+    guess = h.predict(job.user, job.time_limit_s)
+    if guess is not None:
+        return guess
+    return h.mean_run(job.who, job.num_gpus) or h.mean_run_any(job.who) or F1_DEFAULT_RUN_S
+
+
+def f1_keys(jobs: Sequence[QueuedJob], h: History, origin_s: float) -> np.ndarray:
+    """[n, 2] float64: per job f1's key rounded to float32, and what that left (the
+    F1_FEATURES columns). The key is computed with f1's own operations (math.log10 in
+    float64), the estimate once per kind (user, who, GPUs, request)."""
+    est_of: dict[tuple[object, ...], float] = {}
+    log10 = math.log10
+    keys = []
+    for job in jobs:
+        kind = _F1_KIND(job)
+        r = est_of.get(kind)
+        if r is None:
+            r = est_of[kind] = log10(max(f1_estimate(job, h), 1.0))
+        s = job.submit_s - origin_s + 1.0
+        keys.append(r * job.num_gpus + F1_SUBMIT_WEIGHT * log10(max(s, 1.0)))
+    key = np.array(keys, dtype=np.float64)
+    head = key.astype(np.float32).astype(np.float64)
+    return np.stack((head, key - head), axis=1)
+
+
 def encode(
-    jobs: Sequence[QueuedJob], obs: Observation, max_jobs: int, identity: bool = True
+    jobs: Sequence[QueuedJob],
+    obs: Observation,
+    max_jobs: int,
+    identity: bool = True,
+    origin_s: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(features [max_jobs, len(JOB_FEATURES)] float32, mask [max_jobs] bool), zero-padded.
     `identity=False` leaves the IDENTITY_FEATURES columns 0 (for a policy that reads
-    none of them: they are what costs most per job).
+    none of them: they are what costs most per job). `origin_s` (the first submit the
+    policy saw) fills the F1_FEATURES columns (`f1_keys`); None leaves them 0.
 
     Vectorised over the window: a window's cost is mostly fixed per call, so the
     number of operations, not of jobs, is what to keep small. Every feature but the
@@ -233,7 +285,8 @@ def encode(
     if fair is not None:
         of_vc = {vc: fair(vc) for vc in {j.vc for j in jobs}}  # per VC, once
         share = np.fromiter((of_vc[j.vc] for j in jobs), np.float64, n)
-    cols = (by_kind, per_job, offload[:, None], sibs, share[:, None])
+    f1 = np.zeros((n, 2)) if origin_s is None else f1_keys(jobs, h, origin_s)
+    cols = (by_kind, per_job, offload[:, None], sibs, share[:, None], f1)
     x[:n] = np.concatenate(cols, axis=1)[:, _ORDER]
     return x, mask
 
@@ -288,6 +341,8 @@ def needs_of(features: Sequence[str]) -> tuple[str, ...]:
 _KIND_PLAIN = operator.attrgetter("user", "vc", "num_gpus", "gpu_milli", "gpu_types")
 # what its identity features but the siblings' are a function of
 _ASKED = operator.attrgetter("user", "project", "app", "time_limit_s")
+# what f1's estimate is a function of
+_F1_KIND = operator.attrgetter("user", "who", "num_gpus", "time_limit_s")
 _ATTAINED = operator.attrgetter("attained_gpu_s")
 _SUBMIT = operator.attrgetter("submit_s")
 # where each JOB_FEATURES column is in what `encode` concatenates ("-": only used there)
@@ -306,7 +361,7 @@ _BLOCKS = (
     "log_app_runs", "app_log_run", "app_run_over_req", "log_req_s", "has_req", "log_pred_s",
     # per job
     "log_wait_s", "log_attained_gpu_s", "log_est_bsld", "log_wait_over_est", "offload_pressure",
-    "sibling_log_run", "log_siblings", "fair_share",
+    "sibling_log_run", "log_siblings", "fair_share", "f1_key", "f1_key_rest",
 )  # fmt: skip
 _ORDER = np.array([_BLOCKS.index(f) for f in JOB_FEATURES], dtype=np.intp)
 
