@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import math
 import operator
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 import numpy as np
@@ -223,11 +224,10 @@ def encode(
     total_gpus = max(obs.total_gpus(), 1)
     over: dict[frozenset[str], tuple[float, float, float, float]] = {}
     logged, plain = [], []
+    held_of: dict[str, float] = {}  # per VC, once
+    kind_stats = h.kind_stats
     for user, vc, num_gpus, milli, types in index:
-        who = user or vc  # QueuedJob.who
-        mean = h.mean_run(who, num_gpus)
-        mean_any = h.mean_run_any(who)
-        runs, log_run, short, last = h.group_stats(who, num_gpus) or (0.0, 0.0, 0.0, 0.0)
+        mean, mean_any, runs, log_run, short, last = kind_stats(user or vc, num_gpus)
         # the estimate: the group's mean, else the who's, else every finished job's
         est = mean if mean is not None else mean_any if mean_any is not None else everyone
         est0 = 0.0 if est is None else est
@@ -237,7 +237,9 @@ def encode(
             t = over[types] = _over_types(types, obs)
         free, total, demand, frag = t
         gpus = num_gpus * milli / 1000.0  # QueuedJob.gpus
-        held = obs.vc_gpus(vc)
+        held = held_of.get(vc)
+        if held is None:
+            held = held_of[vc] = obs.vc_gpus(vc)
         logged.append((group0, mean_any or 0.0, est0, runs, last, est0 * gpus))
         plain.append((
             num_gpus, milli / FULL_GPU, len(types) / n_types if types else 1.0,
@@ -253,14 +255,7 @@ def encode(
     per_kind[:, 0] = np.log2(per_kind[:, 0])
     per_kind[:, 15] = _rank(per_kind[:, 15])  # est_rank: sjf-est's key, no history first
     per_kind[:, 16] = _rank(per_kind[:, 16])  # the VC's share's rank
-    if identity:  # per (user, project, app, request): kinds of their own
-        asks = list(map(_ASKED, jobs))
-        ask_index = {k: i for i, k in enumerate(dict.fromkeys(asks))}
-        memo: dict[tuple[str, str], tuple[float, float, float]] = {}  # per name
-        ident = np.array([_identity(h, *k, memo) for k in ask_index], dtype=np.float64)
-        ident = ident[list(map(ask_index.__getitem__, asks))]
-    else:
-        ident = np.zeros((n, len(_NO_IDENTITY)))
+    ident = _identity_block(jobs, h) if identity else np.zeros((n, len(_NO_IDENTITY)))
     by_kind = np.concatenate((np.concatenate((per_kind, logs), axis=1)[kind], ident), axis=1)
 
     attained = np.fromiter(map(_ATTAINED, jobs), np.float64, n)
@@ -276,10 +271,7 @@ def encode(
     per_job[:, 2:] *= job_has_est[:, None]
     pressure = getattr(obs, "offload_pressure", None)
     offload = np.fromiter(map(pressure, jobs), np.float64, n) if pressure else np.zeros(n)
-    if identity:
-        sibs = np.array([_siblings(h, j) for j in jobs], dtype=np.float64)
-    else:
-        sibs = np.zeros((n, 2))
+    sibs = _siblings(h, kinds_of_jobs, submit) if identity else np.zeros((n, 2))
     share = np.ones(n)
     fair = getattr(obs, "fair_share", None)
     if fair is not None:
@@ -292,43 +284,71 @@ def encode(
 
 
 _NO_IDENTITY = (0.0,) * 12
+_NAME_GETTERS = tuple((f, operator.attrgetter(f)) for f in ("user", "project", "app"))
 
 
-def _identity(
-    h: History,
-    user: str,
-    project: str,
-    app: str,
-    limit: float | None,
-    memo: dict[tuple[str, str], tuple[float, float, float]],
-) -> tuple[float, ...]:
-    """The IDENTITY_FEATURES of one kind of job, but the siblings' (per job), in
+def _identity_block(jobs: Sequence[QueuedJob], h: History) -> np.ndarray:
+    """The IDENTITY_FEATURES of `jobs` [n, 12] but the siblings' (per job), in
     `_BLOCKS` order: per user, project and app the finished jobs (log10(1 + count)),
     the mean log10(1 + run s) of the last few and the mean run / requested time (0
     where unknown); the request (log10(1 + s)), whether there is one, and Tsafrir's
-    prediction (`History.predict`, log10(1 + s); 0 if none). Finished jobs only."""
-    out: list[float] = []
-    for field, name in (("user", user), ("project", project), ("app", app)):
-        got = memo.get((field, name))
-        if got is None:  # a name is looked up once per window (kinds share users)
+    prediction (`History.predict`, log10(1 + s); 0 if none). Finished jobs only.
+
+    Looked up once per distinct name (and user's prediction) and gathered by index,
+    so a window of many kinds costs a few calls per name, not per job."""
+    n = len(jobs)
+    out = np.zeros((n, 12))
+    for block, (field, getter) in enumerate(_NAME_GETTERS):
+        names = list(map(getter, jobs))
+        index = {k: i for i, k in enumerate(dict.fromkeys(names))}
+        per_name = np.zeros((len(index), 3))
+        for i, name in enumerate(index):
             st = h.identity_stats(field, name)
-            if st is None:
-                got = (0.0, 0.0, 0.0)
-            else:
-                count, log_run, ratio = st
-                got = (math.log10(1.0 + count), log_run, max(ratio, 0.0))
-            memo[field, name] = got
-        out += got
-    pred = h.predict(user, limit)
-    out += (_log10(limit), 1.0 if limit else 0.0, _log10(pred))
-    return tuple(out)
+            if st is not None:
+                per_name[i] = st
+        if per_name.any():
+            per_name[:, 0] = np.log10(1.0 + per_name[:, 0])
+            np.maximum(per_name[:, 2], 0.0, out=per_name[:, 2])
+            out[:, 3 * block : 3 * block + 3] = per_name[list(map(index.__getitem__, names))]
+    limit = np.fromiter((j.time_limit_s or 0.0 for j in jobs), np.float64, n)
+    users = list(map(_USER, jobs))
+    # the mean of each user's last runs, or None
+    by_user = {u: h.predict(u, None) for u in dict.fromkeys(users)}
+    guess = np.fromiter((math.nan if g is None else g for g in map(by_user.__getitem__, users)),
+                        np.float64, n)  # fmt: skip
+    known = ~np.isnan(guess)
+    # `History.predict(user, limit)`: the guess capped by the request, else the request
+    pred = np.where(known, np.where(limit > 0, np.minimum(guess, limit), guess), limit)
+    out[:, 9] = np.log10(1.0 + limit)
+    out[:, 10] = limit > 0
+    out[:, 11] = np.log10(1.0 + np.where(np.isnan(pred), 0.0, pred))
+    return out
 
 
-def _siblings(h: History, job: QueuedJob) -> tuple[float, float]:
-    """(mean log10(1 + run s), log10(1 + count)) of the job's finished siblings: its
-    class's jobs submitted within `History.SIBLING_S` of it; (0, 0) if none."""
-    found = h.siblings(job.who, job.num_gpus, job.submit_s)
-    return (0.0, 0.0) if found is None else (found[1], math.log10(1.0 + found[0]))
+def _siblings(
+    h: History, kinds: Sequence[tuple[str, str, int, int, frozenset[str]]], submit: np.ndarray
+) -> np.ndarray:
+    """[n, 2]: per job (mean log10(1 + run s), log10(1 + count)) of its finished
+    siblings, its class's jobs submitted within `History.SIBLING_S` of it (0, 0 if
+    none): `History.siblings`, with each class's runs looked up once per window."""
+    span = h.SIBLING_S
+    tables: dict[tuple[str, int], tuple[list[float], list[float]] | None] = {}
+    fsum, log10, none = math.fsum, math.log10, (0.0, 0.0)
+    rows: list[tuple[float, float]] = []
+    for (user, vc, gpus, _, _), at in zip(kinds, submit.tolist(), strict=True):
+        key = (user or vc, gpus)  # QueuedJob.who
+        if key in tables:
+            found = tables[key]
+        else:
+            found = tables[key] = h.sibling_runs(*key)
+        if found is None:
+            rows.append(none)
+            continue
+        subs, logs = found
+        lo = bisect_left(subs, at - span)
+        hi = bisect_right(subs, at + span)
+        rows.append((fsum(logs[lo:hi]) / (hi - lo), log10(1.0 + (hi - lo))) if hi > lo else none)
+    return np.array(rows, dtype=np.float64).reshape(len(rows), 2)
 
 
 def needs_of(features: Sequence[str]) -> tuple[str, ...]:
@@ -340,7 +360,7 @@ def needs_of(features: Sequence[str]) -> tuple[str, ...]:
 # function of
 _KIND_PLAIN = operator.attrgetter("user", "vc", "num_gpus", "gpu_milli", "gpu_types")
 # what its identity features but the siblings' are a function of
-_ASKED = operator.attrgetter("user", "project", "app", "time_limit_s")
+_USER = operator.attrgetter("user")
 # what f1's estimate is a function of
 _F1_KIND = operator.attrgetter("user", "who", "num_gpus", "time_limit_s")
 _ATTAINED = operator.attrgetter("attained_gpu_s")
@@ -355,7 +375,7 @@ _BLOCKS = (
     # per kind, log10(1 + x)
     "log_mean_run_group_s", "log_mean_run_who_s", "log_est_run_s", "log_group_runs",
     "log_last_run_s", "log_est_gpu_s",
-    # per kind, identity (`_identity`)
+    # identity but the siblings (`_identity_block`)
     "log_user_runs", "user_log_run", "user_run_over_req",
     "log_project_runs", "project_log_run", "project_run_over_req",
     "log_app_runs", "app_log_run", "app_run_over_req", "log_req_s", "has_req", "log_pred_s",

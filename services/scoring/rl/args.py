@@ -30,6 +30,7 @@ __all__ = [
     "RESIDUALS",
     "REWARDS",
     "TEACHERS",
+    "VAL_SCORES",
     "Args",
     "validate",
     "when",
@@ -38,6 +39,7 @@ __all__ = [
 OBJECTIVES = ("bsld", "queue", "jct", "util")
 RESIDUALS = ("drf", "f1")  # network.BASES (that module imports torch)
 REWARDS = ("episode", "round")
+VAL_SCORES = ("mean", "geo")  # see Args.val_score
 BOUND_SCALES = ("fixed", "backlog", "fifo", "fifo-head")  # see Args.bound_scale
 
 # only in the feature sets that ask for them (F1_FEATURES: only a residual on f1)
@@ -184,6 +186,11 @@ class Args:
     """iterations between validations"""
     val_episodes: int = 6
     """validation episodes"""
+    val_score: str = "mean"
+    """how validation scores a checkpoint against each episode's best heuristic: mean
+    (the mean relative gain, (best - policy) / best, unbounded below, so one bad
+    episode outweighs many good ones) or geo (1 - the geometric mean of policy /
+    best, the statistic the matrix reports); 0 is as good as the best everywhere"""
     log: str = ""
     """CSV of every iteration's scalars (default: `out` with .csv)"""
     offload_fraction: float = 0.0
@@ -234,6 +241,8 @@ def validate(args: Args) -> None:
         raise UserError(f"--residual {args.residual!r}: choose from {', '.join(RESIDUALS)}")
     if args.residual_bound < 0:
         raise UserError("--residual-bound must be 0 or more")
+    if args.val_score not in VAL_SCORES:
+        raise UserError(f"--val-score {args.val_score!r}: choose from {', '.join(VAL_SCORES)}")
     if args.residual_scale <= 0:
         raise UserError("--residual-scale must be above 0")
     if args.keep_every < 0:

@@ -297,14 +297,28 @@ def _validate(
     net: ScoreNet,
     features: tuple[str, ...],
     best_heuristic: Sequence[float],
+    score: str = "mean",
 ) -> float:
-    """Mean relative gain of the greedy policy over the best heuristic's objective."""
+    """The greedy policy against the best heuristic's objective on each episode (0: as
+    good everywhere): the mean relative gain, or under "geo" 1 - the geometric mean
+    of the policy's objective over the best's (`val_score_geo`)."""
     results = val.run(specs, cfg, net, features, sample=False)
-    gains = [
-        relative_gain(cfg.objective, r.policy_obj, b)
-        for r, b in zip(results, best_heuristic, strict=True)
+    pairs = [(r.policy_obj, b) for r, b in zip(results, best_heuristic, strict=True)]
+    if score == "geo":
+        return val_score_geo(cfg.objective, pairs)
+    return float(np.mean([relative_gain(cfg.objective, p, b) for p, b in pairs]))
+
+
+def val_score_geo(objective: str, pairs: Sequence[tuple[float, float]]) -> float:
+    """1 - exp(mean log(policy / best)) over the (policy, best) objectives of episodes
+    where both are finite and positive (best / policy for "util", where higher is
+    better); 0 if there is none."""
+    logs = [
+        math.log(b / p if objective == "util" else p / b)
+        for p, b in pairs
+        if math.isfinite(p) and math.isfinite(b) and p > 0 and b > 0
     ]
-    return float(np.mean(gains))
+    return 1.0 - math.exp(sum(logs) / len(logs)) if logs else 0.0
 
 
 def heuristic_scores(
@@ -419,7 +433,7 @@ def train(
     if val is not None and args.residual and not args.resume:
         # iteration 0, the untrained residual, is the base heuristic itself: scored and
         # kept as the checkpoint, so that a run in which nothing beats it returns it
-        best_val = _validate(val, val_specs, val_cfg, net, features, best_objs)
+        best_val = _validate(val, val_specs, val_cfg, net, features, best_objs, args.val_score)
         meta.update(val_gain=best_val, iteration=0)
         best_ckpt = Checkpoint(_copy(net), features, dict(meta))
         save_checkpoint(args.out, best_ckpt)
@@ -458,7 +472,9 @@ def train(
             val_gain = None
             last = it + 1 == args.iterations
             if val is not None and ((it + 1) % args.val_every == 0 or last):
-                val_gain = _validate(val, val_specs, val_cfg, net, features, best_objs)
+                val_gain = _validate(
+                    val, val_specs, val_cfg, net, features, best_objs, args.val_score
+                )
                 if val_gain > best_val:
                     best_val = val_gain
                     meta.update(val_gain=val_gain, iteration=it + 1)

@@ -259,3 +259,16 @@ def test_trainer_keeps_iteration_0_the_pure_base(tmp_path: Path) -> None:
         assert not cast(nn.Linear, ckpt.net.head[2]).weight.abs().sum()
     last = load_checkpoint(str(tmp_path / "r.last.pt"))
     assert cast(nn.Linear, last.net.head[2]).weight.abs().sum() > 0  # it did train
+
+
+def test_geometric_validation_score_by_hand() -> None:
+    """1 - the geometric mean of policy / best (best / policy for utilisation): twice
+    as bad on one episode and twice as good on another is level (0); four times as
+    bad on one of two is 1 - 2 = -1; episodes without a finite positive objective are
+    left out."""
+    from services.scoring.rl.train import val_score_geo
+
+    assert val_score_geo("bsld", [(2.0, 1.0), (1.0, 2.0)]) == pytest.approx(0.0)
+    assert val_score_geo("bsld", [(4.0, 1.0), (1.0, 1.0), (math.inf, 1.0)]) == pytest.approx(-1.0)
+    assert val_score_geo("util", [(0.5, 1.0)]) == pytest.approx(-1.0)
+    assert val_score_geo("bsld", [(0.0, 1.0)]) == 0.0
