@@ -168,14 +168,15 @@ class History:
 
     def kind_stats(
         self, who: str, num_gpus: int
-    ) -> tuple[float | None, float | None, float, float, float, float]:
-        """(`mean_run`, `mean_run_any`, and `group_stats` or four 0s) in one look-up,
-        for an encoder that reads all of them for many kinds of job."""
+    ) -> tuple[float, float, float, float, float, float]:
+        """(`mean_run`, `mean_run_any`, then `group_stats` or four 0s) in one look-up, NaN
+        where `mean_run` or `mean_run_any` is None: for an encoder that reads all of them
+        for many kinds of job at once."""
         acc = self._group.get((who, num_gpus))
         any_ = self._who.get(who)
-        mean_any = any_[0] / any_[1] if any_ else None
+        mean_any = any_[0] / any_[1] if any_ else math.nan
         if not acc:
-            return None, mean_any, 0.0, 0.0, 0.0, 0.0
+            return math.nan, mean_any, 0.0, 0.0, 0.0, 0.0
         n = acc[1]
         return acc[0] / n, mean_any, n, acc[2] / n, acc[3] / n, acc[4]
 

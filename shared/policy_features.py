@@ -222,39 +222,51 @@ def encode(
     everyone = h.mean_run_all()
     n_types = max(len(obs.gpu_types), 1)
     total_gpus = max(obs.total_gpus(), 1)
-    over: dict[frozenset[str], tuple[float, float, float, float]] = {}
-    logged, plain = [], []
-    held_of: dict[str, float] = {}  # per VC, once
-    kind_stats = h.kind_stats
-    for user, vc, num_gpus, milli, types in index:
-        mean, mean_any, runs, log_run, short, last = kind_stats(user or vc, num_gpus)
-        # the estimate: the group's mean, else the who's, else every finished job's
-        est = mean if mean is not None else mean_any if mean_any is not None else everyone
-        est0 = 0.0 if est is None else est
-        group0 = 0.0 if mean is None else mean
-        t = over.get(types)
-        if t is None:
-            t = over[types] = _over_types(types, obs)
-        free, total, demand, frag = t
-        gpus = num_gpus * milli / 1000.0  # QueuedJob.gpus
-        held = held_of.get(vc)
-        if held is None:
-            held = held_of[vc] = obs.vc_gpus(vc)
-        logged.append((group0, mean_any or 0.0, est0, runs, last, est0 * gpus))
-        plain.append((
-            num_gpus, milli / FULL_GPU, len(types) / n_types if types else 1.0,
-            mean is not None, num_gpus <= free, demand / max(free, 1.0),
-            free / total if total > 0 else 0.0, frag, demand / total if total > 0 else 0.0,
-            gpus / total if total > 0 else 0.0, held / total_gpus, log_run, short,
-            est0, est is not None, group0, held,
-        ))  # fmt: skip
-    per_kind = np.array(plain, dtype=np.float64)
-    logs = np.log10(1.0 + np.array(logged, dtype=np.float64))
-    has_est = per_kind[:, 14]
+    users, vcs, n_gpus, millis, typess = zip(*index, strict=True)
+    # per kind from history: group mean, who's mean (NaN: none), runs, mean log run,
+    # short share, last run
+    st = np.array(
+        list(map(h.kind_stats, [u or v for u, v in zip(users, vcs, strict=True)], n_gpus)),
+        dtype=np.float64,
+    )
+    mean, mean_any = st[:, 0], st[:, 1]
+    has_group, has_any = ~np.isnan(mean), ~np.isnan(mean_any)
+    # the estimate: the group's mean, else the who's, else every finished job's
+    est = np.where(has_group, mean, mean_any)
+    if everyone is not None:
+        est = np.where(has_group | has_any, est, everyone)
+    has_est = ~np.isnan(est)
+    est0 = np.where(has_est, est, 0.0)
+    group0 = np.where(has_group, mean, 0.0)
+    # per allowed types and per VC, once
+    t_index = {t: i for i, t in enumerate(dict.fromkeys(typess))}
+    over = np.array(
+        [(*_over_types(t, obs), len(t) / n_types if t else 1.0) for t in t_index],
+        dtype=np.float64,
+    )[list(map(t_index.__getitem__, typess))]
+    free, total, demand, frag, allowed = over.T
+    v_index = {v: i for i, v in enumerate(dict.fromkeys(vcs))}
+    held = np.array([obs.vc_gpus(v) for v in v_index], dtype=np.float64)[
+        list(map(v_index.__getitem__, vcs))
+    ]
+    ng = np.array(n_gpus, dtype=np.float64)
+    milli = np.array(millis, dtype=np.float64)
+    gpus = ng * milli / 1000.0  # QueuedJob.gpus
+    has_total = total > 0
+    safe_total = np.where(has_total, total, 1.0)
+    per_kind = np.stack(
+        (np.log2(ng), milli / FULL_GPU, allowed, has_group, ng <= free,
+         demand / np.maximum(free, 1.0), np.where(has_total, free / safe_total, 0.0), frag,
+         np.where(has_total, demand / safe_total, 0.0),
+         np.where(has_total, gpus / safe_total, 0.0), held / total_gpus, st[:, 3], st[:, 4],
+         est0, has_est, _rank(group0), _rank(held)),
+        axis=1,
+    )  # fmt: skip
+    logs = np.log10(1.0 + np.stack(
+        (group0, np.where(has_any, mean_any, 0.0), est0, st[:, 2], st[:, 5], est0 * gpus),
+        axis=1,
+    ))  # fmt: skip
     logs[:, 5] *= has_est  # no estimate (nothing has finished): 0
-    per_kind[:, 0] = np.log2(per_kind[:, 0])
-    per_kind[:, 15] = _rank(per_kind[:, 15])  # est_rank: sjf-est's key, no history first
-    per_kind[:, 16] = _rank(per_kind[:, 16])  # the VC's share's rank
     ident = _identity_block(jobs, h) if identity else np.zeros((n, len(_NO_IDENTITY)))
     by_kind = np.concatenate((np.concatenate((per_kind, logs), axis=1)[kind], ident), axis=1)
 
@@ -389,10 +401,9 @@ _ORDER = np.array([_BLOCKS.index(f) for f in JOB_FEATURES], dtype=np.intp)
 def _rank(v: np.ndarray) -> np.ndarray:
     """Dense rank of each value among the distinct values, scaled to [0, 1] (all equal:
     0): it depends on the set of values, not their order. No NaN."""
-    values = v.tolist()
-    distinct = sorted(set(values))
-    rank = {u: i for i, u in enumerate(distinct)}
-    return np.array([rank[u] for u in values], dtype=np.float64) / max(len(distinct) - 1, 1)
+    distinct, rank = np.unique(v, return_inverse=True)
+    out: np.ndarray = rank / max(len(distinct) - 1, 1)
+    return out
 
 
 def encode_global(obs: Observation) -> np.ndarray:
