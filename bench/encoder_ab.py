@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import os
 import statistics
 import subprocess
@@ -63,10 +64,20 @@ def main(argv: list[str]) -> int:
     ckpt = load_checkpoint(a.model)
     with tempfile.TemporaryDirectory() as tmp:
         old = _module_at(a.before, Path(tmp))
+    missing = [f for f in ckpt.features if f not in old.JOB_FEATURES]
+    if missing:
+        raise UserError(
+            f"{a.model} reads {', '.join(missing)}, which the encoder at {a.before} lacks"
+        )
+
+    takes_origin = "origin_s" in inspect.signature(old.encode).parameters
 
     class Before(RLPolicy):
         def encode(self, pool: list[QueuedJob], obs: Observation) -> np.ndarray:
-            x: np.ndarray = old.encode(pool, obs, len(pool), identity=self.reads_identity)[0]
+            kw: dict[str, object] = {"identity": self.reads_identity}
+            if takes_origin and self.net.cfg.base == "f1":  # a residual on f1 (RLPolicy.encode)
+                kw["origin_s"] = self.origin_s
+            x: np.ndarray = old.encode(pool, obs, len(pool), **kw)[0]
             return x
 
     cluster, history, jobs, obs = bench_window(a.window, ckpt.features)

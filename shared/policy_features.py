@@ -170,21 +170,49 @@ def f1_estimate(job: QueuedJob, h: History) -> float:
 
 def f1_keys(jobs: Sequence[QueuedJob], h: History, origin_s: float) -> np.ndarray:
     """[n, 2] float64: per job f1's key rounded to float32, and what that left (the
-    F1_FEATURES columns). The key is computed with f1's own operations (math.log10 in
-    float64), the estimate once per kind (user, who, GPUs, request)."""
-    est_of: dict[tuple[object, ...], float] = {}
-    log10 = math.log10
-    keys = []
-    for job in jobs:
-        kind = _F1_KIND(job)
-        r = est_of.get(kind)
-        if r is None:
-            r = est_of[kind] = log10(max(f1_estimate(job, h), 1.0))
-        s = job.submit_s - origin_s + 1.0
-        keys.append(r * job.num_gpus + F1_SUBMIT_WEIGHT * log10(max(s, 1.0)))
-    key = np.array(keys, dtype=np.float64)
+    F1_FEATURES columns): `_f1_columns` with each job's history looked up alone."""
+    nan = math.nan
+    mean = np.array([h.mean_run(j.who, j.num_gpus) or nan for j in jobs], dtype=np.float64)
+    mean_any = np.array([h.mean_run_any(j.who) or nan for j in jobs], dtype=np.float64)
+    submit = np.array([j.submit_s for j in jobs], dtype=np.float64)
+    return _f1_columns(jobs, h, mean, mean_any, submit, origin_s)
+
+
+def _f1_columns(
+    jobs: Sequence[QueuedJob],
+    h: History,
+    mean: np.ndarray,
+    mean_any: np.ndarray,
+    submit: np.ndarray,
+    origin_s: float,
+) -> np.ndarray:
+    """f1's key log10(max(r, 1)) n + 870 log10(max(s, 1)) per job, in float64, as two
+    columns (module doc). r is `f1_estimate` over the window at once: Tsafrir's
+    prediction (each user's last runs looked up once, capped by the request), else the
+    request, else `mean` (the job's user/VC and GPU count, NaN or 0: none), else
+    `mean_any` (its user/VC), else `F1_DEFAULT_RUN_S`. numpy's log10 may differ from
+    math.log10's (f1's) in the last bit, about 1e-16 of the key."""
+    n = len(jobs)
+    limit = np.fromiter(
+        (math.nan if j.time_limit_s is None else j.time_limit_s for j in jobs), np.float64, n
+    )
+    users = list(map(_USER, jobs))
+    by_user = {u: h.predict(u, None) for u in dict.fromkeys(users)}  # last runs' mean
+    guess = np.fromiter(
+        (math.nan if g is None else g for g in map(by_user.__getitem__, users)), np.float64, n
+    )
+    asked = ~np.isnan(limit) & (limit != 0)  # `if time_limit_s` in History.predict
+    pred = np.where(np.isnan(guess), limit, np.where(asked, np.minimum(guess, limit), guess))
+    known = ~np.isnan(mean) & (mean != 0)  # `mean_run(...) or mean_run_any(...) or ...`
+    known_any = ~np.isnan(mean_any) & (mean_any != 0)
+    fallback = np.where(known, mean, np.where(known_any, mean_any, F1_DEFAULT_RUN_S))
+    r = np.where(np.isnan(pred), fallback, pred)
+    gpus = np.fromiter(map(_NUM_GPUS, jobs), np.float64, n)
+    s = submit - origin_s + 1.0
+    key = np.log10(np.maximum(r, 1.0)) * gpus + F1_SUBMIT_WEIGHT * np.log10(np.maximum(s, 1.0))
     head = key.astype(np.float32).astype(np.float64)
-    return np.stack((head, key - head), axis=1)
+    out: np.ndarray = np.stack((head, key - head), axis=1)
+    return out
 
 
 def encode(
@@ -289,7 +317,10 @@ def encode(
     if fair is not None:
         of_vc = {vc: fair(vc) for vc in {j.vc for j in jobs}}  # per VC, once
         share = np.fromiter((of_vc[j.vc] for j in jobs), np.float64, n)
-    f1 = np.zeros((n, 2)) if origin_s is None else f1_keys(jobs, h, origin_s)
+    if origin_s is None:
+        f1 = np.zeros((n, 2))
+    else:
+        f1 = _f1_columns(jobs, h, mean[kind], mean_any[kind], submit, origin_s)
     cols = (by_kind, per_job, offload[:, None], sibs, share[:, None], f1)
     x[:n] = np.concatenate(cols, axis=1)[:, _ORDER]
     return x, mask
@@ -373,9 +404,8 @@ def needs_of(features: Sequence[str]) -> tuple[str, ...]:
 _KIND_PLAIN = operator.attrgetter("user", "vc", "num_gpus", "gpu_milli", "gpu_types")
 # what its identity features but the siblings' are a function of
 _USER = operator.attrgetter("user")
-# what f1's estimate is a function of
-_F1_KIND = operator.attrgetter("user", "who", "num_gpus", "time_limit_s")
 _ATTAINED = operator.attrgetter("attained_gpu_s")
+_NUM_GPUS = operator.attrgetter("num_gpus")
 _SUBMIT = operator.attrgetter("submit_s")
 # where each JOB_FEATURES column is in what `encode` concatenates ("-": only used there)
 _BLOCKS = (
