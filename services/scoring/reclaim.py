@@ -23,10 +23,16 @@ and `priority_classes`:
   `preempted` event carries in its detail.
 * A victim is not asked again while it stops (until its `preempted` event, or
   `grace_s` + `STOPPING_S` at most).
+* A restart keeps this: scoring reads `jobs.kill` back, and each preemption asked
+  (`restore`: victim, the job it is for, named in its reason, and when) is taken up
+  again at the next check when its victim still runs the segment it was asked to
+  stop: the victim counts as stopping (not asked again, no other victim taken in its
+  place), and the job it is for keeps leading the rounds.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from services.scoring.queue import ScoringState
@@ -35,11 +41,21 @@ from shared.messages import KillRequest
 from shared.placement_api import FULL_GPU
 from shared.tenancy import ANY, Quota, Running, Usage, Waiting
 
-__all__ = ["STOPPING_S", "LiveReclaim"]
+__all__ = ["STOPPING_S", "LiveReclaim", "owner_of"]
 
 _HEADS = 2  # waiting jobs per queue and check that may reclaim
 STOPPING_S = 30.0  # beyond its grace period, how long a victim is awaited before asked again
 _NO_CLASS = PriorityClass()
+_FOR, _OF = ", for ", " of "  # a reclaim's reason ends `, for JOB`, a priority one's ` of JOB`
+
+
+def owner_of(reason: str) -> str | None:
+    """The job a preemption asked by `LiveReclaim` is for, from its reason."""
+    if reason.startswith("reclaim: ") and _FOR in reason:
+        return reason.rsplit(_FOR, 1)[1]
+    if reason.startswith("priority: ") and _OF in reason:
+        return reason.rsplit(_OF, 1)[1]
+    return None
 
 
 @dataclass
@@ -48,9 +64,17 @@ class LiveReclaim:
     grace_s: float = 120.0
     min_run_s: float = 600.0
     draining: dict[str, tuple[str, float]] = field(default_factory=dict)  # victim -> (for, when)
+    # preemptions read back from jobs.kill, not checked yet: victim -> (for, when asked)
+    restored: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.quota = Quota(self.cluster.queues, self.cluster.priority_classes)
+
+    def restore(self, req: KillRequest, when: float) -> None:
+        """A preemption asked on `jobs.kill` at `when` (its record's timestamp: read back
+        after a restart, or our own coming back); `check` takes it up."""
+        if req.requeue and req.job_id not in self.draining:
+            self.restored[req.job_id] = (owner_of(req.reason) or "", when)
 
     def check(self, st: ScoringState, now: float) -> list[KillRequest]:
         """The preemptions to ask for now (and `st.first` set)."""
@@ -58,6 +82,12 @@ class LiveReclaim:
         view = st.view.state
         kind = {view.node_ids[i]: view.node_type[i] for i in range(len(view.node_ids))}
         only = next(iter(view.total_by_type), ANY) if len(view.total_by_type) == 1 else ANY
+        for v, (owner, since) in self.restored.items():
+            # still stopping: it runs the segment it was asked to stop (a request older
+            # than that segment's start was answered by an earlier `preempted`)
+            if v not in self.draining and since >= st.started_at.get(v, math.inf):
+                self.draining[v] = (owner, since)
+        self.restored.clear()
         for v, (_, since) in list(self.draining.items()):
             if v not in st.started_at or now > since + self.grace_s + STOPPING_S:
                 del self.draining[v]
@@ -133,7 +163,7 @@ class LiveReclaim:
             if got is None or not got[1]:
                 continue
             t, victims = got
-            why = f"reclaim: queue {queue}'s guarantee, for {j.job_id}"
+            why = f"reclaim: queue {queue}'s guarantee{_FOR}{j.job_id}"
             start_on(j.job_id, j.gpus, queue, t, victims, why)
         # rule 5: the highest-priority waiting jobs of classes that preempt lower ones
         eager = [
@@ -163,7 +193,7 @@ class LiveReclaim:
             if got is None or not got[1]:
                 continue
             t, victims = got
-            why = f"priority: class {st.jobs[j.job_id].priority_class} of {j.job_id}"
+            why = f"priority: class {st.jobs[j.job_id].priority_class}{_OF}{j.job_id}"
             start_on(j.job_id, j.gpus, queue, t, victims, why)
         st.first = first
         return out

@@ -244,8 +244,10 @@ class ScoringHandler:
         except msgspec.MsgspecError:
             self.stats.extra["ignored_bad_kill"] += 1  # the host agents dead-letter it
             return
-        if req.requeue:
-            return  # a preemption (ours): the host agent stops it, `preempted` requeues it
+        if req.requeue:  # a preemption (ours): the host agent stops it, `preempted` requeues it
+            if self.reclaimer is not None:
+                self.reclaimer.restore(req, rec.timestamp_ms / 1e3)
+            return
         if not self.free:
             self.stats.extra["kills_ignored_driven"] += 1
             return
@@ -330,7 +332,8 @@ class ScoringHandler:
 
     # ---- restart --------------------------------------------------------------------------
     def replay(self, rec: Record) -> None:
-        """Read back at start: jobs, events, nodes, round requests and our own answers."""
+        """Read back at start: jobs, events, nodes, round requests, our own answers and
+        the preemptions we asked (`LiveReclaim.restore`)."""
         if rec.topic == self.t.sched_rounds:
             with contextlib.suppress(msgspec.MsgspecError):
                 req = self._round.decode(rec.value or b"")
@@ -350,6 +353,11 @@ class ScoringHandler:
         elif rec.topic == self.t.jobs_events:
             with contextlib.suppress(msgspec.MsgspecError):
                 self.state.event(self._event.decode(rec.value or b""), False)
+        elif rec.topic == self.t.jobs_kill:  # the preemptions asked: still stopping?
+            with contextlib.suppress(msgspec.MsgspecError):
+                kill = self._kill.decode(rec.value or b"")
+                if kill.requeue and self.reclaimer is not None:
+                    self.reclaimer.restore(kill, rec.timestamp_ms / 1e3)
         elif rec.topic in (self.t.jobs_rejected, self.t.cluster_nodes) or (
             self.conf.ledger and rec.topic == usage_changelog(self.t.prefix)
         ):
@@ -482,7 +490,7 @@ async def serve(
         handle=handler,
         replay_topics=[
             t.jobs_accepted, t.jobs_rejected, t.jobs_events, t.cluster_nodes, t.sched_rounds,
-            t.sched_priorities, *ledger,
+            t.sched_priorities, t.jobs_kill, *ledger,
         ],
         replay=handler.replay,
     )  # fmt: skip
