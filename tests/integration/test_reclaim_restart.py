@@ -4,7 +4,9 @@ and real processes: two borrowers of `research` hold the host's four GPUs, a job
 SIGKILLed while that borrower (which ignores SIGTERM) is inside its grace period, then
 started again. The reclaim is not lost (the owner starts on the GPUs the victim frees,
 within grace + minimum run + a round, with the restart's own time on top), and nothing
-doubles: one stop request, one SIGTERM, one `preempted`, the older borrower untouched."""
+doubles: scoring asks once, a second request (sent by the test, as a scoring that
+decided again would) is ignored by the agent, one SIGTERM, one `preempted`, the older
+borrower untouched."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import pytest
 
 from shared.bus import Producer, Record, read_back
 from shared.config import BusSettings
+from shared.messages import KillRequest, encode
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -142,6 +145,10 @@ async def test_scoring_restarted_inside_a_reclaims_grace_period(
             os.kill(procs["scoring"].pid, signal.SIGKILL)
             procs["scoring"].wait()
             procs["scoring"] = _spawn(bus, scoring, tmp_path / "scoring.log")
+            # a second request for b2 while it stops (as a scoring that decided again
+            # would send): the agent, already stopping it, ignores it
+            again = KillRequest("b2", "a second request", requeue=True, grace_s=1.0)
+            await (await prod.send(t.jobs_kill, "b2", encode(again)))
             stop = await _wait(bus, t.jobs_events, _event("b2", "preempted"), GRACE_S + 60)
             first = await _wait(bus, t.jobs_events, _event("owner", "started"), 60)
             await _wait(bus, t.jobs_events, _event("owner", "finished"), 60)
@@ -162,10 +169,15 @@ async def test_scoring_restarted_inside_a_reclaims_grace_period(
     # the restart did not lose the reclaim: the owner started on b2's GPUs, within grace
     # + minimum run + a round of its submission (and the restart's time on top)
     assert stop["exit_code"] == -9, stop  # b2 ignored SIGTERM: killed after its grace
+    # ... the first request's (30 s), not the second's (1 s): that one was ignored
+    assert stop["time"] - float((tmp_path / "b2.term").read_text()) >= GRACE_S - 1.0
     assert first["time"] >= stop["time"]
     assert first["time"] - asked <= GRACE_S + MIN_RUN_S + ROUND_S + RESTART_S, (first, asked)
     # nothing doubled: one request, one SIGTERM, one `preempted`, b1 never stopped
-    assert [k["job_id"] for k in kills] == ["b2"], kills
+    assert [(k["job_id"], k["reason"]) for k in kills] == [
+        ("b2", "reclaim: queue prod's guarantee, for owner"),
+        ("b2", "a second request"),  # (the test's own)
+    ], kills
     assert len((tmp_path / "b2.term").read_text().splitlines()) == 1
     kinds = {j: [e["kind"] for e in events if e["job_id"] == j] for j in ("b1", "b2", "owner")}
     assert kinds == {
