@@ -9,7 +9,8 @@ that does not decode goes to `<topic>.dlq`, counted). The figures are
 beginning, then consumes from its committed offset: a record at or below the
 offset read back in its partition was applied already and is skipped (a
 preempted job's earlier `started`, applied again, would reopen the segment its
-`preempted` closed: its run counted twice).
+`preempted` closed: its run counted twice). Each record thus counts once per
+process, read back or live, in the Prometheus histograms and counters as well.
 
 Why no faust-streaming table: a faust windowed table aggregates per key on the
 record's timestamp, with its own worker, changelog topics and commit policy.
