@@ -41,21 +41,11 @@ from shared.messages import KillRequest
 from shared.placement_api import FULL_GPU
 from shared.tenancy import ANY, Quota, Running, Usage, Waiting
 
-__all__ = ["STOPPING_S", "LiveReclaim", "owner_of"]
+__all__ = ["STOPPING_S", "LiveReclaim"]
 
 _HEADS = 2  # waiting jobs per queue and check that may reclaim
 STOPPING_S = 30.0  # beyond its grace period, how long a victim is awaited before asked again
 _NO_CLASS = PriorityClass()
-_FOR, _OF = ", for ", " of "  # a reclaim's reason ends `, for JOB`, a priority one's ` of JOB`
-
-
-def owner_of(reason: str) -> str | None:
-    """The job a preemption asked by `LiveReclaim` is for, from its reason."""
-    if reason.startswith("reclaim: ") and _FOR in reason:
-        return reason.rsplit(_FOR, 1)[1]
-    if reason.startswith("priority: ") and _OF in reason:
-        return reason.rsplit(_OF, 1)[1]
-    return None
 
 
 @dataclass
@@ -74,7 +64,7 @@ class LiveReclaim:
         """A preemption asked on `jobs.kill` at `when` (its record's timestamp: read back
         after a restart, or our own coming back); `check` takes it up."""
         if req.requeue and req.job_id not in self.draining:
-            self.restored[req.job_id] = (owner_of(req.reason) or "", when)
+            self.restored[req.job_id] = (req.for_job or "", when)
 
     def check(self, st: ScoringState, now: float) -> list[KillRequest]:
         """The preemptions to ask for now (and `st.first` set)."""
@@ -132,7 +122,9 @@ class LiveReclaim:
                 self.draining[vid] = (job_id, now)
                 usage.add(r.queue, r.gpus, -1.0)
                 free[t] = free.get(t, 0.0) + r.gpus.get(t, 0.0)
-                out.append(KillRequest(vid, why, requeue=True, grace_s=self.grace_s))
+                out.append(
+                    KillRequest(vid, why, requeue=True, grace_s=self.grace_s, for_job=job_id)
+                )
             cands[:] = [r for r in cands if ids[r.key] not in self.draining]
             usage.add(queue, {t: gpus})
             free[t] = free.get(t, 0.0) - gpus
@@ -163,7 +155,7 @@ class LiveReclaim:
             if got is None or not got[1]:
                 continue
             t, victims = got
-            why = f"reclaim: queue {queue}'s guarantee{_FOR}{j.job_id}"
+            why = f"reclaim: queue {queue}'s guarantee, for {j.job_id}"
             start_on(j.job_id, j.gpus, queue, t, victims, why)
         # rule 5: the highest-priority waiting jobs of classes that preempt lower ones
         eager = [
@@ -193,7 +185,7 @@ class LiveReclaim:
             if got is None or not got[1]:
                 continue
             t, victims = got
-            why = f"priority: class {st.jobs[j.job_id].priority_class}{_OF}{j.job_id}"
+            why = f"priority: class {st.jobs[j.job_id].priority_class} of {j.job_id}"
             start_on(j.job_id, j.gpus, queue, t, victims, why)
         st.first = first
         return out

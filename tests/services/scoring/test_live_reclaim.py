@@ -3,9 +3,11 @@ borrowers a waiting job of a guaranteed queue preempts, and when none."""
 
 from __future__ import annotations
 
+import msgspec
+
 from services.scoring.policies import make_policy
 from services.scoring.queue import ScoringState
-from services.scoring.reclaim import LiveReclaim, owner_of
+from services.scoring.reclaim import LiveReclaim
 from shared.cluster import ClusterSpec, NodeSpec, PriorityClass, QueueSpec
 from shared.messages import Job, JobEvent, NodeStatus
 
@@ -155,6 +157,9 @@ def test_a_restarted_reclaim_takes_up_the_preemptions_asked_before() -> None:
     stale = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0)
     stale.restore(asked[0], 50.0)
     assert [k.job_id for k in stale.check(_borrowing(), 705.0)] == ["r2"]
-    # a kill that is not a preemption, or a reason not reclaim's, names no owner
-    assert owner_of("priority: class high of hi") == "hi"
-    assert owner_of("user asked") is None
+    # the request names the job it makes room for; one read back without it (an older
+    # request, or a user's requeue) still counts as stopping, for no job in particular
+    assert asked[0].for_job == "p1"
+    anon = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0)
+    anon.restore(msgspec.structs.replace(asked[0], for_job=None), 701.0)
+    assert anon.check(_borrowing(), 705.0) == [] and anon.draining == {"r2": ("", 701.0)}
