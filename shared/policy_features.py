@@ -114,9 +114,9 @@ SIBLING_FEATURES = ("sibling_log_run", "log_siblings")  # within IDENTITY_FEATUR
 FAIR_SHARE_FEATURES = ("fair_share",)
 # `f1`'s key (services/scoring/policies/f1.py): log10(max(r, 1)) n + 870 log10(max(s,
 # 1)), r its run-time estimate (`f1_estimate`), n the GPUs, s the seconds since the first
-# submit the policy saw + 1; computed in float64 as f1 does and carried in two float32
-# columns, the key rounded and what the rounding left (their float64 sum is the key to
-# about 1e-11 of it, so no two keys f1 tells apart tie or swap). Only computed when
+# submit the policy saw + 1; computed in float64 as f1 does (`_f1_columns`) and carried
+# in two float32 columns, the key rounded and what the rounding left (their float64 sum
+# is the key to about 1e-11 of it, so keys further apart never tie or swap). Only computed when
 # `encode` is given that origin (a residual network on f1 reads them as its base, not
 # as inputs); 0 otherwise.
 F1_FEATURES = ("f1_key", "f1_key_rest")

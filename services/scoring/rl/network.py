@@ -48,7 +48,8 @@ them: they are 0 in its normalised input),
 
 so that, with the output layer at zero, the highest score is f1's first and the
 stable sort (older first on ties) is f1's order (key, submit, seq): the served
-scores of such a network are float64, so that keys f1 tells apart never tie. The
+scores of such a network are float64, so that keys apart by more than 1e-11 of
+them never tie. The
 window's least key is subtracted so the module's float32 scores stay small;
 `scale` (default 1, `--residual-scale`) sets how sharp the sampling softmax around
 f1's order is: two jobs whose keys differ by d are drawn in f1's order with odds
@@ -339,7 +340,7 @@ class WindowScorer:
             out = b * np.tanh(out / b)
         if cfg.base == "f1":
             base = f1_base_np(x[:, cfg.base_key_col], x[:, cfg.base_rest_col], cfg.base_scale)
-            return out.astype(np.float64) + base  # float64: keys f1 tells apart never tie
+            return out.astype(np.float64) + base  # float64: distinct keys do not tie
         elif cfg.base:
             x32 = x.astype(np.float32, copy=False)
             out = out + drf_base_np(x32[:, cfg.base_rank_col], x32[:, cfg.base_wait_col])
