@@ -5,11 +5,13 @@ mean and mean relative gain over the episodes (the two `--val-score`s). What a
 checkpoint is chosen on, next to what the validation matrix reports.
 
     rltune bench val_episodes --world bench/worlds/mixed.yaml \\
-        [--checkpoints models/rl-mixed.pt,...] [--val-episodes 12] [--seed 1]
+        [--checkpoints models/rl-mixed.pt,...] [--val-episodes 12] [--seed 1] \\
+        [--load-lo 0.6 --load-hi 1.2]
 
 The episodes are the trainer's for the same world, seed, episode count and load
-range (its defaults here: rl-mixed's; `--load-lo/--load-hi` do not change them,
-since validation runs every episode at load 0.95).
+range (services/scoring/rl/validation.py; the defaults here are rl-mixed's): each
+row gives the episode's load as drawn and as built; the candidates dropped because
+every heuristic was within 0.1% of each other are counted under the table.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from dataclasses import asdict
 
 from services.scoring.rl.args import HEURISTICS, Args
 from services.scoring.rl.checkpoint import load_checkpoint
-from services.scoring.rl.env import EpisodeConfig
+from services.scoring.rl.env import EpisodeConfig, EpisodeSpec
 from services.scoring.rl.network import NetConfig, ScoreNet
 from services.scoring.rl.rollout import Rollouts
-from services.scoring.rl.train import _val_world, episode_specs, load_world
+from services.scoring.rl.train import _val_world, load_world
+from services.scoring.rl.validation import validation_set
 from shared.errors import UserError
 from shared.policy_features import GLOBAL_FEATURES, JOB_FEATURES
 
@@ -40,6 +43,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--baseline", default="f1", help="the prefix's policy (the trainer's)")
     p.add_argument("--prefix", type=int, default=Args.prefix)
     p.add_argument("--jobs", type=int, default=Args.jobs)
+    p.add_argument("--load-lo", type=float, default=0.6)
+    p.add_argument("--load-hi", type=float, default=1.2)
     a = p.parse_args(argv)
     args = Args(world=a.world, baseline=a.baseline, seed=a.seed, workers=0,
                 val_episodes=a.val_episodes, prefix=a.prefix, jobs=a.jobs)  # fmt: skip
@@ -47,20 +52,21 @@ def main(argv: list[str]) -> int:
     if not val_w.jobs:
         raise UserError(f"--world {a.world}: no part has a validation range (val:)")
     cfg = EpisodeConfig(
-        args.prefix, args.jobs, 0.95, 0.95, args.baseline, args.objective, args.placer,
-        args.window, args.offload_reward, True, args.shuffle_ties,
+        args.prefix, args.jobs, a.load_lo, a.load_hi, args.baseline, args.objective,
+        args.placer, args.window, args.offload_reward, True, args.shuffle_ties,
     )  # fmt: skip
-    specs = episode_specs(
-        [len(j) for j in val_w.jobs], cfg, a.val_episodes, [a.seed, 999_999], every_world=True
-    )
     val = Rollouts(functools.partial(_val_world, args), 0)
     try:
         stand_in = ScoreNet(NetConfig(len(JOB_FEATURES), len(GLOBAL_FEATURES)))
-        objs: dict[str, list[float]] = {}
-        for h in HEURISTICS:  # each heuristic on the whole episode (the prefix included)
-            res = val.run(specs, EpisodeConfig(**{**asdict(cfg), "baseline": h}), stand_in,
-                          JOB_FEATURES)  # fmt: skip
-            objs[h] = [r.baseline_obj for r in res]
+
+        def run(specs: list[EpisodeSpec], h: str) -> list[float]:
+            hc = EpisodeConfig(**{**asdict(cfg), "baseline": h})
+            return [r.baseline_obj for r in val.run(specs, hc, stand_in, JOB_FEATURES)]
+
+        vs = validation_set(val_w.jobs, val_w.clusters, cfg, a.val_episodes,
+                            [a.seed, 999_999], run, HEURISTICS)  # fmt: skip
+        specs = vs.specs
+        objs: dict[str, list[float]] = dict(vs.objs)
         for path in filter(None, a.checkpoints.split(",")):
             ck = load_checkpoint(path)
             res = val.run(specs, cfg, ck.net, ck.features, sample=False)
@@ -69,15 +75,21 @@ def main(argv: list[str]) -> int:
         val.close()
     best = [min(objs[h][i] for h in HEURISTICS) for i in range(len(specs))]
     names = list(objs)
-    print("| episode (world) | best avg bsld | " + " | ".join(names) + " |")
-    print("|---|---:|" + "---:|" * len(names))
+    head = "| episode (world, first job) | load (built) | best avg bsld | "
+    print(head + " | ".join(names) + " |")
+    print("|---|---:|---:|" + "---:|" * len(names))
     for i, spec in enumerate(specs):
         cells = " | ".join(f"{objs[k][i] / best[i]:.3f}" for k in names)
-        print(f"| {i} ({val_w.names[spec.cluster]}) | {best[i]:.3f} | {cells} |")
+        where = f"{i} ({val_w.names[spec.cluster]}, {spec.start})"
+        print(f"| {where} | {spec.load:.2f} ({vs.loads[i]:.2f}) | {best[i]:.3f} | {cells} |")
     geo = [math.exp(sum(math.log(objs[k][i] / best[i]) for i in range(len(specs))) / len(specs))
            for k in names]  # fmt: skip
     gain = [sum((best[i] - objs[k][i]) / best[i] for i in range(len(specs))) / len(specs)
             for k in names]  # fmt: skip
-    print("| geometric mean | | " + " | ".join(f"{g:.3f}" for g in geo) + " |")
-    print("| mean relative gain | | " + " | ".join(f"{g:.3f}" for g in gain) + " |")
+    print("| geometric mean | | | " + " | ".join(f"{g:.3f}" for g in geo) + " |")
+    print("| mean relative gain | | | " + " | ".join(f"{g:.3f}" for g in gain) + " |")
+    print(
+        f"\nDropped (every heuristic within 0.1%: nothing queued) and drawn again: "
+        f"{vs.dropped}; slots left empty: {len(vs.given_up)}"
+    )
     return 0

@@ -49,6 +49,7 @@ from services.scoring.rl.ppo import (
     value_loss,
 )
 from services.scoring.rl.rollout import Batch, Rollouts, Worlds, make_batch
+from services.scoring.rl.validation import validation_set
 from services.scoring.rl.world import World, load_world_file
 from shared.cluster import load_cluster
 from shared.errors import UserError
@@ -321,24 +322,19 @@ def val_score_geo(objective: str, pairs: Sequence[tuple[float, float]]) -> float
     return 1.0 - math.exp(sum(logs) / len(logs)) if logs else 0.0
 
 
-def heuristic_scores(
+def _heuristic_objs(
     val: Rollouts,
-    specs: Sequence[EpisodeSpec],
     cfg: EpisodeConfig,
     net: ScoreNet,
     features: tuple[str, ...],
-) -> tuple[list[str], list[float]]:
-    """Per validation episode, the best heuristic (each run as the baseline, prefix
-    included) and its objective: the bar is the best heuristic of each episode, not
-    one heuristic for all, as the matrix holds a policy to each cell's best."""
-    best = [(math.inf, "", math.nan)] * len(specs)  # (key, heuristic, objective)
-    for h in HEURISTICS:
-        res = val.run(specs, EpisodeConfig(**{**asdict(cfg), "baseline": h}), net, features)
-        for i, r in enumerate(res):
-            key = -r.baseline_obj if cfg.objective == "util" else r.baseline_obj
-            if math.isfinite(key) and key < best[i][0]:
-                best[i] = (key, h, r.baseline_obj)
-    return [b[1] for b in best], [b[2] for b in best]
+    specs: list[EpisodeSpec],
+    h: str,
+) -> list[float]:
+    """Heuristic h's objective on each validation episode (run as the baseline, the
+    prefix included): the bar is each episode's best heuristic, as the matrix holds a
+    policy to each cell's best."""
+    res = val.run(specs, EpisodeConfig(**{**asdict(cfg), "baseline": h}), net, features)
+    return [r.baseline_obj for r in res]
 
 
 def train(
@@ -406,16 +402,20 @@ def train(
     val_specs: list[EpisodeSpec] = []
     best_h, best_objs = list[str](), list[float]()
     if val is not None:
-        val_cfg = EpisodeConfig(**{**asdict(cfg), "load_lo": 0.95, "load_hi": 0.95})
-        val_specs = episode_specs(
-            [len(j) for j in val_w.jobs],
-            val_cfg,
-            args.val_episodes,
-            [args.seed, 999_999],
-            every_world=True,
-        )
-        best_h, best_objs = heuristic_scores(val, val_specs, val_cfg, net, features)
-        meta["validation"] = {"best_heuristic": best_h, "objective": best_objs}
+        # every episode's load is in its spec (validation.py): the range is the training one
+        val_cfg = cfg
+        vs = validation_set(
+            val_w.jobs, val_w.clusters, val_cfg, args.val_episodes, [args.seed, 999_999],
+            functools.partial(_heuristic_objs, val, val_cfg, net, features), HEURISTICS,
+        )  # fmt: skip
+        val_specs, best_h, best_objs = vs.specs, vs.best_heuristic, vs.best_obj
+        if not val_specs:
+            raise UserError("every validation episode of the world left the queue empty")
+        meta["validation"] = {
+            "best_heuristic": best_h, "objective": best_objs,
+            "episodes": [[val_w.names[s.cluster], s.start, s.load, s.seed] for s in val_specs],
+            "loads": vs.loads, "dropped_no_queue": vs.dropped, "given_up": vs.given_up,
+        }  # fmt: skip
     logs: list[IterationLog] = []
     best_val = float(meta.get("val_gain", -math.inf))  # a resumed run keeps its best
     best_ckpt = Checkpoint(net, features, meta)
