@@ -67,11 +67,13 @@ import asyncio
 import contextlib
 import logging
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import faust
 import msgspec
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from faust.types.auth import CredentialsT
 
 from shared.bus import ServiceStats
@@ -148,9 +150,9 @@ def build_app(
     datadir: str,
     group_id: str | None = None,
 ) -> faust.App:
-    """The faust app: one agent, two tables (module docstring)."""
+    """The faust app: one agent, two tables (module docstring); `app.ledger` is the
+    `Ledger` that applies the records (the agent's and the repair's)."""
     t = settings.topics
-    half_life = cluster.half_life_s if cluster is not None else DEFAULT_HALF_LIFE_S
     app = faust.App(
         group_id or f"{settings.topic_prefix}{NAME}",
         broker=_broker_url(settings),
@@ -175,10 +177,12 @@ def build_app(
         value_serializer="json",
     )
     inputs = app.topic(t.jobs_accepted, t.jobs_events, key_serializer="raw", value_serializer="raw")
-    jobs = app.Table("jobs", default=lambda: None)
-    usage = app.Table("usage", default=lambda: None)
-    job_dec = msgspec.json.Decoder(Job)
-    ev_dec = msgspec.json.Decoder(JobEvent)
+    # use_partitioner: a change's changelog partition comes from its key, not from the
+    # record being processed, so that the repair may write between records (one
+    # partition per topic: partition 0 either way)
+    jobs = app.Table("jobs", default=lambda: None, use_partitioner=True)
+    usage = app.Table("usage", default=lambda: None, use_partitioner=True)
+    ledger = Ledger(settings, cluster, stats, jobs, usage)
 
     @app.agent(inputs)
     async def track(stream: Any) -> None:
@@ -189,31 +193,145 @@ def build_app(
             first = f"first_offset_{msg.topic}"
             if first not in stats.extra:
                 stats.extra[first] = msg.offset
-            try:
-                if msg.topic == t.jobs_accepted:
-                    out = _accepted(jobs, job_dec.decode(event.value or b""), cluster)
-                else:
-                    ev = ev_dec.decode(event.value or b"")
-                    got = _event(jobs, ev, msg.offset)
-                    if got is None:
-                        stats.extra["duplicate_events"] += 1
-                        continue
-                    out = got
-            except msgspec.MsgspecError:
-                stats.extra["ignored_bad_message"] += 1
-                continue
-            for queue, change in out:
-                row = usage[queue]
-                old = (
-                    Row(row["usage"], row["as_of"], row["gpus"]) if row else Row(as_of=change["t"])
-                )
-                new = old.change(change["t"], change["gpus"], half_life)
-                usage[queue] = {"usage": new.usage, "as_of": new.as_of, "gpus": new.gpus}
-                stats.extra["changes_applied"] += 1
+            await ledger.record(msg.topic, msg.partition, msg.offset, event.value)
 
-    app.ledger_usage = usage  # type: ignore[attr-defined]
-    app.ledger_jobs = jobs  # type: ignore[attr-defined]
+    app.ledger = ledger  # type: ignore[attr-defined]
     return app
+
+
+def _next_key(topic: str, partition: int) -> str:
+    """The `jobs` row holding the next offset to apply of an input partition: "@" and
+    " " are outside JOB_ID_PATTERN, so no job's row has this key."""
+    return f"@next {topic} {partition}"
+
+
+class Ledger:
+    """Applies input records to the tables, each once, in offset order per partition,
+    with none missing (module docstring: "Every record, by construction")."""
+
+    def __init__(
+        self,
+        settings: BusSettings,
+        cluster: ClusterSpec | None,
+        stats: ServiceStats,
+        jobs: Any,
+        usage: Any,
+    ) -> None:
+        self.settings = settings
+        self.cluster = cluster
+        self.half_life = cluster.half_life_s if cluster is not None else DEFAULT_HALF_LIFE_S
+        self.stats = stats
+        self.jobs = jobs
+        self.usage = usage
+        self.lock = asyncio.Lock()  # one applier at a time: the agent or the repair
+        self.last_record = time.monotonic()
+        self._reader: AIOKafkaConsumer | None = None
+        self._job_dec = msgspec.json.Decoder(Job)
+        self._ev_dec = msgspec.json.Decoder(JobEvent)
+
+    def next_offset(self, topic: str, partition: int) -> int | None:
+        """The next offset of `topic`/`partition` to apply: every one before it has
+        been applied (None: none recorded yet)."""
+        got = self.jobs[_next_key(topic, partition)]
+        return None if got is None else int(got)
+
+    async def record(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
+        """A record the agent read: first every record before it that was never
+        applied (read here, from the broker), then the record itself."""
+        async with self.lock:
+            self.last_record = time.monotonic()
+            try:
+                await self._catch_up(topic, partition, offset)
+            except Exception as exc:  # the broker: the idle repair reads it all again
+                log.warning(
+                    "ledger: reading %s/%d before %d failed: %r", topic, partition, offset, exc
+                )
+                self.stats.extra["gap_repair_errors"] += 1
+                return  # its offset stays unapplied, so the repair reads this one too
+            self._apply(topic, offset, value)
+            self._advance(topic, partition, offset + 1)
+            self.last_record = time.monotonic()
+
+    async def repair_idle(self, tps: list[tuple[str, int]], idle_s: float) -> None:
+        """While the agent has read nothing for `idle_s`, any record of `tps` before
+        the partition's end that was never applied (no later record will show the
+        gap to the agent) is read here and applied."""
+        if time.monotonic() - self.last_record < idle_s:
+            return
+        async with self.lock:
+            for topic, partition in tps:
+                c = await self._client()
+                tp = TopicPartition(topic, partition)
+                end = (await c.end_offsets([tp]))[tp]
+                if end > (self.next_offset(topic, partition) or 0):
+                    await self._catch_up(topic, partition, end)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            await self._reader.stop()
+            self._reader = None
+
+    async def _catch_up(self, topic: str, partition: int, upto: int) -> None:
+        start = self.next_offset(topic, partition)
+        c = await self._client()
+        tp = TopicPartition(topic, partition)
+        if start is None:  # nothing recorded: from the start of the log
+            start = (await c.beginning_offsets([tp]))[tp]
+        if upto <= start:
+            return
+        for rec in await _read_range(c, tp, start, upto):
+            self._apply(topic, rec.offset, rec.value)
+            self._advance(topic, partition, rec.offset + 1)
+            self.stats.extra["gap_records_applied"] += 1
+            log.info(
+                "ledger: applied %s/%d offset %d, never read by the agent",
+                topic,
+                partition,
+                rec.offset,
+            )
+        # the rest of the range held no record (control batches, compacted away): done
+        self._advance(topic, partition, upto)
+
+    def _advance(self, topic: str, partition: int, nxt: int) -> None:
+        if nxt > (self.next_offset(topic, partition) or 0):
+            self.jobs[_next_key(topic, partition)] = nxt
+
+    async def _client(self) -> AIOKafkaConsumer:
+        if self._reader is None:
+            c = AIOKafkaConsumer(
+                **self.settings.client_kwargs(),
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+            )
+            await c.start()
+            self._reader = c
+        return self._reader
+
+    def _apply(self, topic: str, offset: int, value: bytes | None) -> None:
+        """One input record: its job's row and its queue's usage (idempotent by
+        offset: a record applied already changes nothing)."""
+        stats = self.stats
+        try:
+            if topic == self.settings.topics.jobs_accepted:
+                out = _accepted(self.jobs, self._job_dec.decode(value or b""), self.cluster)
+            else:
+                ev = self._ev_dec.decode(value or b"")
+                if ev.job_id.startswith("@"):
+                    raise msgspec.ValidationError(f"not a job id: {ev.job_id!r}")
+                got = _event(self.jobs, ev, offset)
+                if got is None:
+                    stats.extra["duplicate_events"] += 1
+                    return
+                out = got
+        except msgspec.MsgspecError:
+            stats.extra["ignored_bad_message"] += 1
+            return
+        for queue, change in out:
+            row = self.usage[queue]
+            old = Row(row["usage"], row["as_of"], row["gpus"]) if row else Row(as_of=change["t"])
+            new = old.change(change["t"], change["gpus"], self.half_life)
+            self.usage[queue] = {"usage": new.usage, "as_of": new.as_of, "gpus": new.gpus}
+            stats.extra["changes_applied"] += 1
 
 
 def _accepted(jobs: Any, job: Job, cluster: ClusterSpec | None) -> list[tuple[str, dict]]:
@@ -252,6 +370,22 @@ def _event(jobs: Any, ev: JobEvent, offset: int) -> list[tuple[str, dict]] | Non
     return out
 
 
+async def _read_range(
+    c: AIOKafkaConsumer, tp: TopicPartition, start: int, stop: int, timeout_s: float = 30.0
+) -> list[ConsumerRecord]:
+    """The records of `tp` with offsets in [start, stop), read with the plain consumer
+    `c` (no group). The read ends when the position reaches `stop`: a range that holds
+    no record moves the position past it all the same."""
+    c.assign([tp])
+    c.seek(tp, start)
+    out: list[ConsumerRecord] = []
+    async with asyncio.timeout(timeout_s):
+        while await c.position(tp) < stop:
+            got = await c.getmany(tp, timeout_ms=500)
+            out += [r for r in got.get(tp, []) if start <= r.offset < stop]
+    return out
+
+
 async def serve(
     settings: BusSettings,
     stop: asyncio.Event | None = None,
@@ -268,13 +402,17 @@ async def serve(
         datadir = conf.datadir or stack.enter_context(tempfile.TemporaryDirectory())
         app = build_app(settings, cluster, stats, datadir, group_id)
         app.finalize()
+        ledger: Ledger = app.ledger  # type: ignore[attr-defined]
+        inputs = {settings.topics.jobs_accepted, settings.topics.jobs_events}
         health = HEALTH[NAME] = ServiceHealth(NAME)
         await app.start()
+        settled = False
         try:
             if ready is not None:
                 ready.set()
             while not stop.is_set():
                 _probe(app, health)
+                settled = await _repair_when_idle(app, ledger, inputs, settled, stats)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)
         finally:
@@ -282,7 +420,31 @@ async def serve(
             if HEALTH.get(NAME) is health:
                 del HEALTH[NAME]
             await app.stop()
+            await ledger.close()
     return stats
+
+
+IDLE_S = 3.0  # the agent read nothing this long: the idle repair looks at the ends
+
+
+async def _repair_when_idle(
+    app: faust.App, ledger: Ledger, inputs: set[str], settled: bool, stats: ServiceStats
+) -> bool:
+    """The idle repair (`Ledger.repair_idle`), only while the app is settled: tables
+    recovered, no rebalance under way, the inputs assigned. Returns whether it is
+    settled; the agent's idle time counts from when it became so."""
+    assigned = [(tp.topic, tp.partition) for tp in app.consumer.assignment() if tp.topic in inputs]
+    recovered = app.tables.recovery.completed.is_set()  # type: ignore[attr-defined]
+    now_settled = recovered and not app.rebalancing and bool(assigned)
+    if now_settled and not settled:
+        ledger.last_record = max(ledger.last_record, time.monotonic())
+    if now_settled:
+        try:
+            await ledger.repair_idle(sorted(assigned), IDLE_S)
+        except Exception as exc:  # the broker: again on the next tick
+            log.warning("ledger: idle repair failed: %r", exc)
+            stats.extra["gap_repair_errors"] += 1
+    return now_settled
 
 
 def _probe(app: faust.App, health: ServiceHealth) -> None:
