@@ -74,6 +74,7 @@ from typing import Any
 import faust
 import msgspec
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from faust.types import TP
 from faust.types.auth import CredentialsT
 
 from shared.bus import ServiceStats
@@ -205,6 +206,14 @@ def _next_key(topic: str, partition: int) -> str:
     return f"@next {topic} {partition}"
 
 
+def _job_key(job_id: str) -> None:
+    """A job's `jobs` row is keyed by its id; the rows of the ledger's own (`_next_key`)
+    start with "@", which no job id does (JOB_ID_PATTERN): a message that says
+    otherwise is refused like any that does not decode."""
+    if job_id.startswith("@"):
+        raise msgspec.ValidationError(f"not a job id: {job_id!r}")
+
+
 class Ledger:
     """Applies input records to the tables, each once, in offset order per partition,
     with none missing (module docstring: "Every record, by construction")."""
@@ -252,17 +261,22 @@ class Ledger:
             self._advance(topic, partition, offset + 1)
             self.last_record = time.monotonic()
 
-    async def repair_idle(self, tps: list[tuple[str, int]], idle_s: float) -> None:
+    async def repair_idle(
+        self, tps: list[tuple[str, int]], idle_s: float, fetched: dict[tuple[str, int], int]
+    ) -> None:
         """While the agent has read nothing for `idle_s`, any record of `tps` before
         the partition's end that was never applied (no later record will show the
-        gap to the agent) is read here and applied."""
+        gap to the agent) is read here and applied. The end is the larger of
+        ListOffsets' answer and the high watermark of the app's own last fetch
+        (`fetched`; the embedded broker lists the first offset of the last batch
+        plus one, `shared.wire.read_to_end`)."""
         if time.monotonic() - self.last_record < idle_s:
             return
         async with self.lock:
             for topic, partition in tps:
                 c = await self._client()
                 tp = TopicPartition(topic, partition)
-                end = (await c.end_offsets([tp]))[tp]
+                end = max((await c.end_offsets([tp]))[tp], fetched.get((topic, partition), 0))
                 if end > (self.next_offset(topic, partition) or 0):
                     await self._catch_up(topic, partition, end)
 
@@ -313,11 +327,12 @@ class Ledger:
         stats = self.stats
         try:
             if topic == self.settings.topics.jobs_accepted:
-                out = _accepted(self.jobs, self._job_dec.decode(value or b""), self.cluster)
+                job = self._job_dec.decode(value or b"")
+                _job_key(job.job_id)
+                out = _accepted(self.jobs, job, self.cluster)
             else:
                 ev = self._ev_dec.decode(value or b"")
-                if ev.job_id.startswith("@"):
-                    raise msgspec.ValidationError(f"not a job id: {ev.job_id!r}")
+                _job_key(ev.job_id)
                 got = _event(self.jobs, ev, offset)
                 if got is None:
                     stats.extra["duplicate_events"] += 1
@@ -439,8 +454,12 @@ async def _repair_when_idle(
     if now_settled and not settled:
         ledger.last_record = max(ledger.last_record, time.monotonic())
     if now_settled:
+        fetched = {}
+        for topic, partition in assigned:
+            with contextlib.suppress(Exception):  # none yet: ListOffsets alone
+                fetched[topic, partition] = app.consumer.highwater(TP(topic, partition)) or 0
         try:
-            await ledger.repair_idle(sorted(assigned), IDLE_S)
+            await ledger.repair_idle(sorted(assigned), IDLE_S, fetched)
         except Exception as exc:  # the broker: again on the next tick
             log.warning("ledger: idle repair failed: %r", exc)
             stats.extra["gap_repair_errors"] += 1
