@@ -37,13 +37,32 @@ several table writes in the last batch the restarted tables came back without th
 rest of that batch (measured: 5 of 20 restarts with faust's 16 KiB batches, and
 256-byte batches still hold two rows). With one record per batch that answer is the
 end of the log; on Apache Kafka it is anyway, and the cost is only batching (one or
-two changelog writes per input event). Updates are still lost after a restart in
-about one run in eight: the first record after the committed offset sometimes
-never reaches the agent (docs/design/fair-share.md).
+two changelog writes per input event).
+
+Every record, by construction. faust-streaming 0.15.3 can drop an input record
+after a restart and commit past it: at the end of table recovery it seeks the
+inputs to their committed offsets while the fetcher already hands records to the
+agent's queue, then resumes flow control, which clears that queue; the fetcher's
+read offset is past the dropped record, and `_new_offset` commits over a single
+missing offset (faust-streaming #596, #606; the evidence in
+docs/design/fair-share.md). So the ledger keeps its own progress: the `jobs` row
+`@next <topic> <partition>` (`_next_key`) holds the next offset of each input
+partition to apply, written after each record's changes, and `Ledger` applies
+every record before it has been applied. A record past that offset makes the
+agent read the missing range itself (`_read_range`: a plain consumer assigned to
+the partition, no group) and apply it first, in order; when nothing follows a
+dropped record, the serve loop, once the agent has read nothing for `IDLE_S`,
+sees the partition's end beyond that offset and does the same. A range read that
+returns nothing (transaction markers, compacted records) is done. The tables take
+`use_partitioner` so the repair may write between records (one partition: the
+same partition 0). Repairs count as `gap_records_applied` in the stats and
+`rltune_ledger_gap_records_total{topic}`; failed reads (retried on the next
+record or the next idle turn) as `gap_repair_errors`.
 
 Idempotent by record: the `jobs` row keeps the offset of the last `jobs.events`
-record applied to it, so an event read again after a restart (its offset not yet
-committed while the tables' changelogs already had its change) changes nothing.
+record applied to it, and an accepted job's row its queue, so a record read again
+(faust reads from the committed offset after its seek, or the repair read it
+first) changes nothing.
 
 Deployed as `rltune service ledger` (compose, k8s) with the login every service
 makes (`credentials`: faust's `broker_credentials` from `KafkaSecurity`), as the
@@ -68,6 +87,7 @@ import contextlib
 import logging
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +96,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from faust.types import TP
 from faust.types.auth import CredentialsT
+from prometheus_client import Counter
 
 from shared.bus import ServiceStats
 from shared.cluster import ClusterSpec, load_cluster
@@ -104,6 +125,14 @@ __all__ = [
 NAME = "ledger"
 log = logging.getLogger("rltune.ledger")
 STOPS = ("finished", "failed", "preempted", "cancelled")
+GAP_RECORDS = Counter(
+    "rltune_ledger_gap_records_total",
+    "Input records the ledger read and applied itself, its consumer never having delivered them",
+    ["topic"],
+)
+REPAIR_ERRORS = Counter(
+    "rltune_ledger_repair_errors_total", "Reads of skipped input records that failed (retried)"
+)
 
 
 @dataclass(frozen=True)
@@ -256,6 +285,7 @@ class Ledger:
                     "ledger: reading %s/%d before %d failed: %r", topic, partition, offset, exc
                 )
                 self.stats.extra["gap_repair_errors"] += 1
+                REPAIR_ERRORS.inc()
                 return  # its offset stays unapplied, so the repair reads this one too
             self._apply(topic, offset, value)
             self._advance(topic, partition, offset + 1)
@@ -286,23 +316,26 @@ class Ledger:
             self._reader = None
 
     async def _catch_up(self, topic: str, partition: int, upto: int) -> None:
+        """Read and apply every record of the partition from the next offset to apply
+        up to `upto` (excluded), in order, advancing the next offset as they go."""
         start = self.next_offset(topic, partition)
+        if start is not None and upto <= start:
+            return  # the usual case: nothing missing
         c = await self._client()
         tp = TopicPartition(topic, partition)
-        if start is None:  # nothing recorded: from the start of the log
+        if start is None:  # nothing recorded (a new ledger): from the start of the log
             start = (await c.beginning_offsets([tp]))[tp]
         if upto <= start:
             return
-        for rec in await _read_range(c, tp, start, upto):
-            self._apply(topic, rec.offset, rec.value)
-            self._advance(topic, partition, rec.offset + 1)
-            self.stats.extra["gap_records_applied"] += 1
-            log.info(
-                "ledger: applied %s/%d offset %d, never read by the agent",
-                topic,
-                partition,
-                rec.offset,
-            )
+        async for batch in _read_range(c, tp, start, upto):
+            for rec in batch:
+                self._apply(topic, rec.offset, rec.value)
+                self._advance(topic, partition, rec.offset + 1)
+                self.stats.extra["gap_records_applied"] += 1
+                GAP_RECORDS.labels(topic).inc()
+                log.info(
+                    "ledger: %s/%d offset %d applied, never read", topic, partition, rec.offset
+                )
         # the rest of the range held no record (control batches, compacted away): done
         self._advance(topic, partition, upto)
 
@@ -386,19 +419,24 @@ def _event(jobs: Any, ev: JobEvent, offset: int) -> list[tuple[str, dict]] | Non
 
 
 async def _read_range(
-    c: AIOKafkaConsumer, tp: TopicPartition, start: int, stop: int, timeout_s: float = 30.0
-) -> list[ConsumerRecord]:
-    """The records of `tp` with offsets in [start, stop), read with the plain consumer
-    `c` (no group). The read ends when the position reaches `stop`: a range that holds
-    no record moves the position past it all the same."""
+    c: AIOKafkaConsumer, tp: TopicPartition, start: int, stop: int, stall_s: float = 30.0
+) -> AsyncIterator[list[ConsumerRecord]]:
+    """The records of `tp` with offsets in [start, stop), a batch at a time, read with
+    the plain consumer `c` (no group). The read ends when the position reaches `stop`:
+    a range that holds no record moves the position past it all the same. A read
+    that makes no progress for `stall_s` raises TimeoutError."""
     c.assign([tp])
     c.seek(tp, start)
-    out: list[ConsumerRecord] = []
-    async with asyncio.timeout(timeout_s):
-        while await c.position(tp) < stop:
-            got = await c.getmany(tp, timeout_ms=500)
-            out += [r for r in got.get(tp, []) if start <= r.offset < stop]
-    return out
+    last, since = start, time.monotonic()
+    while (pos := await c.position(tp)) < stop:
+        if pos > last:
+            last, since = pos, time.monotonic()
+        elif time.monotonic() - since > stall_s:
+            raise TimeoutError(f"{tp.topic}/{tp.partition} stayed at {pos} below {stop}")
+        got = await c.getmany(tp, timeout_ms=500)
+        batch = [r for r in got.get(tp, []) if start <= r.offset < stop]
+        if batch:
+            yield batch
 
 
 async def serve(
@@ -463,6 +501,7 @@ async def _repair_when_idle(
         except Exception as exc:  # the broker: again on the next tick
             log.warning("ledger: idle repair failed: %r", exc)
             stats.extra["gap_repair_errors"] += 1
+            REPAIR_ERRORS.inc()
     return now_settled
 
 

@@ -231,6 +231,7 @@ async def test_records_the_consumer_skipped_are_applied(bus: BusSettings, tmp_pa
         assert rows[q].at(4000.0, H) == pytest_approx(u)
     assert all(r.gpus == 0 for r in rows.values())
     assert s2.extra["gap_records_applied"] == 1, dict(s2.extra)
+    assert _gap_metric(t.jobs_events) == 1  # rltune_ledger_gap_records_total{topic}
     assert s2.extra[f"read_{t.jobs_events}"] - s2.extra["duplicate_events"] == 1
 
     # the last records of both inputs are skipped: c's accepted record and its two
@@ -253,6 +254,7 @@ async def test_records_the_consumer_skipped_are_applied(bus: BusSettings, tmp_pa
         assert rows[q].at(4000.0, H) == pytest_approx(u)
     assert all(r.gpus == 0 for r in rows.values())
     assert s3.extra["gap_records_applied"] == 3, dict(s3.extra)
+    assert (_gap_metric(t.jobs_accepted), _gap_metric(t.jobs_events)) == (1, 3)
     assert s3.extra["changes_applied"] == 2
     assert s3.extra[f"read_{t.jobs_events}"] == s3.extra["duplicate_events"]  # none new
 
@@ -321,6 +323,12 @@ async def test_restart_recovers_every_write_of_a_burst(bus: BusSettings, tmp_pat
     for q, u in want.items():
         assert rows[q].at(2000.0, H) == pytest_approx(u)
     assert all(r.gpus == 0 for r in rows.values())
+
+
+def _gap_metric(topic: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("rltune_ledger_gap_records_total", {"topic": topic}) or 0.0
 
 
 def pytest_approx_map(x: dict[str, float]) -> object:
