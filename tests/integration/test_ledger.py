@@ -184,8 +184,9 @@ async def test_records_the_consumer_skipped_are_applied(bus: BusSettings, tmp_pa
     """The ledger's consumer group commits past records the agent never got (faust drops
     what sits in the agent's queue when recovery ends: docs/design/fair-share.md). Here
     the committed offsets skip records directly: one with a later record behind it
-    (the agent sees the gap), then the last records of both inputs (nothing follows:
-    the idle repair sees the partitions' ends). Every one is applied, once."""
+    (the agent sees the gap, unless faust drops that one too), then the last records
+    of both inputs (nothing follows: the idle repair sees the partitions' ends). Every
+    one is applied, once."""
     cluster = tmp_path / "c.yaml"
     cluster.write_text(
         "nodes: [{name: n, count: 4, gpu_type: V100, gpus: 8}]\n"
@@ -230,9 +231,12 @@ async def test_records_the_consumer_skipped_are_applied(bus: BusSettings, tmp_pa
     for q, u in want.items():
         assert rows[q].at(4000.0, H) == pytest_approx(u)
     assert all(r.gpus == 0 for r in rows.values())
-    assert s2.extra["gap_records_applied"] == 1, dict(s2.extra)
-    assert _gap_metric(t.jobs_events) == 1  # rltune_ledger_gap_records_total{topic}
-    assert s2.extra[f"read_{t.jobs_events}"] - s2.extra["duplicate_events"] == 1
+    # offset 2 is read by the ledger itself; so is 3 when faust drops it in turn
+    # (the cause, at the end of recovery), the idle repair then reading both
+    gap2 = s2.extra["gap_records_applied"]
+    assert gap2 >= 1, dict(s2.extra)
+    assert s2.extra[f"read_{t.jobs_events}"] - s2.extra["duplicate_events"] + gap2 == 2
+    assert _gap_metric(t.jobs_events) == gap2  # rltune_ledger_gap_records_total{topic}
 
     # the last records of both inputs are skipped: c's accepted record and its two
     # events; the agent reads nothing, and the ends of the partitions show them
@@ -254,7 +258,7 @@ async def test_records_the_consumer_skipped_are_applied(bus: BusSettings, tmp_pa
         assert rows[q].at(4000.0, H) == pytest_approx(u)
     assert all(r.gpus == 0 for r in rows.values())
     assert s3.extra["gap_records_applied"] == 3, dict(s3.extra)
-    assert (_gap_metric(t.jobs_accepted), _gap_metric(t.jobs_events)) == (1, 3)
+    assert (_gap_metric(t.jobs_accepted), _gap_metric(t.jobs_events)) == (1, gap2 + 2)
     assert s3.extra["changes_applied"] == 2
     assert s3.extra[f"read_{t.jobs_events}"] == s3.extra["duplicate_events"]  # none new
 
