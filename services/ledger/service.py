@@ -52,7 +52,8 @@ every record before it has been applied. A record past that offset makes the
 agent read the missing range itself (`_read_range`: a plain consumer assigned to
 the partition, no group) and apply it first, in order; when nothing follows a
 dropped record, the serve loop, once the agent has read nothing for `IDLE_S`,
-sees the partition's end beyond that offset and does the same. A range read that
+sees the partition's end beyond that offset (twice, a turn apart) and does the
+same. A range read that
 returns nothing (transaction markers, compacted records) is done. The tables take
 `use_partitioner` so the repair may write between records (one partition: the
 same partition 0). Repairs count as `gap_records_applied` in the stats and
@@ -264,6 +265,7 @@ class Ledger:
         self.lock = asyncio.Lock()  # one applier at a time: the agent or the repair
         self.last_record = time.monotonic()
         self._reader: AIOKafkaConsumer | None = None
+        self._behind: dict[tuple[str, int], int] = {}  # the idle repair's last look
         self._job_dec = msgspec.json.Decoder(Job)
         self._ev_dec = msgspec.json.Decoder(JobEvent)
 
@@ -301,14 +303,21 @@ class Ledger:
         (`fetched`; the embedded broker lists the first offset of the last batch
         plus one, `shared.wire.read_to_end`)."""
         if time.monotonic() - self.last_record < idle_s:
+            self._behind.clear()
             return
         async with self.lock:
             for topic, partition in tps:
                 c = await self._client()
                 tp = TopicPartition(topic, partition)
                 end = max((await c.end_offsets([tp]))[tp], fetched.get((topic, partition), 0))
-                if end > (self.next_offset(topic, partition) or 0):
+                nxt = self.next_offset(topic, partition) or 0
+                # behind at two turns in a row with nothing read between: not a record
+                # that arrived just now and is on its way to the agent
+                seen, self._behind[topic, partition] = self._behind.get((topic, partition)), nxt
+                if end > nxt and seen == nxt:
                     await self._catch_up(topic, partition, end)
+                elif end <= nxt:
+                    del self._behind[topic, partition]
 
     async def close(self) -> None:
         if self._reader is not None:
