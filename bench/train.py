@@ -36,7 +36,7 @@ from services.scoring.rl.policy import RLPolicy
 from services.scoring.rl.reference import ReferencePolicy
 from services.scoring.rl.rollout import Rollouts, make_batch
 from services.scoring.rl.train import _train_world, episode_specs, ppo_update
-from shared.cluster import load_cluster
+from shared.cluster import ClusterSpec, load_cluster
 from shared.jsonfile import write_json
 from shared.metrics import percentile
 from shared.policy_api import History, Policy, PolicyContext, QueuedJob
@@ -118,12 +118,11 @@ def _rollouts(a: argparse.Namespace, net: ScoreNet, features: tuple[str, ...]) -
     }
 
 
-def _latency(a: argparse.Namespace, net: ScoreNet, features: tuple[str, ...]) -> dict[str, float]:
-    """Score one full window, many times, on one core: the served path (`RLPolicy`), the
-    first one (`ReferencePolicy`: per-job encoder, PyTorch forward) and sjf-est,
-    interleaved so that the machine's load falls on all three alike."""
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+def bench_window(
+    window: int, features: tuple[str, ...]
+) -> tuple[ClusterSpec, History, list[QueuedJob], SimObservation]:
+    """The window the latency is measured on: `window` jobs waiting on Philly's
+    heterogeneous cluster with 2,000 finished jobs behind them."""
     cluster = load_cluster(ROOT / "clusters" / "philly-hetero.yaml")
     rng = np.random.default_rng(0)
     history = History()
@@ -145,13 +144,23 @@ def _latency(a: argparse.Namespace, net: ScoreNet, features: tuple[str, ...]) ->
     jobs = [
         QueuedJob(i, f"j{i}", float(i * 30), int(rng.choice([1, 1, 1, 2, 4, 8])),
                   **who(int(rng.integers(2000))))  # type: ignore[arg-type]
-        for i in range(a.window)
+        for i in range(window)
     ]  # fmt: skip
     waiting = WaitingIndex()
     for j in jobs:
         waiting.add(j)
     obs = SimObservation(ClusterState(cluster), waiting, history, {})
-    obs.now = a.window * 30.0 + 600.0
+    obs.now = window * 30.0 + 600.0
+    return cluster, history, jobs, obs
+
+
+def _latency(a: argparse.Namespace, net: ScoreNet, features: tuple[str, ...]) -> dict[str, float]:
+    """Score one full window, many times, on one core: the served path (`RLPolicy`), the
+    first one (`ReferencePolicy`: per-job encoder, PyTorch forward) and sjf-est,
+    interleaved so that the machine's load falls on all three alike."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    cluster, history, jobs, obs = bench_window(a.window, features)
     policies: dict[str, Policy] = {
         "rl": RLPolicy(net, features),
         "rl-first": ReferencePolicy(net, features),

@@ -18,6 +18,7 @@ from shared.jsonfile import finite_or_null
 from shared.jsonfile import write_json as write_json_file
 from shared.placement_api import DISCIPLINES
 from shared.recipe import RunRecipe
+from shared.reclaim_flags import add_reclaim_args, check_reclaim_args
 from shared.sched.replacement import Replacing
 from shared.traces import SkipStats, TraceJob, require_fields
 
@@ -127,25 +128,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "between ticks wait for the next one, as under Slurm's sched_interval); default 0: "
         "a round at every arrival and finish",
     )
-    p.add_argument(
-        "--no-reclaim",
-        action="store_true",
-        help="never preempt borrowers for a queue's guarantee (reclaim is on wherever a "
-        "queue of the cluster file has guaranteed_gpus; docs/guide/tenancy.md)",
-    )
-    p.add_argument(
-        "--grace", type=float, default=120.0, metavar="S",
-        help="reclaim: seconds a preempted job keeps running after SIGTERM (default 120)",
-    )  # fmt: skip
-    p.add_argument(
-        "--min-run", type=float, default=600.0, metavar="S",
-        help="reclaim: a job is never preempted in its first S seconds (default 600)",
-    )  # fmt: skip
-    p.add_argument(
-        "--checkpoint", type=float, default=1800.0, metavar="S",
-        help="reclaim: a preempted job loses the work since its last checkpoint, taken "
-        "every S seconds of a run (default 1800; a priority class's checkpoint_s wins)",
-    )  # fmt: skip
+    add_reclaim_args(p, "sim")
     p.add_argument(
         "--offload-fraction",
         type=float,
@@ -294,16 +277,16 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
 
 def _reclaim_settings(args: argparse.Namespace) -> dict[str, Any]:
     """SimConfig's reclaim fields from the flags (benches without them: defaults)."""
+    check_reclaim_args(args, live=False)
     out: dict[str, Any] = {"reclaim": not getattr(args, "no_reclaim", False)}
-    for flag, key, lo in (("grace", "grace_s", 0.0), ("min_run", "min_run_s", 0.0),
-                          ("checkpoint", "checkpoint_s", 1e-9)):  # fmt: skip
+    for flag, key in (
+        ("grace", "grace_s"),
+        ("min_run", "min_run_s"),
+        ("checkpoint", "checkpoint_s"),
+    ):
         v = getattr(args, flag, None)
-        if v is None:
-            continue
-        if not (math.isfinite(v) and v >= lo):
-            name = "--" + flag.replace("_", "-")
-            raise UserError(f"{name} must be a number of seconds {'>' if lo else '>='} 0, got {v}")
-        out[key] = float(v)
+        if v is not None:
+            out[key] = float(v)
     return out
 
 

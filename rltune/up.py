@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
 import signal
 import subprocess
@@ -69,6 +68,7 @@ from shared.config import BusSettings
 from shared.errors import UserError
 from shared.messages import MetricsSnapshot, encode
 from shared.placement_api import DISCIPLINES
+from shared.reclaim_flags import add_reclaim_args, check_reclaim_args
 from shared.replay import REPLAY_HEADERS, Paced, job_spec_of, paced
 from shared.traces import SkipStats, TraceJob
 
@@ -137,22 +137,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "`priority_classes:` as a cluster file has them (guarantees are reclaimed by "
         "preempting borrowers: docs/guide/tenancy.md)",
     )
-    p.add_argument(
-        "--grace", type=float, default=None, metavar="S",
-        help="reclaim: a preempted job gets SIGTERM, then SIGKILL after S s (default 120)",
-    )  # fmt: skip
-    p.add_argument(
-        "--min-run", type=float, default=None, metavar="S",
-        help="reclaim: a job is never preempted in its first S s (default 600)",
-    )  # fmt: skip
-    p.add_argument(
-        "--checkpoint", type=float, default=None, metavar="S",
-        help="a replay's reclaim: a preempted job loses the work since its last checkpoint, "
-        "every S s (default 1800, as simulate's)",
-    )  # fmt: skip
-    p.add_argument(
-        "--no-reclaim", action="store_true", help="a replay without reclaim (as simulate's)"
-    )
+    add_reclaim_args(p, "both")
     p.add_argument("--policy", default="fifo", help="scheduling policy (default fifo)")
     p.add_argument("--placer", default="milp", help="placement (default milp)")
     p.add_argument("--window", type=int, default=128, help="jobs per round (K)")
@@ -198,10 +183,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--hosts and --gpus size the local cluster: they go without --trace")
     if args.queues is not None:
         raise UserError("--queues is the local cluster's: a replay takes its queues from --cluster")
-    for flag, v, lo in (("--grace", args.grace, 0.0), ("--min-run", args.min_run, 0.0),
-                        ("--checkpoint", args.checkpoint, 1e-9)):  # fmt: skip
-        if v is not None and not (math.isfinite(v) and v >= lo):
-            raise UserError(f"{flag} must be a number of seconds {'>' if lo else '>='} 0, got {v}")
+    check_reclaim_args(args, live=False)  # (a replay's preemption is simulated)
     args.format = args.format or "jsonl"
     args.cluster = args.cluster or str(CLUSTER)
     args.speedup = 1000.0 if args.speedup is None else args.speedup
@@ -310,9 +292,7 @@ def run_local(args: argparse.Namespace) -> int:
 def _tenancy(args: argparse.Namespace) -> dict[str, Any] | None:
     """The local cluster as a cluster file (its hosts, then `--queues`' queues and
     priority classes), checked as any cluster file is; None without `--queues`."""
-    for flag, v in (("--grace", args.grace), ("--min-run", args.min_run)):
-        if v is not None and not 0.0 <= v <= 86_400.0:
-            raise UserError(f"{flag} must be within [0, 86400] seconds, got {v:g}")
+    check_reclaim_args(args, live=True)
     if args.queues is None:
         if args.grace is not None or args.min_run is not None:
             raise UserError("--grace and --min-run go with --queues (the reclaim they tune)")

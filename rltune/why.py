@@ -38,7 +38,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="FILE",
         help="the deployment's cluster file: its queues and priority classes, to name the "
-        "queue rule that holds a job (limit, reclaim, priority)",
+        "queue rule that holds a job (limit, reclaim, preemption, non-preemptible, priority)",
+    )
+    p.add_argument(
+        "--min-run",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="the deployment's minimum run time (scoring's --min-run; default 600): when a "
+        "job that reclaim or a priority preemption would stop may be stopped",
     )
     add_bus_args(p)
     p.set_defaults(func=run)
@@ -47,9 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from services.scoring.why import WhyState
 
+    if not args.min_run >= 0.0 or args.min_run == float("inf"):
+        raise UserError(f"--min-run must be a finite number of seconds >= 0, got {args.min_run:g}")
     cluster = load_cluster(args.cluster) if args.cluster else None
     settings = bus_settings(args)
-    state = WhyState(settings.topics, cluster)
+    state = WhyState(settings.topics, cluster, args.min_run)
     run_async(_read(settings, state))
     state.present(time.time())  # a live cluster's present is the wall clock
     answer = state.explain(args.job_id)

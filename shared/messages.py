@@ -300,12 +300,15 @@ class KillRequest(Struct, omit_defaults=True):
     its process group (SIGTERM, SIGKILL after a grace period) and reports `failed`
     with the reason. With `requeue` (a preemption: scoring's reclaim on live hosts)
     the job is not ended: its stop is reported `preempted`, it goes back to the
-    queue and runs again when placed; `grace_s` is then its grace period."""
+    queue and runs again when placed; `grace_s` is then its grace period, and
+    `for_job` the waiting job the preemption makes room for (scoring reads it back
+    after a restart, so it neither asks twice nor loses that job's lead)."""
 
     job_id: JobId
     reason: ShortStr = ""
     requeue: bool = False
     grace_s: Annotated[float, Meta(ge=0.0, le=86_400.0)] | None = None
+    for_job: JobId | None = None
 
 
 class MetricsSnapshot(Struct, omit_defaults=True):

@@ -166,6 +166,20 @@ class History:
             return None
         return acc[1], acc[2] / acc[1], acc[3] / acc[1], acc[4]
 
+    def kind_stats(
+        self, who: str, num_gpus: int
+    ) -> tuple[float, float, float, float, float, float]:
+        """(`mean_run`, `mean_run_any`, then `group_stats` or four 0s) in one look-up, NaN
+        where `mean_run` or `mean_run_any` is None: for an encoder that reads all of them
+        for many kinds of job at once."""
+        acc = self._group.get((who, num_gpus))
+        any_ = self._who.get(who)
+        mean_any = any_[0] / any_[1] if any_ else math.nan
+        if not acc:
+            return math.nan, mean_any, 0.0, 0.0, 0.0, 0.0
+        n = acc[1]
+        return acc[0] / n, mean_any, n, acc[2] / n, acc[3] / n, acc[4]
+
     def mean_run_any(self, who: str) -> float | None:
         """Mean run time of all of `who`'s finished jobs; None if there are none."""
         acc = self._who.get(who)
@@ -226,6 +240,12 @@ class History:
         if hi <= lo:
             return None
         return hi - lo, math.fsum(logs[lo:hi]) / (hi - lo)
+
+    def sibling_runs(self, who: str, num_gpus: int) -> tuple[list[float], list[float]] | None:
+        """(submit times sorted, log10(1 + run s) in the same order) of the finished jobs
+        of `who` with `num_gpus` GPUs, what `siblings` searches (read only); None if none
+        has finished. For an encoder that searches one class for many jobs."""
+        return self._sibs.get((who, num_gpus))
 
     def finished(self, who: str) -> int:
         acc = self._who.get(who)

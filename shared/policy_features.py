@@ -32,7 +32,8 @@ Per job (JOB_FEATURES, one row each):
     count) submitted within 30 minutes of it. All 0 where unknown;
     then `fair_share` (FAIR_SHARE_FEATURES): Slurm's fair-share factor of the job's
     queue from the usage decayed with the cluster's half-life (shared/fairshare.py),
-    1 where the observation does not offer one.
+    1 where the observation does not offer one;
+    last, `f1`'s key in two columns (F1_FEATURES; given `origin_s`, else 0).
 Per cluster, a fixed length whatever the GPU types (GLOBAL_FEATURES): free /
 total GPUs, waiting demand / total, fragmentation, log10 queue length, log10
 mean run of every finished job. `cluster_features` is the per-type variant.
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 import math
 import operator
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 import numpy as np
@@ -62,6 +64,9 @@ from shared.placement_api import FULL_GPU
 from shared.policy_api import History, Observation, QueuedJob
 
 __all__ = [
+    "F1_DEFAULT_RUN_S",
+    "F1_FEATURES",
+    "F1_SUBMIT_WEIGHT",
     "FAIR_SHARE_FEATURES",
     "FEATURE_NEEDS",
     "GLOBAL_FEATURES",
@@ -73,6 +78,8 @@ __all__ = [
     "cluster_features",
     "encode",
     "encode_global",
+    "f1_estimate",
+    "f1_keys",
     "needs_of",
 ]
 
@@ -91,6 +98,8 @@ JOB_FEATURES = (
     "log_req_s", "has_req", "log_pred_s", "sibling_log_run", "log_siblings",
     # appended: fair share (FAIR_SHARE_FEATURES)
     "fair_share",
+    # appended: f1's key (F1_FEATURES)
+    "f1_key", "f1_key_rest",
 )  # fmt: skip
 OFFLOAD_FEATURES = ("offload_pressure",)  # only in the feature sets that ask for them
 # who submitted what and what they asked for, from finished jobs only: only in the
@@ -103,6 +112,16 @@ SIBLING_FEATURES = ("sibling_log_run", "log_siblings")  # within IDENTITY_FEATUR
 # that offers `fair_share(vc)` (the simulator's, the scoring service's), else 1: only
 # in the feature sets that ask for it (no checkpoint written before it reads it)
 FAIR_SHARE_FEATURES = ("fair_share",)
+# `f1`'s key (services/scoring/policies/f1.py): log10(max(r, 1)) n + 870 log10(max(s,
+# 1)), r its run-time estimate (`f1_estimate`), n the GPUs, s the seconds since the first
+# submit the policy saw + 1; computed in float64 as f1 does (`_f1_columns`) and carried
+# in two float32 columns, the key rounded and what the rounding left (their float64 sum
+# is the key to about 1e-11 of it, so keys further apart never tie or swap). Only computed when
+# `encode` is given that origin (a residual network on f1 reads them as its base, not
+# as inputs); 0 otherwise.
+F1_FEATURES = ("f1_key", "f1_key_rest")
+F1_SUBMIT_WEIGHT = 870.0
+F1_DEFAULT_RUN_S = 3600.0
 # the trace field an identity feature is computed from: a checkpoint that reads one
 # is refused on a trace whose jobs never carry it (`needs_of`)
 FEATURE_NEEDS: dict[str, tuple[str, ...]] = {
@@ -139,12 +158,74 @@ def _over_types(types: frozenset[str], obs: Observation) -> tuple[float, float, 
     return free, total, demand, frag
 
 
+def f1_estimate(job: QueuedJob, h: History) -> float:
+    """The run time `f1` ranks `job` on: `History.predict` (the user's last two runs
+    capped by the request, else the request), else the mean run of its user/VC and GPU
+    count, else of its user/VC, else `F1_DEFAULT_RUN_S`. Finished jobs only."""
+    guess = h.predict(job.user, job.time_limit_s)
+    if guess is not None:
+        return guess
+    return h.mean_run(job.who, job.num_gpus) or h.mean_run_any(job.who) or F1_DEFAULT_RUN_S
+
+
+def f1_keys(jobs: Sequence[QueuedJob], h: History, origin_s: float) -> np.ndarray:
+    """[n, 2] float64: per job f1's key rounded to float32, and what that left (the
+    F1_FEATURES columns): `_f1_columns` with each job's history looked up alone."""
+    nan = math.nan
+    mean = np.array([h.mean_run(j.who, j.num_gpus) or nan for j in jobs], dtype=np.float64)
+    mean_any = np.array([h.mean_run_any(j.who) or nan for j in jobs], dtype=np.float64)
+    submit = np.array([j.submit_s for j in jobs], dtype=np.float64)
+    return _f1_columns(jobs, h, mean, mean_any, submit, origin_s)
+
+
+def _f1_columns(
+    jobs: Sequence[QueuedJob],
+    h: History,
+    mean: np.ndarray,
+    mean_any: np.ndarray,
+    submit: np.ndarray,
+    origin_s: float,
+) -> np.ndarray:
+    """f1's key log10(max(r, 1)) n + 870 log10(max(s, 1)) per job, in float64, as two
+    columns (module doc). r is `f1_estimate` over the window at once: Tsafrir's
+    prediction (each user's last runs looked up once, capped by the request), else the
+    request, else `mean` (the job's user/VC and GPU count, NaN or 0: none), else
+    `mean_any` (its user/VC), else `F1_DEFAULT_RUN_S`. numpy's log10 may differ from
+    math.log10's (f1's) in the last bit, about 1e-16 of the key."""
+    n = len(jobs)
+    limit = np.fromiter(
+        (math.nan if j.time_limit_s is None else j.time_limit_s for j in jobs), np.float64, n
+    )
+    users = list(map(_USER, jobs))
+    by_user = {u: h.predict(u, None) for u in dict.fromkeys(users)}  # last runs' mean
+    guess = np.fromiter(
+        (math.nan if g is None else g for g in map(by_user.__getitem__, users)), np.float64, n
+    )
+    asked = ~np.isnan(limit) & (limit != 0)  # `if time_limit_s` in History.predict
+    pred = np.where(np.isnan(guess), limit, np.where(asked, np.minimum(guess, limit), guess))
+    known = ~np.isnan(mean) & (mean != 0)  # `mean_run(...) or mean_run_any(...) or ...`
+    known_any = ~np.isnan(mean_any) & (mean_any != 0)
+    fallback = np.where(known, mean, np.where(known_any, mean_any, F1_DEFAULT_RUN_S))
+    r = np.where(np.isnan(pred), fallback, pred)
+    gpus = np.fromiter(map(_NUM_GPUS, jobs), np.float64, n)
+    s = submit - origin_s + 1.0
+    key = np.log10(np.maximum(r, 1.0)) * gpus + F1_SUBMIT_WEIGHT * np.log10(np.maximum(s, 1.0))
+    head = key.astype(np.float32).astype(np.float64)
+    out: np.ndarray = np.stack((head, key - head), axis=1)
+    return out
+
+
 def encode(
-    jobs: Sequence[QueuedJob], obs: Observation, max_jobs: int, identity: bool = True
+    jobs: Sequence[QueuedJob],
+    obs: Observation,
+    max_jobs: int,
+    identity: bool = True,
+    origin_s: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(features [max_jobs, len(JOB_FEATURES)] float32, mask [max_jobs] bool), zero-padded.
     `identity=False` leaves the IDENTITY_FEATURES columns 0 (for a policy that reads
-    none of them: they are what costs most per job).
+    none of them: they are what costs most per job). `origin_s` (the first submit the
+    policy saw) fills the F1_FEATURES columns (`f1_keys`); None leaves them 0.
 
     Vectorised over the window: a window's cost is mostly fixed per call, so the
     number of operations, not of jobs, is what to keep small. Every feature but the
@@ -169,46 +250,52 @@ def encode(
     everyone = h.mean_run_all()
     n_types = max(len(obs.gpu_types), 1)
     total_gpus = max(obs.total_gpus(), 1)
-    over: dict[frozenset[str], tuple[float, float, float, float]] = {}
-    logged, plain = [], []
-    for user, vc, num_gpus, milli, types in index:
-        who = user or vc  # QueuedJob.who
-        mean = h.mean_run(who, num_gpus)
-        mean_any = h.mean_run_any(who)
-        runs, log_run, short, last = h.group_stats(who, num_gpus) or (0.0, 0.0, 0.0, 0.0)
-        # the estimate: the group's mean, else the who's, else every finished job's
-        est = mean if mean is not None else mean_any if mean_any is not None else everyone
-        est0 = 0.0 if est is None else est
-        group0 = 0.0 if mean is None else mean
-        t = over.get(types)
-        if t is None:
-            t = over[types] = _over_types(types, obs)
-        free, total, demand, frag = t
-        gpus = num_gpus * milli / 1000.0  # QueuedJob.gpus
-        held = obs.vc_gpus(vc)
-        logged.append((group0, mean_any or 0.0, est0, runs, last, est0 * gpus))
-        plain.append((
-            num_gpus, milli / FULL_GPU, len(types) / n_types if types else 1.0,
-            mean is not None, num_gpus <= free, demand / max(free, 1.0),
-            free / total if total > 0 else 0.0, frag, demand / total if total > 0 else 0.0,
-            gpus / total if total > 0 else 0.0, held / total_gpus, log_run, short,
-            est0, est is not None, group0, held,
-        ))  # fmt: skip
-    per_kind = np.array(plain, dtype=np.float64)
-    logs = np.log10(1.0 + np.array(logged, dtype=np.float64))
-    has_est = per_kind[:, 14]
+    users, vcs, n_gpus, millis, typess = zip(*index, strict=True)
+    # per kind from history: group mean, who's mean (NaN: none), runs, mean log run,
+    # short share, last run
+    st = np.array(
+        list(map(h.kind_stats, [u or v for u, v in zip(users, vcs, strict=True)], n_gpus)),
+        dtype=np.float64,
+    )
+    mean, mean_any = st[:, 0], st[:, 1]
+    has_group, has_any = ~np.isnan(mean), ~np.isnan(mean_any)
+    # the estimate: the group's mean, else the who's, else every finished job's
+    est = np.where(has_group, mean, mean_any)
+    if everyone is not None:
+        est = np.where(has_group | has_any, est, everyone)
+    has_est = ~np.isnan(est)
+    est0 = np.where(has_est, est, 0.0)
+    group0 = np.where(has_group, mean, 0.0)
+    # per allowed types and per VC, once
+    t_index = {t: i for i, t in enumerate(dict.fromkeys(typess))}
+    over = np.array(
+        [(*_over_types(t, obs), len(t) / n_types if t else 1.0) for t in t_index],
+        dtype=np.float64,
+    )[list(map(t_index.__getitem__, typess))]
+    free, total, demand, frag, allowed = over.T
+    v_index = {v: i for i, v in enumerate(dict.fromkeys(vcs))}
+    held = np.array([obs.vc_gpus(v) for v in v_index], dtype=np.float64)[
+        list(map(v_index.__getitem__, vcs))
+    ]
+    ng = np.array(n_gpus, dtype=np.float64)
+    milli = np.array(millis, dtype=np.float64)
+    gpus = ng * milli / 1000.0  # QueuedJob.gpus
+    has_total = total > 0
+    safe_total = np.where(has_total, total, 1.0)
+    per_kind = np.stack(
+        (np.log2(ng), milli / FULL_GPU, allowed, has_group, ng <= free,
+         demand / np.maximum(free, 1.0), np.where(has_total, free / safe_total, 0.0), frag,
+         np.where(has_total, demand / safe_total, 0.0),
+         np.where(has_total, gpus / safe_total, 0.0), held / total_gpus, st[:, 3], st[:, 4],
+         est0, has_est, _rank(group0), _rank(held)),
+        axis=1,
+    )  # fmt: skip
+    logs = np.log10(1.0 + np.stack(
+        (group0, np.where(has_any, mean_any, 0.0), est0, st[:, 2], st[:, 5], est0 * gpus),
+        axis=1,
+    ))  # fmt: skip
     logs[:, 5] *= has_est  # no estimate (nothing has finished): 0
-    per_kind[:, 0] = np.log2(per_kind[:, 0])
-    per_kind[:, 15] = _rank(per_kind[:, 15])  # est_rank: sjf-est's key, no history first
-    per_kind[:, 16] = _rank(per_kind[:, 16])  # the VC's share's rank
-    if identity:  # per (user, project, app, request): kinds of their own
-        asks = list(map(_ASKED, jobs))
-        ask_index = {k: i for i, k in enumerate(dict.fromkeys(asks))}
-        memo: dict[tuple[str, str], tuple[float, float, float]] = {}  # per name
-        ident = np.array([_identity(h, *k, memo) for k in ask_index], dtype=np.float64)
-        ident = ident[list(map(ask_index.__getitem__, asks))]
-    else:
-        ident = np.zeros((n, len(_NO_IDENTITY)))
+    ident = _identity_block(jobs, h) if identity else np.zeros((n, len(_NO_IDENTITY)))
     by_kind = np.concatenate((np.concatenate((per_kind, logs), axis=1)[kind], ident), axis=1)
 
     attained = np.fromiter(map(_ATTAINED, jobs), np.float64, n)
@@ -224,58 +311,87 @@ def encode(
     per_job[:, 2:] *= job_has_est[:, None]
     pressure = getattr(obs, "offload_pressure", None)
     offload = np.fromiter(map(pressure, jobs), np.float64, n) if pressure else np.zeros(n)
-    if identity:
-        sibs = np.array([_siblings(h, j) for j in jobs], dtype=np.float64)
-    else:
-        sibs = np.zeros((n, 2))
+    sibs = _siblings(h, kinds_of_jobs, submit) if identity else np.zeros((n, 2))
     share = np.ones(n)
     fair = getattr(obs, "fair_share", None)
     if fair is not None:
         of_vc = {vc: fair(vc) for vc in {j.vc for j in jobs}}  # per VC, once
         share = np.fromiter((of_vc[j.vc] for j in jobs), np.float64, n)
-    cols = (by_kind, per_job, offload[:, None], sibs, share[:, None])
+    if origin_s is None:
+        f1 = np.zeros((n, 2))
+    else:
+        f1 = _f1_columns(jobs, h, mean[kind], mean_any[kind], submit, origin_s)
+    cols = (by_kind, per_job, offload[:, None], sibs, share[:, None], f1)
     x[:n] = np.concatenate(cols, axis=1)[:, _ORDER]
     return x, mask
 
 
 _NO_IDENTITY = (0.0,) * 12
+_NAME_GETTERS = tuple((f, operator.attrgetter(f)) for f in ("user", "project", "app"))
 
 
-def _identity(
-    h: History,
-    user: str,
-    project: str,
-    app: str,
-    limit: float | None,
-    memo: dict[tuple[str, str], tuple[float, float, float]],
-) -> tuple[float, ...]:
-    """The IDENTITY_FEATURES of one kind of job, but the siblings' (per job), in
+def _identity_block(jobs: Sequence[QueuedJob], h: History) -> np.ndarray:
+    """The IDENTITY_FEATURES of `jobs` [n, 12] but the siblings' (per job), in
     `_BLOCKS` order: per user, project and app the finished jobs (log10(1 + count)),
     the mean log10(1 + run s) of the last few and the mean run / requested time (0
     where unknown); the request (log10(1 + s)), whether there is one, and Tsafrir's
-    prediction (`History.predict`, log10(1 + s); 0 if none). Finished jobs only."""
-    out: list[float] = []
-    for field, name in (("user", user), ("project", project), ("app", app)):
-        got = memo.get((field, name))
-        if got is None:  # a name is looked up once per window (kinds share users)
+    prediction (`History.predict`, log10(1 + s); 0 if none). Finished jobs only.
+
+    Looked up once per distinct name (and user's prediction) and gathered by index,
+    so a window of many kinds costs a few calls per name, not per job."""
+    n = len(jobs)
+    out = np.zeros((n, 12))
+    for block, (field, getter) in enumerate(_NAME_GETTERS):
+        names = list(map(getter, jobs))
+        index = {k: i for i, k in enumerate(dict.fromkeys(names))}
+        per_name = np.zeros((len(index), 3))
+        for i, name in enumerate(index):
             st = h.identity_stats(field, name)
-            if st is None:
-                got = (0.0, 0.0, 0.0)
-            else:
-                count, log_run, ratio = st
-                got = (math.log10(1.0 + count), log_run, max(ratio, 0.0))
-            memo[field, name] = got
-        out += got
-    pred = h.predict(user, limit)
-    out += (_log10(limit), 1.0 if limit else 0.0, _log10(pred))
-    return tuple(out)
+            if st is not None:
+                per_name[i] = st
+        if per_name.any():
+            per_name[:, 0] = np.log10(1.0 + per_name[:, 0])
+            np.maximum(per_name[:, 2], 0.0, out=per_name[:, 2])
+            out[:, 3 * block : 3 * block + 3] = per_name[list(map(index.__getitem__, names))]
+    limit = np.fromiter((j.time_limit_s or 0.0 for j in jobs), np.float64, n)
+    users = list(map(_USER, jobs))
+    # the mean of each user's last runs, or None
+    by_user = {u: h.predict(u, None) for u in dict.fromkeys(users)}
+    guess = np.fromiter((math.nan if g is None else g for g in map(by_user.__getitem__, users)),
+                        np.float64, n)  # fmt: skip
+    known = ~np.isnan(guess)
+    # `History.predict(user, limit)`: the guess capped by the request, else the request
+    pred = np.where(known, np.where(limit > 0, np.minimum(guess, limit), guess), limit)
+    out[:, 9] = np.log10(1.0 + limit)
+    out[:, 10] = limit > 0
+    out[:, 11] = np.log10(1.0 + np.where(np.isnan(pred), 0.0, pred))
+    return out
 
 
-def _siblings(h: History, job: QueuedJob) -> tuple[float, float]:
-    """(mean log10(1 + run s), log10(1 + count)) of the job's finished siblings: its
-    class's jobs submitted within `History.SIBLING_S` of it; (0, 0) if none."""
-    found = h.siblings(job.who, job.num_gpus, job.submit_s)
-    return (0.0, 0.0) if found is None else (found[1], math.log10(1.0 + found[0]))
+def _siblings(
+    h: History, kinds: Sequence[tuple[str, str, int, int, frozenset[str]]], submit: np.ndarray
+) -> np.ndarray:
+    """[n, 2]: per job (mean log10(1 + run s), log10(1 + count)) of its finished
+    siblings, its class's jobs submitted within `History.SIBLING_S` of it (0, 0 if
+    none): `History.siblings`, with each class's runs looked up once per window."""
+    span = h.SIBLING_S
+    tables: dict[tuple[str, int], tuple[list[float], list[float]] | None] = {}
+    fsum, log10, none = math.fsum, math.log10, (0.0, 0.0)
+    rows: list[tuple[float, float]] = []
+    for (user, vc, gpus, _, _), at in zip(kinds, submit.tolist(), strict=True):
+        key = (user or vc, gpus)  # QueuedJob.who
+        if key in tables:
+            found = tables[key]
+        else:
+            found = tables[key] = h.sibling_runs(*key)
+        if found is None:
+            rows.append(none)
+            continue
+        subs, logs = found
+        lo = bisect_left(subs, at - span)
+        hi = bisect_right(subs, at + span)
+        rows.append((fsum(logs[lo:hi]) / (hi - lo), log10(1.0 + (hi - lo))) if hi > lo else none)
+    return np.array(rows, dtype=np.float64).reshape(len(rows), 2)
 
 
 def needs_of(features: Sequence[str]) -> tuple[str, ...]:
@@ -287,8 +403,9 @@ def needs_of(features: Sequence[str]) -> tuple[str, ...]:
 # function of
 _KIND_PLAIN = operator.attrgetter("user", "vc", "num_gpus", "gpu_milli", "gpu_types")
 # what its identity features but the siblings' are a function of
-_ASKED = operator.attrgetter("user", "project", "app", "time_limit_s")
+_USER = operator.attrgetter("user")
 _ATTAINED = operator.attrgetter("attained_gpu_s")
+_NUM_GPUS = operator.attrgetter("num_gpus")
 _SUBMIT = operator.attrgetter("submit_s")
 # where each JOB_FEATURES column is in what `encode` concatenates ("-": only used there)
 _BLOCKS = (
@@ -300,13 +417,13 @@ _BLOCKS = (
     # per kind, log10(1 + x)
     "log_mean_run_group_s", "log_mean_run_who_s", "log_est_run_s", "log_group_runs",
     "log_last_run_s", "log_est_gpu_s",
-    # per kind, identity (`_identity`)
+    # identity but the siblings (`_identity_block`)
     "log_user_runs", "user_log_run", "user_run_over_req",
     "log_project_runs", "project_log_run", "project_run_over_req",
     "log_app_runs", "app_log_run", "app_run_over_req", "log_req_s", "has_req", "log_pred_s",
     # per job
     "log_wait_s", "log_attained_gpu_s", "log_est_bsld", "log_wait_over_est", "offload_pressure",
-    "sibling_log_run", "log_siblings", "fair_share",
+    "sibling_log_run", "log_siblings", "fair_share", "f1_key", "f1_key_rest",
 )  # fmt: skip
 _ORDER = np.array([_BLOCKS.index(f) for f in JOB_FEATURES], dtype=np.intp)
 
@@ -314,10 +431,9 @@ _ORDER = np.array([_BLOCKS.index(f) for f in JOB_FEATURES], dtype=np.intp)
 def _rank(v: np.ndarray) -> np.ndarray:
     """Dense rank of each value among the distinct values, scaled to [0, 1] (all equal:
     0): it depends on the set of values, not their order. No NaN."""
-    values = v.tolist()
-    distinct = sorted(set(values))
-    rank = {u: i for i, u in enumerate(distinct)}
-    return np.array([rank[u] for u in values], dtype=np.float64) / max(len(distinct) - 1, 1)
+    distinct, rank = np.unique(v, return_inverse=True)
+    out: np.ndarray = rank / max(len(distinct) - 1, 1)
+    return out
 
 
 def encode_global(obs: Observation) -> np.ndarray:

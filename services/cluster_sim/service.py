@@ -81,6 +81,7 @@ from shared.messages import (
 )
 from shared.placement_api import DISCIPLINES
 from shared.recipe import RunRecipe, check_round_interval
+from shared.reclaim_flags import add_reclaim_args, check_reclaim_args
 from shared.reject import Reject
 from shared.replay import REPLAY_HEADERS, job_spec_of
 from shared.sim import SimConfig, write_jobs_csv
@@ -193,10 +194,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="rounds at most every S s of virtual time (as simulate's; default 0: every event)",
     )
-    p.add_argument("--no-reclaim", action="store_true", help="as simulate's: no reclaim")
-    p.add_argument("--grace", type=float, default=120.0, metavar="S", help="as simulate's")
-    p.add_argument("--min-run", type=float, default=600.0, metavar="S", help="as simulate's")
-    p.add_argument("--checkpoint", type=float, default=1800.0, metavar="S", help="as simulate's")
+    add_reclaim_args(p, "sim")
     p.add_argument(
         "--epoch",
         type=float,
@@ -231,10 +229,7 @@ def from_args(args: argparse.Namespace) -> SimSettings:
     if args.epoch is not None and not math.isfinite(args.epoch):
         raise UserError(f"--epoch must be a time in Unix seconds, got {args.epoch:g}")
     check_round_interval(args.round_interval)
-    for flag, v, lo in (("--grace", args.grace, 0.0), ("--min-run", args.min_run, 0.0),
-                        ("--checkpoint", args.checkpoint, 1e-9)):  # fmt: skip
-        if not (math.isfinite(v) and v >= lo):
-            raise UserError(f"{flag} must be a number of seconds {'>' if lo else '>='} 0, got {v}")
+    check_reclaim_args(args, live=False)
     return SimSettings(
         trace=args.trace, format=args.format, cluster=args.cluster, policy=args.policy,
         placer=args.placer, limit=args.limit, window=args.window, seed=args.seed,

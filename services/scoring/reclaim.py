@@ -23,10 +23,16 @@ and `priority_classes`:
   `preempted` event carries in its detail.
 * A victim is not asked again while it stops (until its `preempted` event, or
   `grace_s` + `STOPPING_S` at most).
+* A restart keeps this: scoring reads `jobs.kill` back, and each preemption asked
+  (`restore`: victim, the job it is for, named in its reason, and when) is taken up
+  again at the next check when its victim still runs the segment it was asked to
+  stop: the victim counts as stopping (not asked again, no other victim taken in its
+  place), and the job it is for keeps leading the rounds.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from services.scoring.queue import ScoringState
@@ -48,9 +54,17 @@ class LiveReclaim:
     grace_s: float = 120.0
     min_run_s: float = 600.0
     draining: dict[str, tuple[str, float]] = field(default_factory=dict)  # victim -> (for, when)
+    # preemptions read back from jobs.kill, not checked yet: victim -> (for, when asked)
+    restored: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.quota = Quota(self.cluster.queues, self.cluster.priority_classes)
+
+    def restore(self, req: KillRequest, when: float) -> None:
+        """A preemption asked on `jobs.kill` at `when` (its record's timestamp: read back
+        after a restart, or our own coming back); `check` takes it up."""
+        if req.requeue and req.job_id not in self.draining:
+            self.restored[req.job_id] = (req.for_job or "", when)
 
     def check(self, st: ScoringState, now: float) -> list[KillRequest]:
         """The preemptions to ask for now (and `st.first` set)."""
@@ -58,6 +72,12 @@ class LiveReclaim:
         view = st.view.state
         kind = {view.node_ids[i]: view.node_type[i] for i in range(len(view.node_ids))}
         only = next(iter(view.total_by_type), ANY) if len(view.total_by_type) == 1 else ANY
+        for v, (owner, since) in self.restored.items():
+            # still stopping: it runs the segment it was asked to stop (a request older
+            # than that segment's start was answered by an earlier `preempted`)
+            if v not in self.draining and since >= st.started_at.get(v, math.inf):
+                self.draining[v] = (owner, since)
+        self.restored.clear()
         for v, (_, since) in list(self.draining.items()):
             if v not in st.started_at or now > since + self.grace_s + STOPPING_S:
                 del self.draining[v]
@@ -102,7 +122,9 @@ class LiveReclaim:
                 self.draining[vid] = (job_id, now)
                 usage.add(r.queue, r.gpus, -1.0)
                 free[t] = free.get(t, 0.0) + r.gpus.get(t, 0.0)
-                out.append(KillRequest(vid, why, requeue=True, grace_s=self.grace_s))
+                out.append(
+                    KillRequest(vid, why, requeue=True, grace_s=self.grace_s, for_job=job_id)
+                )
             cands[:] = [r for r in cands if ids[r.key] not in self.draining]
             usage.add(queue, {t: gpus})
             free[t] = free.get(t, 0.0) - gpus

@@ -78,6 +78,7 @@ from shared.messages import (
     RoundRequest,
     encode,
 )
+from shared.reclaim_flags import GRACE_S, MIN_RUN_S, add_reclaim_args, check_reclaim_args
 from shared.reject import Reject
 from shared.tenancy import Quota
 
@@ -101,8 +102,8 @@ class ScoringSettings:
     reload_s: float = 2.0  # how often a checkpoint file is checked for a newer version
     learn: bool = False  # PPO online from rl.rewards (learned policies only)
     learn_episodes: int = 4  # rewards per update
-    grace_s: float = 120.0  # reclaim on live hosts: SIGTERM, then SIGKILL after this
-    min_run_s: float = 600.0  # reclaim: a job is never preempted in its first S seconds
+    grace_s: float = GRACE_S  # reclaim on live hosts: SIGTERM, then SIGKILL after this
+    min_run_s: float = MIN_RUN_S  # reclaim: a job is never preempted in its first S seconds
     reclaim_every_s: float = 0.5  # reclaim: how often the queues are looked at
     ledger: bool = False  # fair share from the ledger service's table, not from the events
 
@@ -119,15 +120,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="learn online from rl.rewards with PPO (rl policies; off by default)",
     )
     p.add_argument("--learn-episodes", type=int, default=4, help="rewards per PPO update")
-    p.add_argument(
-        "--grace", type=float, default=120.0, metavar="S",
-        help="reclaim (free rounds, queues with guarantees in --cluster): a preempted job "
-        "gets SIGTERM, then SIGKILL after S seconds (default 120)",
-    )  # fmt: skip
-    p.add_argument(
-        "--min-run", type=float, default=600.0, metavar="S",
-        help="reclaim: a job is never preempted in its first S seconds (default 600)",
-    )  # fmt: skip
+    add_reclaim_args(p, "live")  # (free rounds, with guarantees or preempt_lower in --cluster)
     p.add_argument(
         "--ledger",
         action="store_true",
@@ -145,9 +138,7 @@ def from_args(args: argparse.Namespace) -> ScoringSettings:
         raise UserError(f"--learn needs a learned policy (rl, rl:PATH), not {args.policy!r}")
     if args.learn_episodes <= 0:
         raise UserError(f"--learn-episodes must be positive, got {args.learn_episodes}")
-    for flag, v in (("--grace", args.grace), ("--min-run", args.min_run)):
-        if not 0.0 <= v <= 86_400.0:
-            raise UserError(f"{flag} must be within [0, 86400] seconds, got {v:g}")
+    check_reclaim_args(args, live=True)
     return ScoringSettings(
         args.policy, args.cluster, args.window, args.seed, args.rounds,
         learn=args.learn, learn_episodes=args.learn_episodes, grace_s=args.grace,
@@ -244,8 +235,10 @@ class ScoringHandler:
         except msgspec.MsgspecError:
             self.stats.extra["ignored_bad_kill"] += 1  # the host agents dead-letter it
             return
-        if req.requeue:
-            return  # a preemption (ours): the host agent stops it, `preempted` requeues it
+        if req.requeue:  # a preemption (ours): the host agent stops it, `preempted` requeues it
+            if self.reclaimer is not None:
+                self.reclaimer.restore(req, rec.timestamp_ms / 1e3)
+            return
         if not self.free:
             self.stats.extra["kills_ignored_driven"] += 1
             return
@@ -330,7 +323,8 @@ class ScoringHandler:
 
     # ---- restart --------------------------------------------------------------------------
     def replay(self, rec: Record) -> None:
-        """Read back at start: jobs, events, nodes, round requests and our own answers."""
+        """Read back at start: jobs, events, nodes, round requests, our own answers and
+        the preemptions we asked (`LiveReclaim.restore`)."""
         if rec.topic == self.t.sched_rounds:
             with contextlib.suppress(msgspec.MsgspecError):
                 req = self._round.decode(rec.value or b"")
@@ -350,6 +344,11 @@ class ScoringHandler:
         elif rec.topic == self.t.jobs_events:
             with contextlib.suppress(msgspec.MsgspecError):
                 self.state.event(self._event.decode(rec.value or b""), False)
+        elif rec.topic == self.t.jobs_kill:  # the preemptions asked: still stopping?
+            with contextlib.suppress(msgspec.MsgspecError):
+                kill = self._kill.decode(rec.value or b"")
+                if kill.requeue and self.reclaimer is not None:
+                    self.reclaimer.restore(kill, rec.timestamp_ms / 1e3)
         elif rec.topic in (self.t.jobs_rejected, self.t.cluster_nodes) or (
             self.conf.ledger and rec.topic == usage_changelog(self.t.prefix)
         ):
@@ -482,7 +481,7 @@ async def serve(
         handle=handler,
         replay_topics=[
             t.jobs_accepted, t.jobs_rejected, t.jobs_events, t.cluster_nodes, t.sched_rounds,
-            t.sched_priorities, *ledger,
+            t.sched_priorities, t.jobs_kill, *ledger,
         ],
         replay=handler.replay,
     )  # fmt: skip

@@ -30,12 +30,21 @@ the GPUs the running jobs hold per queue: `limit` (its team or org at its
 `limit_gpus`, or a non-preemptible job beyond its queue's unused guarantee),
 `reclaim` (it fits inside its queue's, or org's, unused guarantee but not the free
 GPUs: borrowers are stopped for it; those being stopped now, from `jobs.kill`
-requests with `requeue`, are named), or `priority` (jobs of a higher priority
-class ranked ahead of it still wait).
+requests with `requeue`, are named, and the ones `Quota.reclaim` would stop next
+that are still inside their minimum run time, with when it ends), `preemption`
+(a job of a class with `preempt_lower` that does not fit: `Quota.preempt_lower`
+stops lower-class jobs of its own queue for it, named, each being stopped (inside
+its grace period) or inside its minimum run time until a given time),
+`non-preemptible` (what would have to stop for it, by reclaim or by priority
+preemption, includes jobs of a non-preemptible class, named: nothing can be
+stopped for it), or `priority` (jobs of a higher priority class ranked ahead of
+it still wait). The minimum run time is the deployment's (`min_run_s`, scoring's
+`--min-run`); a grace period is the one its `jobs.kill` request carries.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -58,7 +67,7 @@ from shared.messages import (
 )
 from shared.placement_api import FULL_GPU
 from shared.policy_api import History
-from shared.tenancy import ANY, Quota, Usage, Waiting
+from shared.tenancy import ANY, Quota, Running, Usage, Waiting
 from shared.topics import Topics
 from shared.wire import Record
 
@@ -83,7 +92,10 @@ class Answer:
     needs_more: float = 0.0  # GPUs short of starting now (0: it would fit)
     eta_alone_s: float | None = None  # cluster time its GPUs come back for it alone
     eta_s: float | None = None  # the same with the jobs ranked ahead served first
-    rule: str | None = None  # the queue rule that holds it: limit, reclaim, priority
+    # the queue rule that holds it: limit, reclaim, preemption, non-preemptible, priority
+    rule: str | None = None
+    victims: list[str] = field(default_factory=list)  # jobs to stop for it (reclaim, preemption)
+    blockers: list[str] = field(default_factory=list)  # non-preemptible jobs that hold it
 
 
 @dataclass
@@ -97,13 +109,17 @@ _Ending = tuple[float, str, Job, _Run, float]
 
 
 class WhyState:
-    def __init__(self, topics: Topics, cluster: ClusterSpec | None = None) -> None:
+    def __init__(
+        self, topics: Topics, cluster: ClusterSpec | None = None, min_run_s: float = 600.0
+    ) -> None:
         self.t = topics
         self.cluster = cluster
+        self.min_run_s = min_run_s  # the deployment's minimum run time (scoring's --min-run)
         self.quota = Quota(cluster.queues, cluster.priority_classes) if cluster else None
         # preemptions asked (jobs.kill with requeue) and done (`preempted`), per job: one
         # asked more often than done is being stopped (whatever order topics are read in)
         self.kills: dict[str, tuple[int, str]] = {}  # job -> (count, the latest reason)
+        self.kill_grace: dict[str, float] = {}  # job -> the latest request's grace period
         self.preempts: dict[str, int] = {}
         self.jobs: dict[str, Job] = {}
         self.rejected: dict[str, str] = {}
@@ -116,6 +132,8 @@ class WhyState:
         self.held: dict[str, float] = {}  # run time of earlier segments (preempted)
         self.rounds: dict[str, tuple[int, float, int, list[str]]] = {}  # job -> last ranking
         self.now = 0.0
+        self._ids: list[str] = []  # `Running.key` -> job id (`_candidates`)
+        self._preemptible: list[bool] = []  # `Running.key` -> of a preemptible class
         # (message time, broker timestamp s) of the record with the latest message time:
         # the two agree on a live cluster (wall clock), not in simulation (virtual time)
         self._stamp: tuple[float, float] | None = None
@@ -151,6 +169,8 @@ class WhyState:
             if msg.requeue:
                 n = self.kills.get(msg.job_id, (0, ""))[0]
                 self.kills[msg.job_id] = (n + 1, msg.reason)
+                if msg.grace_s is not None:
+                    self.kill_grace[msg.job_id] = msg.grace_s
             return
         if isinstance(msg, Job):
             self.jobs.setdefault(msg.job_id, msg)
@@ -344,23 +364,93 @@ class WhyState:
         return a
 
     # ---- the queue rules (shared/tenancy.py) ----------------------------------------------
+    def _held_by(self, jid: str, run: _Run) -> dict[str, float]:
+        """GPUs a running job holds per type (several nodes: an even share per node)."""
+        job = self.jobs[jid]
+        on = run.nodes or [""]
+        gpus: dict[str, float] = {}
+        for n in on:
+            st = self.nodes.get(n)
+            t = st.gpu_type if st is not None else ANY
+            gpus[t] = gpus.get(t, 0.0) + _need(job) / len(on)
+        return gpus
+
     def _usage(self) -> Usage:
-        """GPUs the running jobs hold, per queue and GPU type (a job on several nodes:
-        an even share per node)."""
+        """GPUs the running jobs hold, per queue and GPU type."""
         assert self.quota is not None and self.cluster is not None
         u = Usage(self.quota)
         for jid, run in self.running.items():
+            if jid in self.jobs:
+                u.add(self.cluster.queue_of(self.jobs[jid].vc), self._held_by(jid, run))
+        return u
+
+    def _stopping(self) -> dict[str, str]:
+        """Running jobs asked to stop with `requeue` and not reported `preempted` since:
+        job -> the request's reason."""
+        return {
+            v: r
+            for v, (n, r) in sorted(self.kills.items())
+            if v in self.running and n > self.preempts.get(v, 0)
+        }
+
+    def _candidates(self, usage: Usage) -> tuple[Usage, dict[str, float], list[Running]]:
+        """As scoring's reclaim sees the cluster: the jobs being stopped count as gone
+        (their GPUs free); the others as `Running` (key: index into `self._ids`)."""
+        assert self.cluster is not None
+        cl, stopping = self.cluster, self._stopping()
+        u = usage.copy()
+        free: dict[str, float] = {}
+        for n in self.nodes.values():
+            free[n.gpu_type] = free.get(n.gpu_type, 0.0) + _whole_free([n])
+        self._ids, self._preemptible = [], []
+        cands = []
+        for jid, run in sorted(self.running.items(), key=lambda kv: (kv[1].start, kv[0])):
             job = self.jobs.get(jid)
             if job is None:
                 continue
-            on = run.nodes or [""]
-            gpus: dict[str, float] = {}
-            for n in on:
-                st = self.nodes.get(n)
-                t = st.gpu_type if st is not None else ANY
-                gpus[t] = gpus.get(t, 0.0) + _need(job) / len(on)
-            u.add(self.cluster.queue_of(job.vc), gpus)
-        return u
+            gpus, queue = self._held_by(jid, run), cl.queue_of(job.vc)
+            if jid in stopping:
+                u.add(queue, gpus, -1.0)
+                for t, g in gpus.items():
+                    free[t] = free.get(t, 0.0) + g
+                continue
+            c = cl.priority_classes.get(job.priority_class, _NO_CLASS)
+            self._ids.append(jid)
+            self._preemptible.append(c.preemptible)
+            cands.append(
+                Running(len(self._ids) - 1, queue, gpus, c.priority, c.preemptible, run.start)
+            )
+        return u, free, cands
+
+    def _victim(self, r: Running) -> str:
+        """A job to be stopped, with where it stands: inside its minimum run time until
+        when, or past it (scoring asks at its next check)."""
+        jid = self._ids[r.key]
+        cls = self.jobs[jid].priority_class or "no class"
+        until = r.started_s + self.min_run_s
+        if until > self.now:
+            return f"{jid} ({cls}, inside its minimum run time until {_t(until)})"
+        return f"{jid} ({cls}, past its minimum run time: asked at scoring's next check)"
+
+    def _being_stopped(self, jid: str, reason: str) -> str:
+        g = self.kill_grace.get(jid)
+        cls = self.jobs[jid].priority_class if jid in self.jobs else ""
+        grace = f", SIGKILL after its grace period of {_dur(g)}" if g is not None else ""
+        return f"{jid} ({cls or 'no class'}, being stopped: {reason}{grace})"
+
+    def _blocked(self, a: Answer, what: str, victims: list[Running], queue: str) -> bool:
+        """Name the non-preemptible jobs among `victims` as what holds it, if any."""
+        fixed = [self._ids[r.key] for r in victims if not self._preemptible[r.key]]
+        if not fixed:
+            return False
+        a.rule = "non-preemptible"
+        a.blockers = fixed
+        names = ", ".join(f"{j} ({self.jobs[j].priority_class})" for j in fixed[:_AHEAD_SHOWN])
+        a.lines.append(
+            f"nothing can be stopped for it: {what} (queue {queue}) would have to stop "
+            f"{names}, of a non-preemptible class"
+        )
+        return True
 
     def _queue_rule(self, job: Job, a: Answer, types: list[str]) -> None:
         """Name the queue rule that holds a waiting job (module docstring), if one does."""
@@ -372,30 +462,21 @@ class WhyState:
         mine = classes.get(job.priority_class, _NO_CLASS)
         usage = self._usage()
         why = q.limit_reason(usage, queue, {ANY: _need(job)}, mine.preemptible)
+        w = Waiting(queue, _need(job), frozenset(job.gpu_types), mine.priority, mine.preemptible)
+        short = _need(job) > a.free_now + 1e-9
+        dims = types or [ANY]
+        reclaims = why is None and short and any(q.may_use(usage, w, t) for t in dims)
+        if reclaims and self._reclaim_rule(a, w, usage, dims):
+            return
+        preempts = mine.preempt_lower and (short or why is not None)
+        if preempts and self._preemption_rule(job, a, w, usage):
+            return
         if why is not None:
             a.rule = "limit"
             a.lines.append(f"held by a queue rule: {why} (queue {queue})")
             return
-        w = Waiting(queue, _need(job), frozenset(job.gpu_types), mine.priority)
-        short = _need(job) > a.free_now + 1e-9
-        dims = types or [ANY]
-        if short and any(q.may_use(usage, w, t) for t in dims):
-            a.rule = "reclaim"
-            level = queue if any(q.entitled(usage, w, t) for t in dims) else q.top(queue)
-            unused = max(q.headroom(usage, level, t) for t in dims)
-            line = (
-                f"waiting for reclaim: it fits inside {level}'s unused guarantee ({_num(unused)} "
-                f"of {_num(max(q.guarantee(level, t) for t in dims))} GPUs unused), and "
-                "borrowers are preempted for it (after their minimum run time and a grace period)"
-            )
-            stopping = [
-                f"{v} ({r})"
-                for v, (n, r) in sorted(self.kills.items())
-                if v in self.running and n > self.preempts.get(v, 0)
-            ]
-            if stopping:
-                line += f"; being stopped now: {', '.join(stopping[:_AHEAD_SHOWN])}"
-            a.lines.append(line)
+        if reclaims:  # reclaim finds nothing to stop even past minimum run times: it waits
+            self._reclaim_line(a, w, usage, dims, [])
             return
         higher = [
             j
@@ -410,6 +491,70 @@ class WhyState:
                 f"behind a higher priority class: {len(higher)} job(s) ranked ahead of it "
                 f"of a class above {job.priority_class or 'none'} still wait: {names}"
             )
+
+    def _reclaim_rule(self, a: Answer, w: Waiting, usage: Usage, dims: list[str]) -> bool:
+        """Rule 4: the borrowers reclaim stops for it (past their minimum run time or
+        not), or the non-preemptible jobs it would have to stop. False: reclaim finds
+        nothing to stop even so (the caller decides what to say)."""
+        assert self.quota is not None
+        u, free, cands = self._candidates(usage)
+        got = self.quota.reclaim(u, w, cands, free, self.now, 0.0)
+        if got is not None:
+            self._reclaim_line(a, w, usage, dims, got[1])
+            return True
+        loose = [dataclasses.replace(r, preemptible=True) for r in cands]
+        got = self.quota.reclaim(u, w, loose, free, self.now, 0.0)
+        return got is not None and self._blocked(a, "reclaim", got[1], w.queue)
+
+    def _reclaim_line(
+        self, a: Answer, w: Waiting, usage: Usage, dims: list[str], victims: list[Running]
+    ) -> None:
+        q = self.quota
+        assert q is not None
+        queue = w.queue
+        a.rule = "reclaim"
+        level = queue if any(q.entitled(usage, w, t) for t in dims) else q.top(queue)
+        unused = max(q.headroom(usage, level, t) for t in dims)
+        line = (
+            f"waiting for reclaim: it fits inside {level}'s unused guarantee ({_num(unused)} "
+            f"of {_num(max(q.guarantee(level, t) for t in dims))} GPUs unused), and "
+            "borrowers are preempted for it (after their minimum run time and a grace period)"
+        )
+        if victims:
+            a.victims = [self._ids[r.key] for r in victims]
+            line += "; to stop: " + ", ".join(self._victim(r) for r in victims[:_AHEAD_SHOWN])
+        stopping = [f"{v} ({r})" for v, r in self._stopping().items()]
+        if stopping:
+            line += f"; being stopped now: {', '.join(stopping[:_AHEAD_SHOWN])}"
+        a.lines.append(line)
+
+    def _preemption_rule(self, job: Job, a: Answer, w: Waiting, usage: Usage) -> bool:
+        """Rule 5, for a job of a class that preempts lower ones: the lower-class jobs of
+        its queue being stopped for it and those still to stop (inside their minimum run
+        time, or past it), or the non-preemptible ones it would have to stop."""
+        assert self.quota is not None
+        u, free, cands = self._candidates(usage)
+        mine = {
+            v: r
+            for v, r in self._stopping().items()
+            if r.startswith("priority:") and r.endswith(f" of {job.job_id}")
+        }
+        got = self.quota.preempt_lower(u, w, cands, free, self.now, 0.0)
+        if got is None:
+            loose = [dataclasses.replace(r, preemptible=True) for r in cands]
+            got = self.quota.preempt_lower(u, w, loose, free, self.now, 0.0)
+            return got is not None and self._blocked(a, "priority preemption", got[1], w.queue)
+        if not got[1] and not mine:
+            return False  # it fits once jobs stopping for others are gone
+        a.rule = "preemption"
+        a.victims = [*mine, *(self._ids[r.key] for r in got[1])]
+        parts = [self._being_stopped(v, r) for v, r in mine.items()]
+        parts += [self._victim(r) for r in got[1]]
+        a.lines.append(
+            f"waiting for a priority preemption: class {job.priority_class} stops lower "
+            f"classes of queue {w.queue} for it: " + "; ".join(parts[:_AHEAD_SHOWN])
+        )
+        return True
 
     # ---- pieces -------------------------------------------------------------------------
     def _types(self, job: Job) -> list[str]:

@@ -6,7 +6,11 @@ Consumes `jobs.accepted`, `jobs.events`, `cluster.nodes`, `sched.placements`,
 letters of `jobs.events`, `cluster.nodes` and `offload.stats` (a message there
 that does not decode goes to `<topic>.dlq`, counted). The figures are
 `services.telemetry.windows`. After a restart it reads its inputs back from the
-beginning (every update is keyed, so nothing counts twice).
+beginning, then consumes from its committed offset: a record at or below the
+offset read back in its partition was applied already and is skipped (a
+preempted job's earlier `started`, applied again, would reopen the segment its
+`preempted` closed: its run counted twice). Each record thus counts once per
+process, read back or live, in the Prometheus histograms and counters as well.
 
 Why no faust-streaming table: a faust windowed table aggregates per key on the
 record's timestamp, with its own worker, changelog topics and commit policy.
@@ -102,10 +106,28 @@ class TelemetryHandler:
         }
         self._placements = msgspec.json.Decoder(PlacementBatch)
         self.rejection_topics = {t.jobs_rejected, *(n for n in t.all() if n.endswith(".dlq"))}
+        # the last offset read back per (topic, partition): consumed again, not applied
+        self.read_back: dict[tuple[str, int], int] = {}
 
     def __call__(self, rec: Record) -> Sequence[Outgoing]:
+        if rec.offset <= self.read_back.get((rec.topic, rec.partition), -1):
+            self.stats.extra["skipped_read_back"] += 1
+            dec = self._dec.get(rec.topic)  # applied already; a malformed one is still
+            if dec is not None:  # dead-lettered (read back, it was passed over)
+                try:
+                    dec.decode(rec.value or b"")
+                except msgspec.MsgspecError as exc:
+                    raise Reject(f"invalid message on {rec.topic}: {exc}", kind="invalid") from None
+            return ()
         self.apply(rec, strict=True)
         return ()
+
+    def replay(self, rec: Record) -> None:
+        """A record read back at start: applied, its offset noted."""
+        key = (rec.topic, rec.partition)
+        if rec.offset > self.read_back.get(key, -1):
+            self.read_back[key] = rec.offset
+        self.apply(rec, strict=False)
 
     def apply(self, rec: Record, strict: bool) -> None:
         t, s = self.t, self.state
@@ -130,7 +152,7 @@ class TelemetryHandler:
                 js = s.jobs.get(msg.job_id)
                 before = (js.open_start, js.done) if js is not None else None
                 s.event(msg)
-                if strict and js is not None and before is not None:  # not on read-back
+                if js is not None and before is not None:  # (each record once: read back or live)
                     _observe(js.job, msg, before, js.done)
                     if msg.kind == "preempted" and before[0] is not None:
                         reason = preemption_reason(msg.detail)
@@ -233,7 +255,7 @@ async def serve(
         topics=inputs,
         handle=handler,
         replay_topics=inputs,
-        replay=lambda rec: handler.apply(rec, strict=False),
+        replay=handler.replay,
     )
 
     async def publisher(s: serving.Serving) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from shared.errors import UserError
 from shared.policy_features import (
+    F1_FEATURES,
     FAIR_SHARE_FEATURES,
     HISTORY_FEATURES,
     IDENTITY_FEATURES,
@@ -29,17 +30,20 @@ __all__ = [
     "RESIDUALS",
     "REWARDS",
     "TEACHERS",
+    "VAL_SCORES",
     "Args",
     "validate",
     "when",
 ]
 
 OBJECTIVES = ("bsld", "queue", "jct", "util")
-RESIDUALS = ("drf",)  # network.BASES (that module imports torch)
+RESIDUALS = ("drf", "f1")  # network.BASES (that module imports torch)
 REWARDS = ("episode", "round")
+VAL_SCORES = ("mean", "geo")  # see Args.val_score
 BOUND_SCALES = ("fixed", "backlog", "fifo", "fifo-head")  # see Args.bound_scale
 
-_OPTIONAL = OFFLOAD_FEATURES + IDENTITY_FEATURES + FAIR_SHARE_FEATURES
+# only in the feature sets that ask for them (F1_FEATURES: only a residual on f1)
+_OPTIONAL = OFFLOAD_FEATURES + IDENTITY_FEATURES + FAIR_SHARE_FEATURES + F1_FEATURES
 _BASE = tuple(f for f in JOB_FEATURES if f not in _OPTIONAL)
 FEATURE_SETS = {
     "all": _BASE,  # every feature but the offload, identity and fair-share ones
@@ -135,11 +139,15 @@ class Args:
     context: bool = True
     """score each job with the window's pooled summary (False: the plain kernel)"""
     residual: str = ""
-    """drf: the network learns a correction added to drf's score, starting at zero, so
-    that the untrained policy is drf (residual policy learning); empty: none"""
+    """drf or f1: the network learns a correction added to that heuristic's score,
+    starting at zero, so that the untrained policy is the heuristic (residual policy
+    learning; f1 adds its raw estimate and submit columns to the features); empty: none"""
     residual_bound: float = 0.0
     """> 0: the residual's correction is kept within this (c * tanh(out / c)): a job
     of one VC passes another only if it waited at least 10^-2c as long (0: unbounded)"""
+    residual_scale: float = 1.0
+    """f1's key is scaled by this in the residual's score (network.py): two jobs whose
+    keys differ by d are sampled in f1's order with odds e^(scale d) : 1"""
     shuffle_ties: bool = False
     """each episode orders the jobs submitted in one second at random (seeded by the
     episode), so the policy cannot learn one order of arbitrary ties"""
@@ -178,6 +186,11 @@ class Args:
     """iterations between validations"""
     val_episodes: int = 6
     """validation episodes"""
+    val_score: str = "mean"
+    """how validation scores a checkpoint against each episode's best heuristic: mean
+    (the mean relative gain, (best - policy) / best, unbounded below, so one bad
+    episode outweighs many good ones) or geo (1 - the geometric mean of policy /
+    best, the statistic the matrix reports); 0 is as good as the best everywhere"""
     log: str = ""
     """CSV of every iteration's scalars (default: `out` with .csv)"""
     offload_fraction: float = 0.0
@@ -228,6 +241,10 @@ def validate(args: Args) -> None:
         raise UserError(f"--residual {args.residual!r}: choose from {', '.join(RESIDUALS)}")
     if args.residual_bound < 0:
         raise UserError("--residual-bound must be 0 or more")
+    if args.val_score not in VAL_SCORES:
+        raise UserError(f"--val-score {args.val_score!r}: choose from {', '.join(VAL_SCORES)}")
+    if args.residual_scale <= 0:
+        raise UserError("--residual-scale must be above 0")
     if args.keep_every < 0:
         raise UserError("--keep-every must be 0 or more")
     if args.features not in FEATURE_SETS:

@@ -36,6 +36,28 @@ waited less than 10^(2c) times as long, so no job is held back behind jobs that
 arrived much later (the starvation an unbounded correction learned,
 docs/results/rl-policy-experiments.md), and for 2c < GAP the order across VCs stays drf's.
 
+The residual variant on `f1` (`NetConfig.base = "f1"`): the base is f1's key
+(services/scoring/policies/f1.py: log10(r) n + 870 log10(s), r the estimate at
+decision time, n the GPUs, s the seconds since the first submit + 1), which the
+encoder computes as f1 does and carries in two columns (`f1_key`, rounded to
+float32, and `f1_key_rest`, what the rounding left; the network itself never reads
+them: they are 0 in its normalised input),
+
+    k_j   = f1_key_j + f1_key_rest_j                (float64)
+    b_j   = -scale * (k_j - min_i k_i)
+
+so that, with the output layer at zero, the highest score is f1's first and the
+stable sort (older first on ties) is f1's order (key, submit, seq): the served
+scores of such a network are float64, so that keys apart by more than 1e-11 of
+them never tie. The
+window's least key is subtracted so the module's float32 scores stay small;
+`scale` (default 1, `--residual-scale`) sets how sharp the sampling softmax around
+f1's order is: two jobs whose keys differ by d are drawn in f1's order with odds
+e^(scale d) : 1. A bounded correction c lets the network swap two jobs only where
+their keys differ by less than 2c / scale: for 1-GPU jobs 2c / scale decades of
+estimate, and in submit time about 0.53% x c / scale of the time since the first
+submit (870 log10(s2 / s1) < 2c / scale).
+
 Observation normalisation: running mean and variance of the job and cluster
 features (CleanRL's RunningMeanStd), kept as buffers so a checkpoint carries
 them; the trainer updates them between PPO iterations, never inside one. A
@@ -58,9 +80,18 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["BASES", "BASE_GAP", "NetConfig", "RunningMeanStd", "ScoreNet", "WindowScorer"]
+__all__ = [
+    "BASES",
+    "BASE_GAP",
+    "NetConfig",
+    "RunningMeanStd",
+    "ScoreNet",
+    "WindowScorer",
+    "f1_base",
+    "f1_base_np",
+]
 
-BASES = ("drf",)  # heuristic scores a residual network can start from
+BASES = ("drf", "f1")  # heuristic scores a residual network can start from
 BASE_GAP = 10.0  # per rank of VC share: more than any log10(1 + wait in s)
 
 
@@ -74,6 +105,11 @@ class NetConfig:
     base_rank_col: int = -1  # columns of vc_share_rank and log_wait_s in the input (base)
     base_wait_col: int = -1
     bound: float = 0.0  # > 0: the correction is bound * tanh(out / bound), in (-bound, bound)
+    # base "f1": columns of f1_key and f1_key_rest in the input, and the scale of
+    # f1's key in the score (the base is -scale * (key - the window's least))
+    base_key_col: int = -1
+    base_rest_col: int = -1
+    base_scale: float = 1.0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -137,6 +173,8 @@ def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
 
 
 class ScoreNet(nn.Module):
+    hidden_cols: torch.Tensor
+
     def __init__(self, cfg: NetConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -148,18 +186,34 @@ class ScoreNet(nn.Module):
         nn.init.zeros_(self.linear.weight)
         self.head = _mlp(h + (h + cfg.n_global if cfg.context else 0), h, 1)
         self.value_head = _mlp(h + cfg.n_global, 2 * h, 1)
+        # False where the network reads the column as an input, True where it is the
+        # base's alone (f1's key: unbounded, relative to the episode's first submit)
+        hidden_cols = torch.zeros(cfg.n_job, dtype=torch.bool)
         if cfg.base:
-            if cfg.base not in BASES or min(cfg.base_rank_col, cfg.base_wait_col) < 0:
-                raise ValueError(f"residual base {cfg.base!r} needs its two feature columns")
+            cols = self.base_cols()
+            if cfg.base not in BASES or min(cols) < 0:
+                raise ValueError(f"residual base {cfg.base!r} needs its feature columns")
+            if cfg.base == "f1":
+                hidden_cols[list(cols)] = True
             out = cast(nn.Linear, self.head[2])
             nn.init.zeros_(out.weight)  # the untrained policy is the base heuristic
             nn.init.zeros_(out.bias)
+        self.register_buffer("hidden_cols", hidden_cols, persistent=False)
+
+    def base_cols(self) -> tuple[int, ...]:
+        """The input columns the base reads (module doc)."""
+        cfg = self.cfg
+        if cfg.base == "f1":
+            return (cfg.base_key_col, cfg.base_rest_col)
+        return (cfg.base_rank_col, cfg.base_wait_col)
 
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor, g: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, N, n_job], mask [B, N] bool, g [B, n_global] -> scores [B, N], value [B]."""
         xn = self.job_norm(x)
+        if self.cfg.base == "f1":
+            xn = xn.masked_fill(self.hidden_cols, 0.0)
         e = self.embed(xn)
         m = mask.unsqueeze(-1).to(e.dtype)
         pooled = (e * m).sum(1) / m.sum(1).clamp(min=1.0)
@@ -171,10 +225,13 @@ class ScoreNet(nn.Module):
         scores = (self.head(inp) + self.linear(xn)).squeeze(-1)
         if self.cfg.bound > 0:
             scores = self.cfg.bound * torch.tanh(scores / self.cfg.bound)
-        if self.cfg.base:
-            scores = scores + drf_base(
-                x[..., self.cfg.base_rank_col], x[..., self.cfg.base_wait_col], mask
+        cfg = self.cfg
+        if cfg.base == "f1":
+            scores = scores + f1_base(
+                x[..., cfg.base_key_col], x[..., cfg.base_rest_col], mask, cfg.base_scale
             )
+        elif cfg.base:
+            scores = scores + drf_base(x[..., cfg.base_rank_col], x[..., cfg.base_wait_col], mask)
         scores = scores.masked_fill(~mask, float("-inf"))
         return scores, self.value_head(ctx).squeeze(-1)
 
@@ -193,6 +250,25 @@ def drf_base_np(rank: np.ndarray, log_wait: np.ndarray) -> np.ndarray:
     pos = rank[rank > 0]
     step = pos.min() if len(pos) else np.float32(1.0)
     out: np.ndarray = np.float32(-BASE_GAP) * np.round(rank / step) + log_wait
+    return out
+
+
+def f1_base(
+    key: torch.Tensor, rest: torch.Tensor, mask: torch.Tensor, scale: float = 1.0
+) -> torch.Tensor:
+    """f1's score [B, N] from the `f1_key` and `f1_key_rest` columns [B, N] (module
+    doc): -scale x (key - the least key of the window's valid jobs), computed in float64,
+    returned in the columns' dtype (lowest key = highest score = first, as f1)."""
+    k = key.double() + rest.double()
+    least = torch.where(mask, k, torch.full_like(k, math.inf)).min(-1, keepdim=True).values
+    least = torch.where(torch.isfinite(least), least, torch.zeros_like(least))
+    return (-scale * (k - least)).to(key.dtype)
+
+
+def f1_base_np(key: np.ndarray, rest: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """`f1_base` of one window (every row a job), in numpy, float64 (module doc)."""
+    k = key.astype(np.float64) + rest.astype(np.float64)
+    out: np.ndarray = -scale * (k - k.min())
     return out
 
 
@@ -228,6 +304,9 @@ class WindowScorer:
             return mean, std, rms.clip, arr(rms.varies())
 
         self._job_norm, self._global_norm = norm(net.job_norm), norm(net.global_norm)
+        if net.cfg.base == "f1":  # the base's own columns are not inputs (forward)
+            mean, std, clip, live = self._job_norm
+            self._job_norm = (mean, std, clip, live * (1 - arr(net.hidden_cols)))
         l1, l2, h1, h2 = (cast(nn.Linear, m) for m in (net.embed[0], net.embed[2],
                                                         net.head[0], net.head[2]))  # fmt: skip
         self._w1, self._b1 = arr(l1.weight).T.copy(), arr(l1.bias)
@@ -240,7 +319,8 @@ class WindowScorer:
         self._seen = self._versions()
 
     def __call__(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """Scores [n] of the jobs `x` [n, n_job] (every row a job) in cluster `g` [n_global]."""
+        """Scores [n] of the jobs `x` [n, n_job] (every row a job) in cluster `g` [n_global]
+        (float32; float64 for a residual on f1)."""
         if self._versions() != self._seen:
             self._copy_weights()
         mean, std, clip, live = self._job_norm
@@ -258,7 +338,10 @@ class WindowScorer:
         if cfg.bound > 0:
             b = np.float32(cfg.bound)
             out = b * np.tanh(out / b)
-        if cfg.base:
+        if cfg.base == "f1":
+            base = f1_base_np(x[:, cfg.base_key_col], x[:, cfg.base_rest_col], cfg.base_scale)
+            return out.astype(np.float64) + base  # float64: distinct keys do not tie
+        elif cfg.base:
             x32 = x.astype(np.float32, copy=False)
             out = out + drf_base_np(x32[:, cfg.base_rank_col], x32[:, cfg.base_wait_col])
         return out

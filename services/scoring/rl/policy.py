@@ -20,7 +20,9 @@ so that a short job deep in a long queue can still be seen. Within a group the
 scores differ only by age. A residual network on `drf` (`NetConfig.base`, see
 network.py) sees instead the first `max_jobs` jobs of `drf`'s own order (VCs by GPUs
 held, FIFO within a VC and across tied VCs), so that untrained it hands placement
-exactly `drf`'s window.
+exactly `drf`'s window. A residual network on `f1` likewise sees the first `max_jobs`
+of `f1`'s own order (an `F1` policy kept beside it, seeing every job), and encodes
+`f1`'s raw inputs with the first submit it saw as their origin, as `F1` does.
 
 The wait bound (`max_wait_s`, aging of large jobs): a job of at least
 `bound_gpus` GPUs that has waited `max_wait_s` or longer is put ahead of every
@@ -75,12 +77,14 @@ from typing import Protocol
 
 import numpy as np
 
+from services.scoring.policies.f1 import F1
 from services.scoring.rl.args import BOUND_SCALES
 from services.scoring.rl.network import ScoreNet, WindowScorer
 from services.scoring.rl.ppo import sample_ranking
 from services.scoring.rl.shadow import FifoShadow
+from shared.cluster import ClusterSpec
 from shared.errors import UserError
-from shared.policy_api import Observation, Policy, PolicyContext, QueuedJob
+from shared.policy_api import History, Observation, Policy, PolicyContext, QueuedJob
 from shared.policy_features import (
     IDENTITY_FEATURES,
     JOB_FEATURES,
@@ -168,6 +172,8 @@ class RLPolicy:
                     f"{', '.join(weighted)}; use a policy trained without --residual"
                 )
         self.reset_state(ctx.seed)
+        if self._f1 is not None:
+            self._f1.reset(ctx)
         if self.teacher is not None:
             self.teacher.reset(ctx)
 
@@ -178,12 +184,22 @@ class RLPolicy:
         self._big: dict[int, QueuedJob] = {}  # jobs the wait bound applies to, FIFO
         self._shadow = FifoShadow(self.max_jobs) if self.bound_scale == "fifo" else None
         self._rng = np.random.default_rng(seed)
+        self.origin_s: float | None = None  # the first submit seen (f1's origin)
+        self._f1: F1 | None = None  # f1's own order (the f1 base's window)
+        if self.net.cfg.base == "f1":
+            self._f1 = F1()
+            # f1 reads nothing of its context; `reset` gives it the run's
+            self._f1.reset(PolicyContext(ClusterSpec("none", ()), History()))
 
     @staticmethod
     def _group(job: QueuedJob) -> Hashable:
         return (job.who, job.num_gpus, job.gpu_milli, job.gpu_types)
 
     def add(self, job: QueuedJob) -> None:
+        if self.origin_s is None:
+            self.origin_s = job.submit_s
+        if self._f1 is not None:
+            self._f1.add(job)
         self._fifo[job.seq] = job
         self._groups.setdefault(self._group(job), {})[job.seq] = job
         self._vcs.setdefault(job.vc, {})[job.seq] = job
@@ -206,6 +222,8 @@ class RLPolicy:
         if not vc:
             del self._vcs[job.vc]
         self._big.pop(job.seq, None)
+        if self._f1 is not None:
+            self._f1.remove(job)
         if self._shadow is not None:
             self._shadow.forget(job.seq)
         if self.recorder is not None:
@@ -221,6 +239,8 @@ class RLPolicy:
             pool = list(self._fifo.values())
         elif obs is not None and self.net.cfg.base == "drf":
             pool = self._drf_head(n, obs)
+        elif obs is not None and self._f1 is not None:
+            pool = list(self._f1.window(n, obs))
         else:
             heads = [next(iter(g.values())) for g in self._groups.values()]
             heads.sort(key=_age)
@@ -290,7 +310,8 @@ class RLPolicy:
     def encode(self, pool: list[QueuedJob], obs: Observation) -> np.ndarray:
         """Every JOB_FEATURES column of the jobs of `pool` [len(pool), len(JOB_FEATURES)]
         (the IDENTITY_FEATURES ones 0 unless it reads one of them)."""
-        return encode(pool, obs, len(pool), identity=self.reads_identity)[0]
+        origin = self.origin_s if self._f1 is not None else None
+        return encode(pool, obs, len(pool), identity=self.reads_identity, origin_s=origin)[0]
 
     def scores(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
         """Scores of the rows of `x` [n, len(JOB_FEATURES)] with cluster features `g`

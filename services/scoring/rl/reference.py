@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from services.scoring.policies.f1 import request_or_estimate
 from services.scoring.rl.policy import RLPolicy
 from shared.placement_api import FULL_GPU
 from shared.policy_api import History, Observation, QueuedJob
@@ -22,7 +23,7 @@ __all__ = ["ReferencePolicy", "encode_per_job", "torch_scores"]
 
 
 def encode_per_job(
-    jobs: Sequence[QueuedJob], obs: Observation, max_jobs: int
+    jobs: Sequence[QueuedJob], obs: Observation, max_jobs: int, origin_s: float | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """`shared.policy_features.encode` as it was written first: one Python pass over the
     jobs gathers each job's raw numbers (its history looked up per job); the
@@ -98,10 +99,23 @@ def encode_per_job(
         offload,
     )
     x[:n, : len(cols)] = np.stack(cols, axis=1)
-    x[:n, len(cols) : len(JOB_FEATURES) - 1] = [_identity_row(job, h) for job in jobs]
+    fair_col = JOB_FEATURES.index("fair_share")
+    x[:n, len(cols) : fair_col] = [_identity_row(job, h) for job in jobs]
     fair = getattr(obs, "fair_share", None)
-    x[:n, -1] = [fair(job.vc) if fair is not None else 1.0 for job in jobs]  # fair_share
+    x[:n, fair_col] = [fair(job.vc) if fair is not None else 1.0 for job in jobs]
+    if origin_s is not None:  # f1's key, as the f1 policy computes it, in two columns
+        key = np.array([_f1_key(j, obs, origin_s) for j in jobs], dtype=np.float64)
+        head = key.astype(np.float32)
+        x[:n, JOB_FEATURES.index("f1_key")] = head
+        x[:n, JOB_FEATURES.index("f1_key_rest")] = key - head.astype(np.float64)
     return x, mask
+
+
+def _f1_key(job: QueuedJob, obs: Observation, origin_s: float) -> float:
+    """f1's key of `job` with its estimate from the f1 module (`request_or_estimate`)."""
+    r = request_or_estimate(job, obs)
+    s = job.submit_s - origin_s + 1.0
+    return math.log10(max(r, 1.0)) * job.num_gpus + 870.0 * math.log10(max(s, 1.0))
 
 
 def _identity_row(job: QueuedJob, h: History) -> list[float]:
@@ -138,7 +152,8 @@ class ReferencePolicy(RLPolicy):
     """`RLPolicy` ranking with the first path: the per-job encoder and the module."""
 
     def encode(self, pool: list[QueuedJob], obs: Observation) -> np.ndarray:
-        return encode_per_job(pool, obs, len(pool))[0]
+        origin = self.origin_s if self.net.cfg.base == "f1" else None
+        return encode_per_job(pool, obs, len(pool), origin)[0]
 
     def scores(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
         return torch_scores(self, x, g)

@@ -52,7 +52,7 @@ from services.scoring.rl.rollout import Batch, Rollouts, Worlds, make_batch
 from services.scoring.rl.world import World, load_world_file
 from shared.cluster import load_cluster
 from shared.errors import UserError
-from shared.policy_features import GLOBAL_FEATURES, needs_of
+from shared.policy_features import F1_FEATURES, GLOBAL_FEATURES, needs_of
 from shared.sim import load_jobs
 from shared.sim.offload_jobs import describe_marking, mark_offloading
 from shared.sim.share_jobs import describe_shares, mark_shares
@@ -170,11 +170,23 @@ def episode_specs(
     return out
 
 
+_BASE_READS = {"drf": ("vc_share_rank", "log_wait_s"), "f1": F1_FEATURES}
+
+
+def feature_list(args: Args) -> tuple[str, ...]:
+    """The columns the network is given: the feature set, and for a residual on f1 the
+    two columns of f1's key (the base's alone: the network does not read them)."""
+    features = FEATURE_SETS[args.features]
+    if args.residual == "f1":
+        features += tuple(f for f in F1_FEATURES if f not in features)
+    return features
+
+
 def net_config(args: Args, features: Sequence[str]) -> NetConfig:
     """The network `args` asks for, reading `features` (a residual base reads two)."""
     cols = {}
     if args.residual:
-        for name in ("vc_share_rank", "log_wait_s"):
+        for name in _BASE_READS[args.residual]:
             if name not in features:
                 raise UserError(f"--residual {args.residual} needs the feature {name}")
             cols[name] = list(features).index(name)
@@ -182,6 +194,7 @@ def net_config(args: Args, features: Sequence[str]) -> NetConfig:
         len(features), len(GLOBAL_FEATURES), args.hidden, args.context, args.residual,
         cols.get("vc_share_rank", -1), cols.get("log_wait_s", -1),
         args.residual_bound if args.residual else 0.0,
+        cols.get("f1_key", -1), cols.get("f1_key_rest", -1), args.residual_scale,
     )  # fmt: skip
 
 
@@ -284,14 +297,28 @@ def _validate(
     net: ScoreNet,
     features: tuple[str, ...],
     best_heuristic: Sequence[float],
+    score: str = "mean",
 ) -> float:
-    """Mean relative gain of the greedy policy over the best heuristic's objective."""
+    """The greedy policy against the best heuristic's objective on each episode (0: as
+    good everywhere): the mean relative gain, or under "geo" 1 - the geometric mean
+    of the policy's objective over the best's (`val_score_geo`)."""
     results = val.run(specs, cfg, net, features, sample=False)
-    gains = [
-        relative_gain(cfg.objective, r.policy_obj, b)
-        for r, b in zip(results, best_heuristic, strict=True)
+    pairs = [(r.policy_obj, b) for r, b in zip(results, best_heuristic, strict=True)]
+    if score == "geo":
+        return val_score_geo(cfg.objective, pairs)
+    return float(np.mean([relative_gain(cfg.objective, p, b) for p, b in pairs]))
+
+
+def val_score_geo(objective: str, pairs: Sequence[tuple[float, float]]) -> float:
+    """1 - exp(mean log(policy / best)) over the (policy, best) objectives of episodes
+    where both are finite and positive (best / policy for "util", where higher is
+    better); 0 if there is none."""
+    logs = [
+        math.log(b / p if objective == "util" else p / b)
+        for p, b in pairs
+        if math.isfinite(p) and math.isfinite(b) and p > 0 and b > 0
     ]
-    return float(np.mean(gains))
+    return 1.0 - math.exp(sum(logs) / len(logs)) if logs else 0.0
 
 
 def heuristic_scores(
@@ -322,7 +349,7 @@ def train(
     t_start = time.perf_counter()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)  # deterministic reductions; the workers use the other cores
-    features = FEATURE_SETS[args.features]
+    features = feature_list(args)
     # the episodes run without the wait bound: it is the served policy's (meta below);
     # trained with it, the policy validated worse (docs/results/rl.md, "How the shipped
     # checkpoint was trained and chosen")
@@ -403,6 +430,18 @@ def train(
              "losses/clipfrac", "losses/imitation", "perf/rollout_s", "perf/update_s",
              "perf/decisions_per_s", "perf/jobs_per_s"]
         )  # fmt: skip
+    if val is not None and args.residual and not args.resume:
+        # iteration 0, the untrained residual, is the base heuristic itself: scored and
+        # kept as the checkpoint, so that a run in which nothing beats it returns it
+        best_val = _validate(val, val_specs, val_cfg, net, features, best_objs, args.val_score)
+        meta.update(val_gain=best_val, iteration=0)
+        best_ckpt = Checkpoint(_copy(net), features, dict(meta))
+        save_checkpoint(args.out, best_ckpt)
+        writer.writerow(
+            [0, f"{time.perf_counter() - t_start:.1f}", 0, "", f"{best_val:.4f}",
+             *("" for _ in LOSSES), "", "", "", ""]
+        )  # fmt: skip
+        log_file.flush()
     try:
         for it in range(start_iter, args.iterations):
             if args.time_budget_s and time.perf_counter() - t_start > args.time_budget_s:
@@ -433,7 +472,9 @@ def train(
             val_gain = None
             last = it + 1 == args.iterations
             if val is not None and ((it + 1) % args.val_every == 0 or last):
-                val_gain = _validate(val, val_specs, val_cfg, net, features, best_objs)
+                val_gain = _validate(
+                    val, val_specs, val_cfg, net, features, best_objs, args.val_score
+                )
                 if val_gain > best_val:
                     best_val = val_gain
                     meta.update(val_gain=val_gain, iteration=it + 1)

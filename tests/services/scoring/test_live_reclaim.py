@@ -3,6 +3,8 @@ borrowers a waiting job of a guaranteed queue preempts, and when none."""
 
 from __future__ import annotations
 
+import msgspec
+
 from services.scoring.policies import make_policy
 from services.scoring.queue import ScoringState
 from services.scoring.reclaim import LiveReclaim
@@ -133,3 +135,31 @@ def test_a_higher_class_preempts_its_own_queues_lower_jobs_with_the_reason() -> 
     # a class without preempt_lower waits
     cl, s = _urgent(preempt_lower=False)
     assert LiveReclaim(cl, grace_s=30.0, min_run_s=600.0).check(s, 800.0) == []
+
+
+def test_a_restarted_reclaim_takes_up_the_preemptions_asked_before() -> None:
+    # the first scoring asked r2 to stop for p1 at t=701 (as above) and died; a second
+    # one reads that request back from jobs.kill (timestamp 701)
+    s = _borrowing()
+    asked = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0).check(s, 701.0)
+    assert [k.job_id for k in asked] == ["r2"]
+    again = _borrowing()
+    r = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0)
+    r.restore(asked[0], 701.0)
+    # r2 still runs the segment it was asked to stop (started 100 <= 701): it is
+    # stopping, not asked again, no other borrower taken in its place, p1 leads
+    assert r.check(again, 705.0) == []
+    assert again.first == ["p1"] and r.draining == {"r2": ("p1", 701.0)}
+    # ... until its grace and STOPPING_S (30 + 30 s) are over: then it is asked again
+    assert [k.job_id for k in r.check(again, 762.0)] == ["r2"]
+    # a request older than the victim's current segment was answered by an earlier
+    # `preempted`: r2 (started at 100) asked at 50 is not stopping
+    stale = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0)
+    stale.restore(asked[0], 50.0)
+    assert [k.job_id for k in stale.check(_borrowing(), 705.0)] == ["r2"]
+    # the request names the job it makes room for; one read back without it (an older
+    # request, or a user's requeue) still counts as stopping, for no job in particular
+    assert asked[0].for_job == "p1"
+    anon = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0)
+    anon.restore(msgspec.structs.replace(asked[0], for_job=None), 701.0)
+    assert anon.check(_borrowing(), 705.0) == [] and anon.draining == {"r2": ("", 701.0)}

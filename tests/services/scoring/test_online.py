@@ -17,11 +17,11 @@ from services.scoring.service import ScoringHandler, ScoringSettings
 from shared.bus import Record, ServiceStats
 from shared.config import BusSettings
 from shared.messages import Job, NodeStatus, Reward, encode
-from shared.policy_features import FAIR_SHARE_FEATURES, GLOBAL_FEATURES, JOB_FEATURES
+from shared.policy_features import F1_FEATURES, FAIR_SHARE_FEATURES, GLOBAL_FEATURES, JOB_FEATURES
 
 # the columns the network was first drawn over (an added optional column would change
 # the seeded draw of its weights)
-FEATURES = tuple(f for f in JOB_FEATURES if f not in FAIR_SHARE_FEATURES)
+FEATURES = tuple(f for f in JOB_FEATURES if f not in FAIR_SHARE_FEATURES + F1_FEATURES)
 
 
 def _setup() -> tuple[ScoringState, OnlineLearner, RLPolicy]:

@@ -21,6 +21,7 @@ from services.scoring.rl.rollout import make_batch
 from services.scoring.rl.train import ppo_update
 from shared.cluster import parse_cluster
 from shared.policy_features import (
+    F1_FEATURES,
     FAIR_SHARE_FEATURES,
     GLOBAL_FEATURES,
     IDENTITY_FEATURES,
@@ -28,9 +29,12 @@ from shared.policy_features import (
 )
 from shared.traces import TraceJob
 
-# the features before the identity ones were appended: the network (and so the seeded
-# initial order this test starts from) has the shape it was written for
-FEATURES = tuple(f for f in JOB_FEATURES if f not in IDENTITY_FEATURES + FAIR_SHARE_FEATURES)
+# the features before the identity ones (then the fair share, f1's key) were appended:
+# the network (and so the seeded initial order this test starts from) has the shape it
+# was written for
+FEATURES = tuple(
+    f for f in JOB_FEATURES if f not in IDENTITY_FEATURES + FAIR_SHARE_FEATURES + F1_FEATURES
+)
 CLUSTER = parse_cluster({"nodes": [{"name": "n", "gpu_type": "P100", "gpus": 1}]})
 RUN = {"s": 10.0, "l": 1000.0}
 PREFIX = [("s", 0.0), ("l", 20.0), ("s", 1100.0), ("l", 1200.0)]  # the last ends at 2200

@@ -127,3 +127,121 @@ def test_behind_a_higher_priority_class() -> None:
     for i, (topic, msg) in enumerate([(T.jobs_accepted, waiting[1])]):
         plain.add(Record(topic, 0, i, None, encode(msg)))
     assert plain.explain("lo").rule is None
+
+
+# rule 5: one team of 8 GPUs (two nodes of 4) whose `urgent` class preempts lower ones;
+# `pinned` is non-preemptible, of a priority between `batch` and `urgent`
+RULE5 = ClusterSpec(
+    "c5",
+    (NodeSpec("a", "GPU", 4), NodeSpec("b", "GPU", 4)),
+    queues={"team": QueueSpec(guaranteed_gpus=8, limit_gpus=8)},
+    priority_classes={
+        "urgent": PriorityClass(100, True, preempt_lower=True),
+        "pinned": PriorityClass(50, False),
+        "batch": PriorityClass(10, True),
+    },
+)
+
+
+def _at(
+    cluster: ClusterSpec,
+    running: list[tuple[str, str, str, float]],
+    waiting: list[Job],
+    extra: list[tuple[str, Struct]] = (),  # type: ignore[assignment]
+    min_run_s: float = 600.0,
+) -> WhyState:
+    """`running`: (job, vc, class, start), 4 GPUs each, on node a then b; the nodes
+    report at t=100, and one round at t=100 ranks `waiting` in the order given."""
+    s = WhyState(T, cluster, min_run_s=min_run_s)
+    msgs: list[tuple[str, Struct]] = []
+    for (jid, vc, cls, start), node in zip(running, "ab", strict=False):
+        msgs.append((T.jobs_accepted, Job(jid, 4, 0.0, vc=vc, priority_class=cls)))
+        msgs.append((T.jobs_events, JobEvent(jid, "started", start, [node])))
+    for n in "ab"[len(running) :]:
+        msgs.append((T.cluster_nodes, NodeStatus(n, "GPU", 4, [0, 1, 2, 3], time=100.0)))
+    for n in "ab"[: len(running)]:
+        msgs.append((T.cluster_nodes, NodeStatus(n, "GPU", 4, [], time=100.0)))
+    msgs += [(T.jobs_accepted, j) for j in waiting]
+    order = [(j.job_id, float(len(waiting) - i)) for i, j in enumerate(waiting)]
+    msgs.append((T.sched_priorities, PriorityBatch(1, 100.0, order)))
+    msgs += list(extra)
+    for i, (topic, msg) in enumerate(msgs):
+        s.add(Record(topic, 0, i, None, encode(msg)))
+    return s
+
+
+URGENT = Job("u", 4, 90.0, vc="team", priority_class="urgent")
+
+
+def test_waiting_for_a_priority_preemption_names_its_victims() -> None:
+    # team holds 8 = its limit with two batch jobs (b1 from t=0, b2 from t=50): the urgent
+    # job of 4 is held by the limit, and rule 5 stops the newer one, b2; with a minimum
+    # run of 600 s, b2 may be stopped from t=50+600=650 on
+    running = [("b1", "team", "batch", 0.0), ("b2", "team", "batch", 50.0)]
+    a = _at(RULE5, running, [URGENT]).explain("u")
+    assert (a.rule, a.victims) == ("preemption", ["b2"])
+    assert (
+        "waiting for a priority preemption: class urgent stops lower classes of queue team "
+        "for it: b2 (batch, inside its minimum run time until t=650 s)"
+    ) in a.lines
+    # a minimum run of 30 s: b2 (50 s run at t=100) is past it, asked at the next check
+    a = _at(RULE5, running, [URGENT], min_run_s=30.0).explain("u")
+    assert a.victims == ["b2"]
+    assert any(
+        x.endswith("b2 (batch, past its minimum run time: asked at scoring's next check)")
+        for x in a.lines
+    )
+    # once asked (jobs.kill with requeue, scoring's reason naming u): inside its grace
+    kill = KillRequest("b2", "priority: class urgent of u", requeue=True, grace_s=30.0)
+    a = _at(RULE5, running, [URGENT], [(T.jobs_kill, kill)]).explain("u")
+    assert (a.rule, a.victims) == ("preemption", ["b2"])
+    assert any(
+        x.endswith(
+            "for it: b2 (batch, being stopped: priority: class urgent of u, SIGKILL after its "
+            "grace period of 30 s)"
+        )
+        for x in a.lines
+    )
+    # a batch job is not of a class that preempts: plain limit
+    lo = Job("lo", 4, 90.0, vc="team", priority_class="batch")
+    assert _at(RULE5, running, [lo]).explain("lo").rule == "limit"
+
+
+def test_a_non_preemptible_class_is_why_nothing_can_be_stopped() -> None:
+    # the older job is pinned (non-preemptible), the newer batch: rule 5 takes b2, never p1
+    mixed = [("p1", "team", "pinned", 0.0), ("b2", "team", "batch", 50.0)]
+    a = _at(RULE5, mixed, [URGENT]).explain("u")
+    assert (a.rule, a.victims) == ("preemption", ["b2"])
+    # both pinned: rule 5 has nothing it may stop; it would need the newer one, p2
+    pinned = [("p1", "team", "pinned", 0.0), ("p2", "team", "pinned", 50.0)]
+    a = _at(RULE5, pinned, [URGENT]).explain("u")
+    assert (a.rule, a.blockers, a.victims) == ("non-preemptible", ["p2"], [])
+    assert (
+        "nothing can be stopped for it: priority preemption (queue team) would have to stop "
+        "p2 (pinned), of a non-preemptible class"
+    ) in a.lines
+    # reclaim: `default` (no guarantee) runs two pinned jobs (started before `team` was
+    # given its guarantee); team's batch job of 4 fits team's 8 unused, reclaim would take
+    # the newer, p2, but may not
+    other = ClusterSpec(
+        "c6",
+        RULE5.nodes,
+        queues={"team": QueueSpec(guaranteed_gpus=8)},
+        priority_classes=RULE5.priority_classes,
+    )
+    idle = [("p1", "x", "pinned", 0.0), ("p2", "x", "pinned", 50.0)]
+    a = _at(other, idle, [Job("t", 4, 90.0, vc="team", priority_class="batch")]).explain("t")
+    assert (a.rule, a.blockers) == ("non-preemptible", ["p2"])
+    assert (
+        "nothing can be stopped for it: reclaim (queue team) would have to stop p2 (pinned), "
+        "of a non-preemptible class"
+    ) in a.lines
+    # the same with preemptible borrowers: waiting for reclaim, p2 to stop (inside its
+    # minimum run time until 50 + 600)
+    idle = [("p1", "x", "batch", 0.0), ("p2", "x", "batch", 50.0)]
+    a = _at(other, idle, [Job("t", 4, 90.0, vc="team", priority_class="batch")]).explain("t")
+    assert (a.rule, a.victims) == ("reclaim", ["p2"])
+    assert any(
+        x.endswith("; to stop: p2 (batch, inside its minimum run time until t=650 s)")
+        for x in a.lines
+    )
