@@ -37,13 +37,33 @@ several table writes in the last batch the restarted tables came back without th
 rest of that batch (measured: 5 of 20 restarts with faust's 16 KiB batches, and
 256-byte batches still hold two rows). With one record per batch that answer is the
 end of the log; on Apache Kafka it is anyway, and the cost is only batching (one or
-two changelog writes per input event). Updates are still lost after a restart in
-about one run in eight: the first record after the committed offset sometimes
-never reaches the agent (docs/design/fair-share.md).
+two changelog writes per input event).
+
+Every record, by construction. faust-streaming 0.15.3 can drop an input record
+after a restart and commit past it: at the end of table recovery it seeks the
+inputs to their committed offsets while the fetcher already hands records to the
+agent's queue, then resumes flow control, which clears that queue; the fetcher's
+read offset is past the dropped record, and `_new_offset` commits over a single
+missing offset (faust-streaming #596, #606; the evidence in
+docs/design/fair-share.md). So the ledger keeps its own progress: the `jobs` row
+`@next <topic> <partition>` (`_next_key`) holds the next offset of each input
+partition to apply, written after each record's changes, and `Ledger` applies
+every record before it has been applied. A record past that offset makes the
+agent read the missing range itself (`_read_range`: a plain consumer assigned to
+the partition, no group) and apply it first, in order; when nothing follows a
+dropped record, the serve loop, once the agent has read nothing for `IDLE_S`,
+sees the partition's end beyond that offset (twice, a turn apart) and does the
+same. A range read that
+returns nothing (transaction markers, compacted records) is done. The tables take
+`use_partitioner` so the repair may write between records (one partition: the
+same partition 0). Repairs count as `gap_records_applied` in the stats and
+`rltune_ledger_gap_records_total{topic}`; failed reads (retried on the next
+record or the next idle turn) as `gap_repair_errors`.
 
 Idempotent by record: the `jobs` row keeps the offset of the last `jobs.events`
-record applied to it, so an event read again after a restart (its offset not yet
-committed while the tables' changelogs already had its change) changes nothing.
+record applied to it, and an accepted job's row its queue, so a record read again
+(faust reads from the committed offset after its seek, or the repair read it
+first) changes nothing.
 
 Deployed as `rltune service ledger` (compose, k8s) with the login every service
 makes (`credentials`: faust's `broker_credentials` from `KafkaSecurity`), as the
@@ -67,12 +87,17 @@ import asyncio
 import contextlib
 import logging
 import tempfile
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import faust
 import msgspec
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from faust.types import TP
 from faust.types.auth import CredentialsT
+from prometheus_client import Counter
 
 from shared.bus import ServiceStats
 from shared.cluster import ClusterSpec, load_cluster
@@ -101,6 +126,14 @@ __all__ = [
 NAME = "ledger"
 log = logging.getLogger("rltune.ledger")
 STOPS = ("finished", "failed", "preempted", "cancelled")
+GAP_RECORDS = Counter(
+    "rltune_ledger_gap_records_total",
+    "Input records the ledger read and applied itself, its consumer never having delivered them",
+    ["topic"],
+)
+REPAIR_ERRORS = Counter(
+    "rltune_ledger_repair_errors_total", "Reads of skipped input records that failed (retried)"
+)
 
 
 @dataclass(frozen=True)
@@ -148,9 +181,9 @@ def build_app(
     datadir: str,
     group_id: str | None = None,
 ) -> faust.App:
-    """The faust app: one agent, two tables (module docstring)."""
+    """The faust app: one agent, two tables (module docstring); `app.ledger` is the
+    `Ledger` that applies the records (the agent's and the repair's)."""
     t = settings.topics
-    half_life = cluster.half_life_s if cluster is not None else DEFAULT_HALF_LIFE_S
     app = faust.App(
         group_id or f"{settings.topic_prefix}{NAME}",
         broker=_broker_url(settings),
@@ -175,10 +208,12 @@ def build_app(
         value_serializer="json",
     )
     inputs = app.topic(t.jobs_accepted, t.jobs_events, key_serializer="raw", value_serializer="raw")
-    jobs = app.Table("jobs", default=lambda: None)
-    usage = app.Table("usage", default=lambda: None)
-    job_dec = msgspec.json.Decoder(Job)
-    ev_dec = msgspec.json.Decoder(JobEvent)
+    # use_partitioner: a change's changelog partition comes from its key, not from the
+    # record being processed, so that the repair may write between records (one
+    # partition per topic: partition 0 either way)
+    jobs = app.Table("jobs", default=lambda: None, use_partitioner=True)
+    usage = app.Table("usage", default=lambda: None, use_partitioner=True)
+    ledger = Ledger(settings, cluster, stats, jobs, usage)
 
     @app.agent(inputs)
     async def track(stream: Any) -> None:
@@ -189,31 +224,171 @@ def build_app(
             first = f"first_offset_{msg.topic}"
             if first not in stats.extra:
                 stats.extra[first] = msg.offset
-            try:
-                if msg.topic == t.jobs_accepted:
-                    out = _accepted(jobs, job_dec.decode(event.value or b""), cluster)
-                else:
-                    ev = ev_dec.decode(event.value or b"")
-                    got = _event(jobs, ev, msg.offset)
-                    if got is None:
-                        stats.extra["duplicate_events"] += 1
-                        continue
-                    out = got
-            except msgspec.MsgspecError:
-                stats.extra["ignored_bad_message"] += 1
-                continue
-            for queue, change in out:
-                row = usage[queue]
-                old = (
-                    Row(row["usage"], row["as_of"], row["gpus"]) if row else Row(as_of=change["t"])
-                )
-                new = old.change(change["t"], change["gpus"], half_life)
-                usage[queue] = {"usage": new.usage, "as_of": new.as_of, "gpus": new.gpus}
-                stats.extra["changes_applied"] += 1
+            await ledger.record(msg.topic, msg.partition, msg.offset, event.value)
 
-    app.ledger_usage = usage  # type: ignore[attr-defined]
-    app.ledger_jobs = jobs  # type: ignore[attr-defined]
+    app.ledger = ledger  # type: ignore[attr-defined]
     return app
+
+
+def _next_key(topic: str, partition: int) -> str:
+    """The `jobs` row holding the next offset to apply of an input partition: "@" and
+    " " are outside JOB_ID_PATTERN, so no job's row has this key."""
+    return f"@next {topic} {partition}"
+
+
+def _job_key(job_id: str) -> None:
+    """A job's `jobs` row is keyed by its id; the rows of the ledger's own (`_next_key`)
+    start with "@", which no job id does (JOB_ID_PATTERN): a message that says
+    otherwise is refused like any that does not decode."""
+    if job_id.startswith("@"):
+        raise msgspec.ValidationError(f"not a job id: {job_id!r}")
+
+
+class Ledger:
+    """Applies input records to the tables, each once, in offset order per partition,
+    with none missing (module docstring: "Every record, by construction")."""
+
+    def __init__(
+        self,
+        settings: BusSettings,
+        cluster: ClusterSpec | None,
+        stats: ServiceStats,
+        jobs: Any,
+        usage: Any,
+    ) -> None:
+        self.settings = settings
+        self.cluster = cluster
+        self.half_life = cluster.half_life_s if cluster is not None else DEFAULT_HALF_LIFE_S
+        self.stats = stats
+        self.jobs = jobs
+        self.usage = usage
+        self.lock = asyncio.Lock()  # one applier at a time: the agent or the repair
+        self.last_record = time.monotonic()
+        self._reader: AIOKafkaConsumer | None = None
+        self._behind: dict[tuple[str, int], int] = {}  # the idle repair's last look
+        self._job_dec = msgspec.json.Decoder(Job)
+        self._ev_dec = msgspec.json.Decoder(JobEvent)
+
+    def next_offset(self, topic: str, partition: int) -> int | None:
+        """The next offset of `topic`/`partition` to apply: every one before it has
+        been applied (None: none recorded yet)."""
+        got = self.jobs[_next_key(topic, partition)]
+        return None if got is None else int(got)
+
+    async def record(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
+        """A record the agent read: first every record before it that was never
+        applied (read here, from the broker), then the record itself."""
+        async with self.lock:
+            self.last_record = time.monotonic()
+            try:
+                await self._catch_up(topic, partition, offset)
+            except Exception as exc:  # the broker: the idle repair reads it all again
+                log.warning(
+                    "ledger: reading %s/%d before %d failed: %r", topic, partition, offset, exc
+                )
+                self.stats.extra["gap_repair_errors"] += 1
+                REPAIR_ERRORS.inc()
+                return  # its offset stays unapplied, so the repair reads this one too
+            self._apply(topic, offset, value)
+            self._advance(topic, partition, offset + 1)
+            self.last_record = time.monotonic()
+
+    async def repair_idle(
+        self, tps: list[tuple[str, int]], idle_s: float, fetched: dict[tuple[str, int], int]
+    ) -> None:
+        """While the agent has read nothing for `idle_s`, any record of `tps` before
+        the partition's end that was never applied (no later record will show the
+        gap to the agent) is read here and applied. The end is the larger of
+        ListOffsets' answer and the high watermark of the app's own last fetch
+        (`fetched`; the embedded broker lists the first offset of the last batch
+        plus one, `shared.wire.read_to_end`)."""
+        if time.monotonic() - self.last_record < idle_s:
+            self._behind.clear()
+            return
+        async with self.lock:
+            for topic, partition in tps:
+                c = await self._client()
+                tp = TopicPartition(topic, partition)
+                end = max((await c.end_offsets([tp]))[tp], fetched.get((topic, partition), 0))
+                nxt = self.next_offset(topic, partition) or 0
+                # behind at two turns in a row with nothing read between: not a record
+                # that arrived just now and is on its way to the agent
+                seen, self._behind[topic, partition] = self._behind.get((topic, partition)), nxt
+                if end > nxt and seen == nxt:
+                    await self._catch_up(topic, partition, end)
+                elif end <= nxt:
+                    del self._behind[topic, partition]
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            await self._reader.stop()
+            self._reader = None
+
+    async def _catch_up(self, topic: str, partition: int, upto: int) -> None:
+        """Read and apply every record of the partition from the next offset to apply
+        up to `upto` (excluded), in order, advancing the next offset as they go."""
+        start = self.next_offset(topic, partition)
+        if start is not None and upto <= start:
+            return  # the usual case: nothing missing
+        c = await self._client()
+        tp = TopicPartition(topic, partition)
+        if start is None:  # nothing recorded (a new ledger): from the start of the log
+            start = (await c.beginning_offsets([tp]))[tp]
+        if upto <= start:
+            return
+        async for batch in _read_range(c, tp, start, upto):
+            for rec in batch:
+                self._apply(topic, rec.offset, rec.value)
+                self._advance(topic, partition, rec.offset + 1)
+                self.stats.extra["gap_records_applied"] += 1
+                GAP_RECORDS.labels(topic).inc()
+                log.info(
+                    "ledger: %s/%d offset %d applied, never read", topic, partition, rec.offset
+                )
+        # the rest of the range held no record (control batches, compacted away): done
+        self._advance(topic, partition, upto)
+
+    def _advance(self, topic: str, partition: int, nxt: int) -> None:
+        if nxt > (self.next_offset(topic, partition) or 0):
+            self.jobs[_next_key(topic, partition)] = nxt
+
+    async def _client(self) -> AIOKafkaConsumer:
+        if self._reader is None:
+            c = AIOKafkaConsumer(
+                **self.settings.client_kwargs(),
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+            )
+            await c.start()
+            self._reader = c
+        return self._reader
+
+    def _apply(self, topic: str, offset: int, value: bytes | None) -> None:
+        """One input record: its job's row and its queue's usage (idempotent by
+        offset: a record applied already changes nothing)."""
+        stats = self.stats
+        try:
+            if topic == self.settings.topics.jobs_accepted:
+                job = self._job_dec.decode(value or b"")
+                _job_key(job.job_id)
+                out = _accepted(self.jobs, job, self.cluster)
+            else:
+                ev = self._ev_dec.decode(value or b"")
+                _job_key(ev.job_id)
+                got = _event(self.jobs, ev, offset)
+                if got is None:
+                    stats.extra["duplicate_events"] += 1
+                    return
+                out = got
+        except msgspec.MsgspecError:
+            stats.extra["ignored_bad_message"] += 1
+            return
+        for queue, change in out:
+            row = self.usage[queue]
+            old = Row(row["usage"], row["as_of"], row["gpus"]) if row else Row(as_of=change["t"])
+            new = old.change(change["t"], change["gpus"], self.half_life)
+            self.usage[queue] = {"usage": new.usage, "as_of": new.as_of, "gpus": new.gpus}
+            stats.extra["changes_applied"] += 1
 
 
 def _accepted(jobs: Any, job: Job, cluster: ClusterSpec | None) -> list[tuple[str, dict]]:
@@ -252,6 +427,27 @@ def _event(jobs: Any, ev: JobEvent, offset: int) -> list[tuple[str, dict]] | Non
     return out
 
 
+async def _read_range(
+    c: AIOKafkaConsumer, tp: TopicPartition, start: int, stop: int, stall_s: float = 30.0
+) -> AsyncIterator[list[ConsumerRecord]]:
+    """The records of `tp` with offsets in [start, stop), a batch at a time, read with
+    the plain consumer `c` (no group). The read ends when the position reaches `stop`:
+    a range that holds no record moves the position past it all the same. A read
+    that makes no progress for `stall_s` raises TimeoutError."""
+    c.assign([tp])
+    c.seek(tp, start)
+    last, since = start, time.monotonic()
+    while (pos := await c.position(tp)) < stop:
+        if pos > last:
+            last, since = pos, time.monotonic()
+        elif time.monotonic() - since > stall_s:
+            raise TimeoutError(f"{tp.topic}/{tp.partition} stayed at {pos} below {stop}")
+        got = await c.getmany(tp, timeout_ms=500)
+        batch = [r for r in got.get(tp, []) if start <= r.offset < stop]
+        if batch:
+            yield batch
+
+
 async def serve(
     settings: BusSettings,
     stop: asyncio.Event | None = None,
@@ -268,13 +464,17 @@ async def serve(
         datadir = conf.datadir or stack.enter_context(tempfile.TemporaryDirectory())
         app = build_app(settings, cluster, stats, datadir, group_id)
         app.finalize()
+        ledger: Ledger = app.ledger  # type: ignore[attr-defined]
+        inputs = {settings.topics.jobs_accepted, settings.topics.jobs_events}
         health = HEALTH[NAME] = ServiceHealth(NAME)
         await app.start()
+        settled = False
         try:
             if ready is not None:
                 ready.set()
             while not stop.is_set():
                 _probe(app, health)
+                settled = await _repair_when_idle(app, ledger, inputs, settled, stats)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)
         finally:
@@ -282,7 +482,36 @@ async def serve(
             if HEALTH.get(NAME) is health:
                 del HEALTH[NAME]
             await app.stop()
+            await ledger.close()
     return stats
+
+
+IDLE_S = 3.0  # the agent read nothing this long: the idle repair looks at the ends
+
+
+async def _repair_when_idle(
+    app: faust.App, ledger: Ledger, inputs: set[str], settled: bool, stats: ServiceStats
+) -> bool:
+    """The idle repair (`Ledger.repair_idle`), only while the app is settled: tables
+    recovered, no rebalance under way, the inputs assigned. Returns whether it is
+    settled; the agent's idle time counts from when it became so."""
+    assigned = [(tp.topic, tp.partition) for tp in app.consumer.assignment() if tp.topic in inputs]
+    recovered = app.tables.recovery.completed.is_set()  # type: ignore[attr-defined]
+    now_settled = recovered and not app.rebalancing and bool(assigned)
+    if now_settled and not settled:
+        ledger.last_record = max(ledger.last_record, time.monotonic())
+    if now_settled:
+        fetched = {}
+        for topic, partition in assigned:
+            with contextlib.suppress(Exception):  # none yet: ListOffsets alone
+                fetched[topic, partition] = app.consumer.highwater(TP(topic, partition)) or 0
+        try:
+            await ledger.repair_idle(sorted(assigned), IDLE_S, fetched)
+        except Exception as exc:  # the broker: again on the next tick
+            log.warning("ledger: idle repair failed: %r", exc)
+            stats.extra["gap_repair_errors"] += 1
+            REPAIR_ERRORS.inc()
+    return now_settled
 
 
 def _probe(app: faust.App, health: ServiceHealth) -> None:
