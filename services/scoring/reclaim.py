@@ -32,7 +32,6 @@ and `priority_classes`:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from services.scoring.queue import ScoringState
@@ -54,17 +53,38 @@ class LiveReclaim:
     grace_s: float = 120.0
     min_run_s: float = 600.0
     draining: dict[str, tuple[str, float]] = field(default_factory=dict)  # victim -> (for, when)
-    # preemptions read back from jobs.kill, not checked yet: victim -> (for, when asked)
-    restored: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # preemptions read back from jobs.kill, not checked yet: victim -> [(for, when asked)]
+    restored: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.quota = Quota(self.cluster.queues, self.cluster.priority_classes)
 
     def restore(self, req: KillRequest, when: float) -> None:
         """A preemption asked on `jobs.kill` at `when` (its record's timestamp: read back
-        after a restart, or our own coming back); `check` takes it up."""
+        after a restart, or our own coming back); `check` takes it up. Every request
+        for a victim is kept: a later one (a user's, or one naming no job) must not
+        hide the job an earlier one was for."""
         if req.requeue and req.job_id not in self.draining:
-            self.restored[req.job_id] = (req.for_job or "", when)
+            self.restored.setdefault(req.job_id, []).append((req.for_job or "", when))
+
+    def _take_up(self, st: ScoringState, now: float) -> None:
+        """Restored requests into `draining`: a victim still stopping runs the segment
+        it was asked to stop (a request older than that segment's start was answered
+        by an earlier `preempted`); it drains from its first request in that segment,
+        for the first job those requests name. A victim whose start is not known yet
+        (its events not read back so far) waits for a later check, until its requests
+        are older than a stop takes."""
+        for v, reqs in list(self.restored.items()):
+            start = st.started_at.get(v)
+            if start is None:
+                if now > max(w for _, w in reqs) + self.grace_s + STOPPING_S:
+                    del self.restored[v]
+                continue
+            del self.restored[v]
+            live = sorted((w, o) for o, w in reqs if w >= start)
+            if v not in self.draining and live:
+                owner = next((o for _, o in live if o), "")
+                self.draining[v] = (owner, live[0][0])
 
     def check(self, st: ScoringState, now: float) -> list[KillRequest]:
         """The preemptions to ask for now (and `st.first` set)."""
@@ -72,12 +92,7 @@ class LiveReclaim:
         view = st.view.state
         kind = {view.node_ids[i]: view.node_type[i] for i in range(len(view.node_ids))}
         only = next(iter(view.total_by_type), ANY) if len(view.total_by_type) == 1 else ANY
-        for v, (owner, since) in self.restored.items():
-            # still stopping: it runs the segment it was asked to stop (a request older
-            # than that segment's start was answered by an earlier `preempted`)
-            if v not in self.draining and since >= st.started_at.get(v, math.inf):
-                self.draining[v] = (owner, since)
-        self.restored.clear()
+        self._take_up(st, now)
         for v, (_, since) in list(self.draining.items()):
             if v not in st.started_at or now > since + self.grace_s + STOPPING_S:
                 del self.draining[v]

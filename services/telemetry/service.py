@@ -135,7 +135,13 @@ class TelemetryHandler:
             s.rejection(rec.topic, rec.source)
         elif rec.topic == t.jobs_accepted:
             with contextlib.suppress(msgspec.MsgspecError):
-                s.accepted(self._job.decode(rec.value or b""))
+                job = self._job.decode(rec.value or b"")
+                # events read before this record (another topic) go through `event` as
+                # they would have live, so the histograms and counters see them too
+                early = s.early.pop(job.job_id, []) if job.job_id not in s.jobs else []
+                s.accepted(job)
+                for ev in early:
+                    self.event(ev)
         elif rec.topic == t.sched_placements:
             try:
                 s.placement(self._placements.decode(rec.value or b""))
@@ -149,24 +155,33 @@ class TelemetryHandler:
                     raise Reject(f"invalid message on {rec.topic}: {exc}", kind="invalid") from None
                 return
             if isinstance(msg, JobEvent):
-                js = s.jobs.get(msg.job_id)
-                before = (js.open_start, js.done) if js is not None else None
-                s.event(msg)
-                if js is not None and before is not None:  # (each record once: read back or live)
-                    _observe(js.job, msg, before, js.done)
-                    if msg.kind == "preempted" and before[0] is not None:
-                        reason = preemption_reason(msg.detail)
-                        PREEMPTIONS.labels(s.queue_of(js.job), reason).inc()
+                self.event(msg)
             elif isinstance(msg, NodeStatus):
                 s.node(msg)
             else:
                 s.offload_stats(msg)
 
+    def event(self, msg: JobEvent) -> None:
+        """A job event into the state and, once the job is known, the Prometheus
+        histograms and preemption counter (each record once: read back or live; one of
+        a job not accepted yet waits in the state's `early` until it is)."""
+        s = self.state
+        js = s.jobs.get(msg.job_id)
+        before = (js.open_start, js.done, bool(js.segments)) if js is not None else None
+        s.event(msg)
+        if js is not None and before is not None:
+            _observe(js.job, msg, before, js.done)
+            if msg.kind == "preempted" and before[0] is not None:
+                reason = preemption_reason(msg.detail)
+                PREEMPTIONS.labels(s.queue_of(js.job), reason).inc()
 
-def _observe(job: Job, ev: JobEvent, before: tuple[float | None, bool], done: bool) -> None:
-    """Queueing delay at a job's first start, JCT at its end (Prometheus histograms)."""
+
+def _observe(job: Job, ev: JobEvent, before: tuple[float | None, bool, bool], done: bool) -> None:
+    """Queueing delay at a job's first start (not at a restart after a preemption: it
+    had a segment), JCT at its end (Prometheus histograms). `before`: the job's open
+    start, whether it was done, whether it had run a segment, before the event."""
     queue = job.vc or "default"
-    if ev.kind == "started" and before[0] is None and not before[1]:
+    if ev.kind == "started" and before[0] is None and not before[1] and not before[2]:
         QUEUE_WAIT.labels(queue).observe(max(ev.time - job.submit_time, 0.0))
     elif done and not before[1]:
         JCT.labels(queue).observe(max(ev.time - job.submit_time, 0.0))

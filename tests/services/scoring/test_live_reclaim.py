@@ -9,7 +9,7 @@ from services.scoring.policies import make_policy
 from services.scoring.queue import ScoringState
 from services.scoring.reclaim import LiveReclaim
 from shared.cluster import ClusterSpec, NodeSpec, PriorityClass, QueueSpec
-from shared.messages import Job, JobEvent, NodeStatus
+from shared.messages import Job, JobEvent, KillRequest, NodeStatus
 
 NODES = (NodeSpec("h-0", "GPU", 4), NodeSpec("h-1", "GPU", 4))
 QUEUES = {
@@ -163,3 +163,36 @@ def test_a_restarted_reclaim_takes_up_the_preemptions_asked_before() -> None:
     anon = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0)
     anon.restore(msgspec.structs.replace(asked[0], for_job=None), 701.0)
     assert anon.check(_borrowing(), 705.0) == [] and anon.draining == {"r2": ("", 701.0)}
+
+
+def test_a_later_request_naming_no_job_does_not_hide_the_job_an_earlier_one_was_for() -> None:
+    """Read back after a restart: reclaim's request for r2 (for p1), then a second one
+    naming no job (a user's, sent while r2 stops). r2 drains for p1 from the first
+    request's time; p1 still leads and no other borrower is asked in r2's place (with
+    the second request's empty owner, p1 would have looked unserved and r1 been asked)."""
+    asked = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0).check(_borrowing(), 701.0)
+    assert [(k.job_id, k.for_job) for k in asked] == [("r2", "p1")]
+    r = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0)
+    r.restore(asked[0], 701.0)
+    r.restore(KillRequest("r2", "a second request", requeue=True, grace_s=1.0), 703.0)
+    s = _borrowing()
+    assert r.check(s, 705.0) == []
+    assert r.draining == {"r2": ("p1", 701.0)} and s.first == ["p1"]
+
+
+def test_a_request_read_back_before_its_victims_start_waits_for_it() -> None:
+    """The request comes back before r2's `started` (topics are read back in no fixed
+    order): it is kept until r2's start is known, then taken up, not dropped (dropped,
+    the next check would ask r2 again)."""
+    asked = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0).check(_borrowing(), 701.0)
+    r = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0)
+    r.restore(asked[0], 701.0)
+    early = _state()  # nothing read back yet but the request
+    assert r.check(early, 702.0) == [] and "r2" in r.restored
+    assert r.check(_borrowing(), 705.0) == []
+    assert r.draining == {"r2": ("p1", 701.0)}
+    # a request whose victim never shows up is let go once a stop would be over
+    gone = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0)
+    gone.restore(asked[0], 701.0)
+    gone.check(_state(), 701.0 + 30.0 + 31.0)
+    assert gone.restored == {}

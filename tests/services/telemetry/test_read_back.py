@@ -51,3 +51,35 @@ def test_a_malformed_record_read_back_is_still_dead_lettered_when_consumed() -> 
     h.replay(bad)  # read back: passed over
     with pytest.raises(Reject, match=re.escape("invalid message on p.jobs.events")):
         h(bad)
+
+
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_events_read_before_their_job_count_in_prometheus_once_it_is_accepted() -> None:
+    """Read back, a job's events may come before its accepted record (another topic):
+    the state holds them, and the Prometheus counter and histograms must see them when
+    the job is accepted, once, as they would live."""
+    h = TelemetryHandler(BUS, ServiceStats(), TelemetrySettings())
+    job = Job("late-j", 2, 0.0, vc="qv-late")
+    evs = [
+        JobEvent("late-j", "started", 10.0, ["n"]),
+        JobEvent("late-j", "preempted", 100.0, ["n"], "reclaim: for qv-other"),
+        JobEvent("late-j", "started", 200.0, ["n"]),
+        JobEvent("late-j", "finished", 500.0, ["n"]),
+    ]
+    pre = _sample("rltune_preemptions_total", queue="qv-late", reason="reclaim")
+    waits = _sample("rltune_queue_wait_seconds_count", queue="qv-late")
+    jcts = _sample("rltune_job_completion_seconds_count", queue="qv-late")
+    for i, e in enumerate(evs):
+        h.replay(Record(T.jobs_events, 0, i, b"late-j", encode(e)))
+    assert _sample("rltune_preemptions_total", queue="qv-late", reason="reclaim") == pre
+    h.replay(Record(T.jobs_accepted, 0, 0, b"late-j", encode(job)))
+    assert _sample("rltune_preemptions_total", queue="qv-late", reason="reclaim") == pre + 1
+    assert _sample("rltune_queue_wait_seconds_count", queue="qv-late") == waits + 1
+    assert _sample("rltune_job_completion_seconds_count", queue="qv-late") == jcts + 1
+    js = h.state.jobs["late-j"]
+    assert [(s.start_s, s.finish_s) for s in js.segments] == [(10.0, 100.0), (200.0, 500.0)]
