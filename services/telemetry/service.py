@@ -45,7 +45,7 @@ from services.telemetry.prom import (
     QUEUE_BORROWED,
     QUEUE_PENDING,
 )
-from services.telemetry.windows import Telemetry, preemption_reason
+from services.telemetry.windows import JobState, Telemetry, preemption_reason
 from shared import serving
 from shared.bus import (
     Outgoing,
@@ -98,6 +98,7 @@ class TelemetryHandler:
         self.stats = stats
         cluster = load_cluster(conf.cluster) if conf.cluster else None
         self.state = Telemetry(conf.window_s, cluster=cluster)
+        self.state.on_event = self._observed
         self._job = msgspec.json.Decoder(Job)
         self._dec: dict[str, msgspec.json.Decoder[Any]] = {
             t.jobs_events: msgspec.json.Decoder(JobEvent),
@@ -135,13 +136,7 @@ class TelemetryHandler:
             s.rejection(rec.topic, rec.source)
         elif rec.topic == t.jobs_accepted:
             with contextlib.suppress(msgspec.MsgspecError):
-                job = self._job.decode(rec.value or b"")
-                # events read before this record (another topic) go through `event` as
-                # they would have live, so the histograms and counters see them too
-                early = s.early.pop(job.job_id, []) if job.job_id not in s.jobs else []
-                s.accepted(job)
-                for ev in early:
-                    self.event(ev)
+                s.accepted(self._job.decode(rec.value or b""))
         elif rec.topic == t.sched_placements:
             try:
                 s.placement(self._placements.decode(rec.value or b""))
@@ -155,25 +150,21 @@ class TelemetryHandler:
                     raise Reject(f"invalid message on {rec.topic}: {exc}", kind="invalid") from None
                 return
             if isinstance(msg, JobEvent):
-                self.event(msg)
+                s.event(msg)
             elif isinstance(msg, NodeStatus):
                 s.node(msg)
             else:
                 s.offload_stats(msg)
 
-    def event(self, msg: JobEvent) -> None:
-        """A job event into the state and, once the job is known, the Prometheus
-        histograms and preemption counter (each record once: read back or live; one of
-        a job not accepted yet waits in the state's `early` until it is)."""
-        s = self.state
-        js = s.jobs.get(msg.job_id)
-        before = (js.open_start, js.done, bool(js.segments)) if js is not None else None
-        s.event(msg)
-        if js is not None and before is not None:
-            _observe(js.job, msg, before, js.done)
-            if msg.kind == "preempted" and before[0] is not None:
-                reason = preemption_reason(msg.detail)
-                PREEMPTIONS.labels(s.queue_of(js.job), reason).inc()
+    def _observed(
+        self, js: JobState, ev: JobEvent, before: tuple[float | None, bool, bool]
+    ) -> None:
+        """The state's `on_event`: each event of a known job once (read back or live;
+        one read before its job's accepted record when the job is accepted) into the
+        Prometheus histograms and the preemption counter."""
+        _observe(js.job, ev, before, js.done)
+        if ev.kind == "preempted" and before[0] is not None:
+            PREEMPTIONS.labels(self.state.queue_of(js.job), preemption_reason(ev.detail)).inc()
 
 
 def _observe(job: Job, ev: JobEvent, before: tuple[float | None, bool, bool], done: bool) -> None:

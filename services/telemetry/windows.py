@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shared.cluster import ClusterSpec
@@ -46,7 +47,7 @@ from shared.metrics import JobRecord, Segment, percentile, summarize
 from shared.placement_api import FULL_GPU
 from shared.tenancy import Quota, Usage
 
-__all__ = ["RewardWeights", "Telemetry"]
+__all__ = ["JobState", "RewardWeights", "Telemetry"]
 
 
 AGENT_START = "pid "  # a host agent's `started` detail: "pid P gpus 0,1"
@@ -62,7 +63,7 @@ class RewardWeights:
 
 
 @dataclass
-class _JobState:
+class JobState:
     job: Job
     segments: list[Segment] = field(default_factory=list)
     open_start: float | None = None
@@ -89,9 +90,14 @@ class Telemetry:
         self.preemptions: Counter[tuple[str, str]] = Counter()  # (queue, reason)
         self.window_s = window_s
         self.weights = weights or RewardWeights()
-        self.jobs: dict[str, _JobState] = {}
+        self.jobs: dict[str, JobState] = {}
         self.nodes: dict[str, NodeStatus] = {}
         self.early: dict[str, list[JobEvent]] = {}  # events of jobs not accepted yet
+        # called after each event applied to a known job (held ones when it is accepted),
+        # with the job's (open start, done, ran a segment) before it: the service's
+        # Prometheus histograms and counters
+        self.on_event: Callable[[JobState, JobEvent, tuple[float | None, bool, bool]], None]
+        self.on_event = lambda js, ev, before: None
         self.solves: dict[int, float] = {}  # round_id -> solver ms
         self.offload: dict[str, OffloadStats] = {}  # latest per job
         # moves issued and not yet seen started: job -> (time of the move, restart_s)
@@ -105,7 +111,7 @@ class Telemetry:
     # ---- inputs -------------------------------------------------------------------------
     def accepted(self, job: Job) -> None:
         if job.job_id not in self.jobs:
-            self.jobs[job.job_id] = _JobState(job)
+            self.jobs[job.job_id] = JobState(job)
             for ev in self.early.pop(job.job_id, []):
                 self.event(ev)
 
@@ -115,6 +121,11 @@ class Telemetry:
         if js is None:  # read before the job's accepted record (another topic)
             self.early.setdefault(ev.job_id, []).append(ev)
             return
+        before = (js.open_start, js.done, bool(js.segments))
+        self._event(js, ev)
+        self.on_event(js, ev, before)
+
+    def _event(self, js: JobState, ev: JobEvent) -> None:
         if js.done:
             return
         if (
@@ -157,7 +168,7 @@ class Telemetry:
             self.counts["rejected_placement"] += 1
 
     @staticmethod
-    def _first(js: _JobState, ev: JobEvent) -> bool:
+    def _first(js: JobState, ev: JobEvent) -> bool:
         """Whether the per-queue figures see `ev` for the first time."""
         key = (ev.kind, ev.time)
         if key in js.counted:
@@ -165,7 +176,7 @@ class Telemetry:
         js.counted.add(key)
         return True
 
-    def _close(self, js: _JobState, t: float) -> None:
+    def _close(self, js: JobState, t: float) -> None:
         restart = min(js.open_restart, max(t - (js.open_start or 0.0), 0.0))
         js.segments.append(
             Segment(js.open_start or 0.0, t, js.open_types, js.open_nodes, restart_s=restart)
