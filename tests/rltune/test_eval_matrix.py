@@ -100,3 +100,18 @@ def test_bad_matrix_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "unknown key 'colour'" in capsys.readouterr().err
     assert main(["eval", "--out", str(tmp_path / "o")]) == 2  # neither --matrix nor --trace
     assert "--trace is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "bench" / "matrices").glob("*.yaml")))
+def test_the_shipped_matrix_files_load(path: Path) -> None:
+    """Every matrix file the docs run loads, names a trace that is there, and no two of
+    its cells measure the same slice."""
+    from rltune.matrix import load_matrix
+
+    cells = load_matrix(path)
+    assert cells
+    for c in cells:
+        assert c.trace.is_file(), c.name
+        assert c.cluster is None or c.cluster.is_file(), c.name
+    slices = [(c.trace, c.since, c.until, c.fraction, c.limit, c.load) for c in cells]
+    assert len(set(slices)) == len(slices)

@@ -88,8 +88,13 @@ def _early_starts(name: str, scale: np.ndarray | None) -> dict[str, float]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_decisions_do_not_depend_on_unfinished_run_times(name: str) -> None:
-    """Before the first rescaled job finishes nothing may differ, except for the oracle."""
+    """Before the first rescaled job finishes nothing may differ, except for an oracle
+    (sjf-oracle's starts do differ: the canary sees a policy that reads run times;
+    f1-oracle's order here is mostly its submit-time term, which the rescaling leaves)."""
     scales = np.random.default_rng(2).uniform(1.0, 5.0, size=30)
     a, b = _early_starts(name, None), _early_starts(name, scales)
     assert len(a) >= 12  # the long jobs really started and queued in this span
-    assert (a == b) is (not _policy(name).oracle)
+    if not _policy(name).oracle:
+        assert a == b
+    elif name == "sjf-oracle":
+        assert a != b

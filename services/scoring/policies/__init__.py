@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from services.scoring.policies.drf import Drf
 from services.scoring.policies.f1 import F1
+from services.scoring.policies.f1_oracle import F1Oracle
 from services.scoring.policies.fifo import Fifo
 from services.scoring.policies.las import Las
 from services.scoring.policies.multifactor import Multifactor
@@ -32,6 +33,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "sjf-req": SjfRequest,
     "smallest": Smallest,
     "f1": F1,
+    "f1-oracle": F1Oracle,
     "wfp3": Wfp3,
     "unicep": Unicep,
     "multifactor": Multifactor,

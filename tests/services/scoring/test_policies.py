@@ -62,7 +62,7 @@ def test_fifo_smallest_and_oracle() -> None:
     assert order(make_policy("smallest"), JOBS, Obs()) == [1, 3, 2, 0]
     assert order(make_policy("sjf-oracle"), JOBS, Obs()) == [1, 3, 2, 0]
     assert make_policy("sjf-oracle").label == "sjf-oracle (oracle)"
-    assert [p for p in BASELINES if make_policy(p).oracle] == ["sjf-oracle"]
+    assert [p for p in BASELINES if make_policy(p).oracle] == ["sjf-oracle", "f1-oracle"]
 
 
 def test_window_is_the_first_k_and_remove_works() -> None:
@@ -103,6 +103,28 @@ def test_f1_by_hand() -> None:
     jobs = [J(0, 0.0, 1), J(1, 0.0, 64), J(2, 9.0, 1)]
     # j0: 3.556; j1: 227.6; j2: 3.556 + 870 = 873.6
     assert order(make_policy("f1"), jobs, Obs()) == [0, 1, 2]
+
+
+def test_f1_oracle_by_hand() -> None:
+    # f1's rule on the true run time (RUN_S): log10(r) * n + 870 * log10(s), s = submit - 0 + 1
+    # j0: log10(50) * 4 + 0 = 6.796; j1: 1 + 870 log10(2) = 262.9;
+    # j2: log10(30) * 2 + 870 log10(3) = 2.954 + 415.1 = 418.1; j3: 1 + 870 log10(4) = 524.8
+    assert order(make_policy("f1-oracle"), JOBS, Obs()) == [0, 1, 2, 3]
+    # a 64-GPU job that runs 1e4 s (4 x 64 = 256) stays ahead of a 1-GPU job of 10 s
+    # submitted 1 s later (1 + 870 log10(2) = 262.9); one that runs 1e5 s (5 x 64 = 320)
+    # goes behind it
+    jobs = [J(0, 0.0, 64), J(1, 1.0, 1)]
+    run = {0: 1e4, 1: 10.0}
+    for r0, want in ((1e4, [0, 1]), (1e5, [1, 0])):
+        run[0] = r0
+        p = make_policy("f1-oracle")
+        p.reset(policy_context(p, CLUSTER, History(), 0, lambda j: run[j.seq]))
+        for j in jobs:
+            p.add(j)
+        assert [j.seq for j in p.window(2, Obs())] == want
+    # f1 itself, with no history, ranks both on one hour: 64 x 3.556 = 227.6 < 262.9
+    assert order(make_policy("f1"), jobs, Obs()) == [0, 1]
+    assert make_policy("f1-oracle").label == "f1-oracle (oracle)"
 
 
 def test_las_queues_by_attained_service() -> None:
