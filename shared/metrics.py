@@ -82,6 +82,7 @@ class JobRecord:
     gpu_milli: int = 1000
     segments: tuple[Segment, ...] = ()  # empty: never ran (rejected)
     param_bytes: int = 0  # > 0: the job trains with offloading (10Cache) of this model size
+    timed_out: bool = False  # stopped when it had run its time_limit_s, its work not done
 
     @property
     def finished(self) -> bool:
@@ -127,7 +128,8 @@ def summarize(
     discipline: str = "",
     priority_inversions: int = 0,
 ) -> dict[str, object]:
-    """The summary JSON of DESIGN.md, keys in `SUMMARY_KEYS` order. `discipline` and
+    """The summary JSON of DESIGN.md, keys in `SUMMARY_KEYS` order, then `timed_out` (the
+    jobs stopped at their time limit) where any was. `discipline` and
     `priority_inversions` are the run's, passed through (a jobs file cannot show them)."""
     recs = list(records)
     done = [r for r in recs if r.finished]
@@ -145,7 +147,7 @@ def summarize(
         for r in done
         for s in r.segments
     )
-    return {
+    out: dict[str, object] = {
         "jobs": n,
         "avg_jct_s": _mean(jct),
         "p50_jct_s": percentile(jct, 50),
@@ -164,6 +166,10 @@ def summarize(
         "placement_p99_ms": percentile(placement_ms, 99) if placement_ms else 0.0,
         "rejected": dict(sorted((rejected or {}).items())),
     }
+    timed_out = sum(r.timed_out for r in done)
+    if timed_out:  # jobs stopped at their time limit: only where there were any
+        out["timed_out"] = timed_out
+    return out
 
 
 SIZE_BUCKETS = (("1", 1, 1), ("2-7", 2, 7), ("8-15", 8, 15), ("16+", 16, 1 << 30))

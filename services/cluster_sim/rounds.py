@@ -498,4 +498,9 @@ class BusEvents(SimObserver):
     def finished(self, run: Run, claim: Claim, now: float) -> None:
         nodes = sorted(set(self._nodes(claim)))
         self.rounds.pending.finished.append(run.job.job_id)
-        self.rounds.pending.events.append(JobEvent(run.job.job_id, "finished", now, nodes))
+        if run.timed_out:  # stopped at its time limit: as a host agent reports it
+            limit = f"time limit of {run.job.time_limit_s or 0.0:g} s reached"
+            ev = JobEvent(run.job.job_id, "failed", now, nodes, detail=limit)
+        else:
+            ev = JobEvent(run.job.job_id, "finished", now, nodes)
+        self.rounds.pending.events.append(ev)

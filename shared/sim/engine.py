@@ -70,7 +70,9 @@ from shared.traces import TraceJob
 __all__ = ["SimConfig", "SimResult", "Simulator", "simulate"]
 
 _FINISH = FINISH_EVENT  # event kinds: a finish; 1, a preemptive policy's threshold
-# (preempt.py); RECLAIM_EVENT, a reclaim's grace end or re-check (reclaim.py)
+# (preempt.py); RECLAIM_EVENT, a reclaim's grace end or re-check (reclaim.py); a job's
+# time limit (after a finish at the same instant, which makes it stale)
+_LIMIT = 3
 _REPORT_EVERY = 4096  # place in window order, skipping what does not fit
 
 # solver models built between two garbage collections while the cyclic GC is paused
@@ -300,6 +302,9 @@ class Simulator:
                 if kind == _FINISH:
                     self._finish(run, now)
                     freed = True
+                elif kind == _LIMIT:
+                    self._time_out(run, now)
+                    freed = True
                 elif self.preemptor is not None:
                     self.preemptor.ticked(run, now)
                     ticked = True
@@ -496,10 +501,20 @@ class Simulator:
         else:
             finish = now + run.work * self.ref_speed / run.speed
             heapq.heappush(self.events, (finish, _FINISH, job.seq, run.epoch))
+        limit = job.time_limit_s
+        if limit:  # it is stopped once it has run that long, over all its segments
+            ran = sum(s.finish_s - s.start_s for s in run.segments)
+            heapq.heappush(self.events, (now + max(limit - ran, 0.0), _LIMIT, job.seq, run.epoch))
         if self.preemptor is not None:
             self.preemptor.started(run, now)
         if self.reclaim is not None:
             self.reclaim.started(run, now)
+
+    def _time_out(self, run: Run, now: float) -> None:
+        """`run` has run its time limit with work left: it is stopped, as a live agent
+        stops it (`failed`, "time limit of N s reached"), and counts as ended."""
+        run.timed_out = True
+        self._finish(run, now)
 
     def _finish(self, run: Run, now: float) -> None:
         job, claim = run.job, run.claim
@@ -609,7 +624,14 @@ class Simulator:
         j = run.job
         pbytes = run.offload.param_bytes if run.offload is not None else 0
         return JobRecord(
-            j.job_id, j.vc, j.submit_s, j.num_gpus, j.gpu_milli, tuple(run.segments), pbytes
+            j.job_id,
+            j.vc,
+            j.submit_s,
+            j.num_gpus,
+            j.gpu_milli,
+            tuple(run.segments),
+            pbytes,
+            run.timed_out,
         )
 
 

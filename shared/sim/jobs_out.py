@@ -5,7 +5,9 @@ is byte-identical for identical runs and the metrics recomputed from it match
 the summary exactly. When a reclaim stopped a job and it lost work (shared/sim/
 reclaim.py), a last column `lost_s` gives each segment's lost seconds (the
 summary's `restart_lost_gpu_h` is the sum of num_gpus x lost_s / 3600); files of
-runs without such a stop have no such column.
+runs without such a stop have no such column. Likewise a column `timed_out`, 1 on the
+last segment of a job stopped at its time limit (`JobSpec.time_limit_s`), only in
+files of runs where one was.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ def write_jobs_csv(records: Iterable[JobRecord], path: str | Path) -> None:
     w = csv.writer(buf, lineterminator="\n")
     records = list(records)
     lost = any(s.lost_s for r in records for s in r.segments)
-    w.writerow((*HEADER, "lost_s") if lost else HEADER)
-    tail: tuple[str, ...] = ("",) if lost else ()
+    timed = any(r.timed_out for r in records)
+    w.writerow((*HEADER, *(("lost_s",) if lost else ()), *(("timed_out",) if timed else ())))
+    tail: tuple[str, ...] = ("",) * (lost + timed)
     for r in records:
         sub = repr(r.submit_s)
         pb = r.param_bytes or ""
@@ -51,13 +54,15 @@ def write_jobs_csv(records: Iterable[JobRecord], path: str | Path) -> None:
             w.writerow(
                 (r.job_id, r.vc, sub, "", "", r.num_gpus, r.gpu_milli, "", "", pb, "", "", *tail)
             )
-        for s in r.segments:
+        last = len(r.segments) - 1
+        for k, s in enumerate(r.segments):
             off = repr(s.offload_s) if r.param_bytes else ""
             rst = repr(s.restart_s) if r.param_bytes else ""
             los = (repr(s.lost_s),) if lost else ()
+            out = ("1" if r.timed_out and k == last else "",) if timed else ()
             w.writerow(
                 (r.job_id, r.vc, sub, repr(s.start_s), repr(s.finish_s), r.num_gpus, r.gpu_milli,
-                 s.gpu_type, s.nodes, pb, off, rst, *los)
+                 s.gpu_type, s.nodes, pb, off, rst, *los, *out)
             )  # fmt: skip
     if str(path) == "-":  # stdout, as `--json -` is
         sys.stdout.write(buf.getvalue())
@@ -86,6 +91,7 @@ def read_jobs_csv(path: str | Path) -> list[JobRecord]:
                     float(row.get("lost_s") or 0.0),
                 )  # fmt: skip
                 rec = JobRecord(rec.job_id, rec.vc, rec.submit_s, rec.num_gpus, rec.gpu_milli,
-                                (*rec.segments, seg), rec.param_bytes)  # fmt: skip
+                                (*rec.segments, seg), rec.param_bytes,
+                                rec.timed_out or row.get("timed_out") == "1")  # fmt: skip
             out[rec.job_id] = rec
     return list(out.values())

@@ -32,6 +32,7 @@ class Run:
         "segments",
         "speed",
         "step",
+        "timed_out",
         "types",
         "why",
         "work",
@@ -47,6 +48,7 @@ class Run:
         self.types = ""
         self.nodes = ""
         self.segments: list[Segment] = []
+        self.timed_out = False  # stopped at its time limit (JobSpec.time_limit_s)
         # offloading jobs only (offload_state.py): slowdown now, since when, due finish
         self.offload: OffloadRecord | None = None
         self.factor = 1.0

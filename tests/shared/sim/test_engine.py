@@ -191,3 +191,60 @@ def test_same_seed_same_bytes(tmp_path: Path, policy: str) -> None:
     if policy == "random":
         write_jobs_csv(run(jobs, spec, policy, seed=8).records, tmp_path / "other.csv")
         assert (tmp_path / "other.csv").read_bytes() != paths[0]
+
+
+def test_a_job_is_stopped_at_its_time_limit(tmp_path: Path) -> None:
+    # A asks for 60 s and would run 100: stopped at 60, B starts then; C runs exactly its
+    # 30 s limit (its finish comes first: not stopped); D has no limit
+    jobs = [
+        TraceJob("A", 0, 100, 1, time_limit_s=60.0),
+        TraceJob("B", 1, 10, 1, time_limit_s=600.0),
+        TraceJob("C", 2, 30, 1, time_limit_s=30.0),
+        TraceJob("D", 3, 5, 1),
+    ]
+    r = run(jobs, ONE_GPU)
+    assert segs(r) == {"A": [(0, 60)], "B": [(60, 70)], "C": [(70, 100)], "D": [(100, 105)]}
+    assert [rec.timed_out for rec in r.records] == [True, False, False, False]
+    s = r.summary()
+    assert s["timed_out"] == 1
+    assert s["avg_jct_s"] == (60 + 69 + 98 + 102) / 4
+    # the flag travels in the jobs file, and the summary comes back from it
+    out = tmp_path / "jobs.csv"
+    write_jobs_csv(r.records, out)
+    assert out.read_text().splitlines()[0].endswith(",timed_out")
+    back = read_jobs_csv(out)
+    assert back == r.records
+    from shared.metrics import summarize
+
+    assert summarize(back, 1, r.placement_ms, r.rejected, r.discipline, 0) == s
+    # without limits nothing is stopped and the key is absent
+    free = run([TraceJob(j.job_id, j.submit_s, j.duration_s, 1) for j in jobs], ONE_GPU)
+    assert "timed_out" not in free.summary()
+    write_jobs_csv(free.records, out)
+    assert "timed_out" not in out.read_text().splitlines()[0]
+
+
+def test_the_time_limit_is_wall_time_on_the_gpus_it_got() -> None:
+    # 50 s of work on the reference P100 takes 100 s on a half-speed K80: the 80 s limit
+    # stops it at 80; on a V100 (twice the reference) it takes 25 s and ends
+    spec = cluster(
+        {"name": "k", "gpu_type": "K80", "gpus": 1},
+        {"name": "v", "gpu_type": "V100", "gpus": 1},
+        speed={"K80": 0.5, "P100": 1.0, "V100": 2.0},
+    )
+    jobs = [
+        TraceJob("slow", 0, 50, 1, gpu_types=("K80",), time_limit_s=80.0),
+        TraceJob("fast", 0, 50, 1, gpu_types=("V100",), time_limit_s=80.0),
+    ]
+    r = run(jobs, spec)
+    assert segs(r) == {"slow": [(0, 80)], "fast": [(0, 25)]}
+    assert [rec.timed_out for rec in r.records] == [True, False]
+
+
+def test_the_time_limit_counts_every_segment_of_a_preempted_job() -> None:
+    # as test_las_preempts_a_demoted_job: A runs 0-4000, is stopped for B, resumes at
+    # 4100; its 7000 s limit leaves it 3000 s more, so it is stopped at 7100, not 10100
+    jobs = [TraceJob("A", 0, 10000, 1, time_limit_s=7000.0), TraceJob("B", 4000, 100, 1)]
+    r = run(jobs, ONE_GPU, "las", preempt=True)
+    assert segs(r) == {"A": [(0, 4000), (4100, 7100)], "B": [(4000, 4100)]}
+    assert [rec.timed_out for rec in r.records] == [True, False]

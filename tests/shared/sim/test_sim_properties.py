@@ -37,6 +37,8 @@ def job_lists(draw: st.DrawFn) -> list[TraceJob]:
                 gpu_milli=milli,
                 gpu_types=types,
                 vc=draw(st.sampled_from(["a", "b", "c"])),
+                # a requested wall time: the job is stopped once it has run that long
+                time_limit_s=draw(st.sampled_from([None, None, 20.0, 45.0, 120.0])),
             )
         )
     return jobs
@@ -131,10 +133,18 @@ def test_invariants(
         for seg in rec.segments:
             used = {node_type[p.rsplit(":", 1)[0]] for p in seg.nodes.split(";")}
             assert not job.gpu_types or used <= set(job.gpu_types)
-        if len(rec.segments) == 1:  # never preempted: ran duration x ref speed / its speed
-            seg = rec.segments[0]
+        ran = sum(seg.finish_s - seg.start_s for seg in rec.segments)
+        limit = job.time_limit_s
+        # stopped at its time limit, over all its segments, and only then
+        assert limit is None or ran <= limit + 1e-6
+        assert not rec.timed_out or abs(ran - limit) < 1e-6  # type: ignore[operator]
+        if len(rec.segments) == 1:  # never preempted: ran duration x ref speed / its speed,
+            seg = rec.segments[0]  # or its time limit if that is less
             speed = min(SPEED[t] for t in seg.gpu_type.split("+"))
-            assert abs((seg.finish_s - seg.start_s) - job.duration_s / speed) < 1e-6  # type: ignore[operator]
+            need = job.duration_s / speed  # type: ignore[operator]
+            assert rec.timed_out is (limit is not None and need > limit)
+            assert abs(ran - (min(need, limit) if limit is not None else need)) < 1e-6
+    assert r.summary().get("timed_out", 0) == sum(rec.timed_out for rec in r.records)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
