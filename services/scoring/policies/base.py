@@ -15,9 +15,9 @@ from itertools import islice
 from operator import itemgetter
 from typing import Any
 
-from shared.policy_api import Observation, PolicyContext, QueuedJob
+from shared.policy_api import Observation, OracleContext, PolicyContext, QueuedJob
 
-__all__ = ["GroupedPolicy", "SortedQueue", "StaticKeyPolicy"]
+__all__ = ["GroupedPolicy", "OracleKeyPolicy", "SortedQueue", "StaticKeyPolicy"]
 
 Key = tuple[float, ...]  # always ends with the job's seq, so keys are unique
 
@@ -93,6 +93,19 @@ class StaticKeyPolicy(_Base):
 
     def window(self, k: int, obs: Observation) -> Iterator[QueuedJob]:
         return self._queue.head(k)
+
+
+class OracleKeyPolicy(StaticKeyPolicy):
+    """A static key from the jobs' true run times (`self.run_s(job)`): an ORACLE, reset
+    only with an `OracleContext` (shown as "NAME (oracle)" everywhere)."""
+
+    oracle = True
+
+    def reset(self, ctx: PolicyContext) -> None:
+        if not isinstance(ctx, OracleContext):
+            raise ValueError(f"{self.name} needs the true run times (an OracleContext)")
+        super().reset(ctx)
+        self.run_s = ctx.true_run_s
 
 
 class GroupedPolicy(_Base):

@@ -13,27 +13,23 @@ from __future__ import annotations
 
 import math
 
-from services.scoring.policies.base import Key, StaticKeyPolicy
-from shared.policy_api import OracleContext, PolicyContext, QueuedJob
+from services.scoring.policies.base import Key, OracleKeyPolicy
+from shared.policy_api import PolicyContext, QueuedJob
 
 __all__ = ["F1Oracle"]
 
 
-class F1Oracle(StaticKeyPolicy):
+class F1Oracle(OracleKeyPolicy):
     name = "f1-oracle"
-    oracle = True
 
     def reset(self, ctx: PolicyContext) -> None:
-        if not isinstance(ctx, OracleContext):
-            raise ValueError("f1-oracle needs the true run times (an OracleContext)")
         super().reset(ctx)
-        self._run_s = ctx.true_run_s
-        self._t0: float | None = None
+        self._t0: float | None = None  # the first submit seen, as f1's
 
     def key(self, job: QueuedJob) -> Key:
         if self._t0 is None:
             self._t0 = job.submit_s
-        r = self._run_s(job)
+        r = self.run_s(job)
         s = job.submit_s - self._t0 + 1.0
         score = math.log10(max(r, 1.0)) * job.num_gpus + 870.0 * math.log10(max(s, 1.0))
         return (score, job.submit_s, job.seq)
