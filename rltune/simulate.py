@@ -203,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
     skipped = ", ".join(f"{n} {r}" for r, n in sorted(stats.counts.items())) or "none"
     rejected = sum(result.rejected.values())
     print(
-        f"{policy.label}: {summary['jobs']} jobs finished, {rejected} rejected, "
+        f"{policy.label}: {summary['jobs']} jobs finished{_timed_out_text(summary)}, "
+        f"{rejected} rejected, "
         f"avg JCT {_secs(summary['avg_jct_s'])}, avg queue {_secs(summary['avg_queue_s'])}, "
         f"GPU util {_util_text(summary, jobs)}, discipline "
         f"{args.discipline}{interval_text(args.round_interval)}, priority inversions "
@@ -213,6 +214,12 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return check_outcome(policy.label, len(jobs), summary, jobs, cluster.gpu_types)
+
+
+def _timed_out_text(summary: dict[str, Any]) -> str:
+    """How many of the finished jobs were stopped at their requested time, if any."""
+    n = summary.get("timed_out", 0)
+    return f" ({n} stopped at their time limit)" if n else ""
 
 
 def _secs(v: Any) -> str:
