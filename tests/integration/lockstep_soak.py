@@ -30,6 +30,7 @@ from pathlib import Path
 
 from shared.broker import EmbeddedBroker, ensure_topics
 from shared.config import BusSettings
+from tests.integration.processes import stop_all
 from tests.integration.streaming import small_cluster
 from tests.paths import PHILLY, TOOLS
 
@@ -111,14 +112,7 @@ async def soak(
                 next_kill = time.monotonic() + kill_every_s
             await asyncio.sleep(0.5)
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs.values())
     result.wall_s = time.monotonic() - t0
     expected = out / "sim.csv"
     argv = [sys.executable, "-m", "rltune", "simulate", "--trace", str(PHILLY), "--format"]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.processes import borrower_command
 from tests.integration.test_user_jobs import Up, _py
 
 pytestmark = [
@@ -49,21 +50,7 @@ def tenants(tmp_path: Path) -> Iterator[Up]:
 
 
 def _borrower(d: Path, name: str, ignores_term: bool) -> list[str]:
-    """A command that records each run; its first run waits to be stopped, writing
-    the time into `name`.term on SIGTERM (and exiting 143, or going on when it ignores
-    it); its second run finishes at once."""
-    on_term = "pass" if ignores_term else "sys.exit(143)"
-    return _py(
-        "import os, signal, sys, time\n"
-        f"d, name = {str(d)!r}, {name!r}\n"
-        "open(f'{d}/{name}.runs', 'a').write(os.environ['CUDA_VISIBLE_DEVICES'] + '\\n')\n"
-        "def term(*_):\n"
-        "    open(f'{d}/{name}.term', 'a').write(f'{time.time()}\\n')\n"
-        f"    {on_term}\n"
-        "signal.signal(signal.SIGTERM, term)\n"
-        "if len(open(f'{d}/{name}.runs').read().splitlines()) == 1:\n"
-        "    for _ in range(3000): time.sleep(0.1)\n"
-    )
+    return borrower_command(d, name, ignores_term, hold_s=300.0)
 
 
 def _kinds(up: Up, job_id: str) -> list[str]:

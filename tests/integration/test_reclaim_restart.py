@@ -25,6 +25,7 @@ import pytest
 from shared.bus import Producer, Record, read_back
 from shared.config import BusSettings
 from shared.messages import KillRequest, encode
+from tests.integration.processes import borrower_command, stop_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -58,21 +59,7 @@ def _spawn(
 
 
 def _borrower(d: Path, name: str, ignores_term: bool) -> list[str]:
-    """Records each run in `name`.runs and each SIGTERM in `name`.term; its first run
-    lasts until stopped (going on after SIGTERM if it ignores it), a second ends at once."""
-    on_term = "pass" if ignores_term else "sys.exit(143)"
-    code = (
-        "import os, signal, sys, time\n"
-        f"d, name = {str(d)!r}, {name!r}\n"
-        "open(f'{d}/{name}.runs', 'a').write(os.environ['CUDA_VISIBLE_DEVICES'] + '\\n')\n"
-        "def term(*_):\n"
-        "    open(f'{d}/{name}.term', 'a').write(f'{time.time()}\\n')\n"
-        f"    {on_term}\n"
-        "signal.signal(signal.SIGTERM, term)\n"
-        "if len(open(f'{d}/{name}.runs').read().splitlines()) == 1:\n"
-        "    for _ in range(6000): time.sleep(0.1)\n"
-    )
-    return [sys.executable, "-c", code]
+    return borrower_command(d, name, ignores_term, hold_s=600.0)
 
 
 async def _records(bus: BusSettings, topic: str) -> list[dict[str, Any]]:
@@ -157,13 +144,7 @@ async def test_scoring_restarted_inside_a_reclaims_grace_period(
             events = await _records(bus, t.jobs_events)
             kills = [k for k in await _records(bus, t.jobs_kill) if k.get("requeue")]
     finally:
-        for p in procs.values():
-            p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs.values())
     log = (tmp_path / "scoring.log").read_text()
     assert log.count("preempting b2") == 1, log  # the second scoring did not ask again
     # the restart did not lose the reclaim: the owner started on b2's GPUs, within grace

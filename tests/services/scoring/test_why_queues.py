@@ -4,6 +4,8 @@ classes; each expected answer is worked out by hand in the comments."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 from msgspec import Struct
 
 from services.scoring.why import WhyState
@@ -28,6 +30,23 @@ CLUSTER = ClusterSpec(
 )
 
 
+def _with_round(
+    s: WhyState,
+    msgs: list[tuple[str, Struct]],
+    waiting: Sequence[Job],
+    extra: Iterable[tuple[str, Struct]],
+) -> WhyState:
+    """`s` fed `msgs`, then `waiting` accepted, one round at t=100 ranking them in the
+    order given, and `extra`, as records in that order."""
+    msgs = [*msgs, *((T.jobs_accepted, j) for j in waiting)]
+    order = [(j.job_id, float(len(waiting) - i)) for i, j in enumerate(waiting)]
+    msgs.append((T.sched_priorities, PriorityBatch(1, 100.0, order)))
+    msgs += list(extra)
+    for i, (topic, msg) in enumerate(msgs):
+        s.add(Record(topic, 0, i, None, encode(msg)))
+    return s
+
+
 def _state(
     running: list[tuple[str, str, int, str]],
     waiting: list[Job],
@@ -44,13 +63,7 @@ def _state(
         used[node] += gpus
     for n, u in used.items():
         msgs.append((T.cluster_nodes, NodeStatus(n, "GPU", 4, list(range(u, 4)), time=100.0)))
-    msgs += [(T.jobs_accepted, j) for j in waiting]
-    order = [(j.job_id, float(len(waiting) - i)) for i, j in enumerate(waiting)]
-    msgs.append((T.sched_priorities, PriorityBatch(1, 100.0, order)))
-    msgs += list(extra)
-    for i, (topic, msg) in enumerate(msgs):
-        s.add(Record(topic, 0, i, None, encode(msg)))
-    return s
+    return _with_round(s, msgs, waiting, extra)
 
 
 def test_a_team_at_its_limit_and_an_org_at_its_limit() -> None:
@@ -161,13 +174,7 @@ def _at(
         msgs.append((T.cluster_nodes, NodeStatus(n, "GPU", 4, [0, 1, 2, 3], time=100.0)))
     for n in "ab"[: len(running)]:
         msgs.append((T.cluster_nodes, NodeStatus(n, "GPU", 4, [], time=100.0)))
-    msgs += [(T.jobs_accepted, j) for j in waiting]
-    order = [(j.job_id, float(len(waiting) - i)) for i, j in enumerate(waiting)]
-    msgs.append((T.sched_priorities, PriorityBatch(1, 100.0, order)))
-    msgs += list(extra)
-    for i, (topic, msg) in enumerate(msgs):
-        s.add(Record(topic, 0, i, None, encode(msg)))
-    return s
+    return _with_round(s, msgs, waiting, extra)
 
 
 URGENT = Job("u", 4, 90.0, vc="team", priority_class="urgent")
