@@ -28,6 +28,7 @@ from types import ModuleType
 import numpy as np
 
 from bench.train import ROOT, TARGET_P99_MS, bench_window
+from services.scoring.policies.f1_unicep import F1Unicep
 from services.scoring.rl import load_checkpoint
 from services.scoring.rl.policy import RLPolicy
 from shared.errors import UserError
@@ -70,13 +71,19 @@ def main(argv: list[str]) -> int:
             f"{a.model} reads {', '.join(missing)}, which the encoder at {a.before} lacks"
         )
 
-    takes_origin = "origin_s" in inspect.signature(old.encode).parameters
+    params = inspect.signature(old.encode).parameters
+    takes_origin, takes_unicep = "origin_s" in params, "unicep" in params
+    if ckpt.net.cfg.base == "f1-unicep" and not takes_unicep:
+        raise UserError(f"{a.model} is a residual on f1-unicep, which the encoder at "
+                        f"{a.before} cannot encode")  # fmt: skip
 
     class Before(RLPolicy):
         def encode(self, pool: list[QueuedJob], obs: Observation) -> np.ndarray:
             kw: dict[str, object] = {"identity": self.reads_identity}
-            if takes_origin and self.net.cfg.base == "f1":  # a residual on f1 (RLPolicy.encode)
+            if takes_origin and self._f1 is not None:  # a residual on f1 (RLPolicy.encode)
                 kw["origin_s"] = self.origin_s
+            if takes_unicep and isinstance(self._f1, F1Unicep):
+                kw["unicep"] = not self._f1.uses_f1()
             x: np.ndarray = old.encode(pool, obs, len(pool), **kw)[0]
             return x
 

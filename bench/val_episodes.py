@@ -45,6 +45,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--jobs", type=int, default=Args.jobs)
     p.add_argument("--load-lo", type=float, default=0.6)
     p.add_argument("--load-hi", type=float, default=1.2)
+    p.add_argument("--fill-load", action="store_true", help="rltune train's --fill-load")
     a = p.parse_args(argv)
     args = Args(world=a.world, baseline=a.baseline, seed=a.seed, workers=0,
                 val_episodes=a.val_episodes, prefix=a.prefix, jobs=a.jobs)  # fmt: skip
@@ -54,6 +55,7 @@ def main(argv: list[str]) -> int:
     cfg = EpisodeConfig(
         args.prefix, args.jobs, a.load_lo, a.load_hi, args.baseline, args.objective,
         args.placer, args.window, args.offload_reward, True, args.shuffle_ties,
+        fill_load=a.fill_load,
     )  # fmt: skip
     val = Rollouts(functools.partial(_val_world, args), 0)
     try:

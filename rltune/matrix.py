@@ -44,7 +44,7 @@ __all__ = ["HEURISTICS", "Cell", "load_matrix", "main", "run_matrix"]
 # every heuristic that never reads a true run time (las is fifo without preemption;
 # random is no heuristic anyone would choose)
 HEURISTICS = ("fifo", "sjf-est", "sjf-req", "smallest", "f1", "wfp3", "unicep",
-              "multifactor", "drf")  # fmt: skip
+              "f1-unicep", "multifactor", "drf")  # fmt: skip
 _KEYS = {"name", "trace", "format", "cluster", "since", "until", "fraction", "limit", "load",
          "load_basis"}  # fmt: skip
 

@@ -75,6 +75,7 @@ __all__ = [
     "JOB_FEATURES",
     "OFFLOAD_FEATURES",
     "SIBLING_FEATURES",
+    "UNICEP_EPS",
     "cluster_features",
     "encode",
     "encode_global",
@@ -118,9 +119,14 @@ FAIR_SHARE_FEATURES = ("fair_share",)
 # in two float32 columns, the key rounded and what the rounding left (their float64 sum
 # is the key to about 1e-11 of it, so keys further apart never tie or swap). Only computed when
 # `encode` is given that origin (a residual network on f1 reads them as its base, not
-# as inputs); 0 otherwise.
+# as inputs); 0 otherwise. With `encode(..., unicep=True)` (a residual on f1-unicep
+# whose rule is on unicep, services/scoring/policies/f1_unicep.py) the two columns
+# carry unicep's key instead, in the same order as unicep's score: log10(log2(n +
+# 1e-15)) + log10(max(r, 1)) - log10(wait + 1e-15), r the requested time, else f1's
+# estimate (`unicep_keys`).
 F1_FEATURES = ("f1_key", "f1_key_rest")
 F1_SUBMIT_WEIGHT = 870.0
+UNICEP_EPS = 1e-15  # added to the wait and the GPUs, as unicep (and RLScheduler) does
 F1_DEFAULT_RUN_S = 3600.0
 # the trace field an identity feature is computed from: a checkpoint that reads one
 # is refused on a trace whose jobs never carry it (`needs_of`)
@@ -168,14 +174,17 @@ def f1_estimate(job: QueuedJob, h: History) -> float:
     return h.mean_run(job.who, job.num_gpus) or h.mean_run_any(job.who) or F1_DEFAULT_RUN_S
 
 
-def f1_keys(jobs: Sequence[QueuedJob], h: History, origin_s: float) -> np.ndarray:
+def f1_keys(
+    jobs: Sequence[QueuedJob], h: History, origin_s: float, unicep_at: float | None = None
+) -> np.ndarray:
     """[n, 2] float64: per job f1's key rounded to float32, and what that left (the
-    F1_FEATURES columns): `_f1_columns` with each job's history looked up alone."""
+    F1_FEATURES columns): `_f1_columns` with each job's history looked up alone; given
+    `unicep_at` (the time of the decision), unicep's key then instead."""
     nan = math.nan
     mean = np.array([h.mean_run(j.who, j.num_gpus) or nan for j in jobs], dtype=np.float64)
     mean_any = np.array([h.mean_run_any(j.who) or nan for j in jobs], dtype=np.float64)
     submit = np.array([j.submit_s for j in jobs], dtype=np.float64)
-    return _f1_columns(jobs, h, mean, mean_any, submit, origin_s)
+    return _f1_columns(jobs, h, mean, mean_any, submit, origin_s, unicep_at)
 
 
 def _f1_columns(
@@ -185,9 +194,11 @@ def _f1_columns(
     mean_any: np.ndarray,
     submit: np.ndarray,
     origin_s: float,
+    now_s: float | None = None,
 ) -> np.ndarray:
     """f1's key log10(max(r, 1)) n + 870 log10(max(s, 1)) per job, in float64, as two
-    columns (module doc). r is `f1_estimate` over the window at once: Tsafrir's
+    columns (module doc); given `now_s`, unicep's key at that time instead (F1_FEATURES'
+    comment). r is `f1_estimate` over the window at once: Tsafrir's
     prediction (each user's last runs looked up once, capped by the request), else the
     request, else `mean` (the job's user/VC and GPU count, NaN or 0: none), else
     `mean_any` (its user/VC), else `F1_DEFAULT_RUN_S`. numpy's log10 may differ from
@@ -208,8 +219,17 @@ def _f1_columns(
     fallback = np.where(known, mean, np.where(known_any, mean_any, F1_DEFAULT_RUN_S))
     r = np.where(np.isnan(pred), fallback, pred)
     gpus = np.fromiter(map(_NUM_GPUS, jobs), np.float64, n)
-    s = submit - origin_s + 1.0
-    key = np.log10(np.maximum(r, 1.0)) * gpus + F1_SUBMIT_WEIGHT * np.log10(np.maximum(s, 1.0))
+    if now_s is not None:  # unicep's key (F1_FEATURES' comment)
+        r_u = np.where(asked, limit, r)
+        wait = np.maximum(now_s - submit, 0.0)
+        key = (
+            np.log10(np.log2(gpus + UNICEP_EPS))
+            + np.log10(np.maximum(r_u, 1.0))
+            - np.log10(wait + UNICEP_EPS)
+        )
+    else:
+        s = submit - origin_s + 1.0
+        key = np.log10(np.maximum(r, 1.0)) * gpus + F1_SUBMIT_WEIGHT * np.log10(np.maximum(s, 1.0))
     head = key.astype(np.float32).astype(np.float64)
     out: np.ndarray = np.stack((head, key - head), axis=1)
     return out
@@ -221,11 +241,13 @@ def encode(
     max_jobs: int,
     identity: bool = True,
     origin_s: float | None = None,
+    unicep: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(features [max_jobs, len(JOB_FEATURES)] float32, mask [max_jobs] bool), zero-padded.
     `identity=False` leaves the IDENTITY_FEATURES columns 0 (for a policy that reads
     none of them: they are what costs most per job). `origin_s` (the first submit the
-    policy saw) fills the F1_FEATURES columns (`f1_keys`); None leaves them 0.
+    policy saw) fills the F1_FEATURES columns (`f1_keys`); None leaves them 0; with
+    `unicep` they carry unicep's key at `obs.now` instead.
 
     Vectorised over the window: a window's cost is mostly fixed per call, so the
     number of operations, not of jobs, is what to keep small. Every feature but the
@@ -320,7 +342,8 @@ def encode(
     if origin_s is None:
         f1 = np.zeros((n, 2))
     else:
-        f1 = _f1_columns(jobs, h, mean[kind], mean_any[kind], submit, origin_s)
+        now_s = obs.now if unicep else None
+        f1 = _f1_columns(jobs, h, mean[kind], mean_any[kind], submit, origin_s, now_s)
     cols = (by_kind, per_job, offload[:, None], sibs, share[:, None], f1)
     x[:n] = np.concatenate(cols, axis=1)[:, _ORDER]
     return x, mask

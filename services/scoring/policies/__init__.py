@@ -11,6 +11,7 @@ from collections.abc import Callable
 from services.scoring.policies.drf import Drf
 from services.scoring.policies.f1 import F1
 from services.scoring.policies.f1_oracle import F1Oracle
+from services.scoring.policies.f1_unicep import F1Unicep
 from services.scoring.policies.fifo import Fifo
 from services.scoring.policies.las import Las
 from services.scoring.policies.multifactor import Multifactor
@@ -36,6 +37,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "f1-oracle": F1Oracle,
     "wfp3": Wfp3,
     "unicep": Unicep,
+    "f1-unicep": F1Unicep,
     "multifactor": Multifactor,
     "las": Las,
     "drf": Drf,

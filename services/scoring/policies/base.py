@@ -17,7 +17,7 @@ from typing import Any
 
 from shared.policy_api import Observation, OracleContext, PolicyContext, QueuedJob
 
-__all__ = ["GroupedPolicy", "OracleKeyPolicy", "SortedQueue", "StaticKeyPolicy"]
+__all__ = ["GroupedPolicy", "OracleKeyPolicy", "PolicyBase", "SortedQueue", "StaticKeyPolicy"]
 
 Key = tuple[float, ...]  # always ends with the job's seq, so keys are unique
 
@@ -58,7 +58,9 @@ class SortedQueue:
         return len(self._keys)
 
 
-class _Base:
+class PolicyBase:
+    """What every baseline shares: its name, label and flags, and the run's context."""
+
     name = ""
     oracle = False
     time_invariant = True
@@ -72,7 +74,7 @@ class _Base:
         self.ctx = ctx
 
 
-class StaticKeyPolicy(_Base):
+class StaticKeyPolicy(PolicyBase):
     """Order = a key fixed when the job joins the queue (`key(job)`, ending with seq)."""
 
     def reset(self, ctx: PolicyContext) -> None:
@@ -108,7 +110,7 @@ class OracleKeyPolicy(StaticKeyPolicy):
         self.run_s = ctx.true_run_s
 
 
-class GroupedPolicy(_Base):
+class GroupedPolicy(PolicyBase):
     """Jobs in groups, each in FIFO order (submit, seq); the order across groups is
     recomputed each round from what the policy has learned.
 

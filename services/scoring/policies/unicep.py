@@ -21,10 +21,11 @@ from collections.abc import Hashable
 from services.scoring.policies.base import GroupedPolicy, Key
 from services.scoring.policies.f1 import request_or_estimate
 from shared.policy_api import Observation, QueuedJob
+from shared.policy_features import UNICEP_EPS
 
 __all__ = ["Unicep"]
 
-_EPS = 1e-15
+_EPS = UNICEP_EPS  # 1e-15
 
 
 class Unicep(GroupedPolicy):

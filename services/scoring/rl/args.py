@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 OBJECTIVES = ("bsld", "queue", "jct", "util")
-RESIDUALS = ("drf", "f1")  # network.BASES (that module imports torch)
+RESIDUALS = ("drf", "f1", "f1-unicep")  # network.BASES (that module imports torch)
 REWARDS = ("episode", "round")
 VAL_SCORES = ("mean", "geo")  # see Args.val_score
 BOUND_SCALES = ("fixed", "backlog", "fifo", "fifo-head")  # see Args.bound_scale
@@ -56,14 +56,15 @@ FEATURE_SETS = {
     "fair-share": _BASE + FAIR_SHARE_FEATURES,  # all, and the queue's fair-share factor
 }
 # none knows run times; `las` is `fifo` without preemption, so it is not run twice
-HEURISTICS = ("fifo", "sjf-est", "f1", "wfp3", "unicep", "multifactor", "smallest", "drf")
+HEURISTICS = ("fifo", "sjf-est", "f1", "wfp3", "unicep", "f1-unicep", "multifactor", "smallest",
+              "drf")  # fmt: skip
 # rankings the warm start can imitate; the last two read true run times (privileged:
 # the trainer has them, the network's inputs never do)
 TEACHERS = ("sjf-est", "drf", "drf-sjf", "sjf-oracle", "drf-oracle")
 # heuristics the warm start can imitate by running them beside the network (every
 # round ranked by the policy object itself; env.EpisodeConfig.teacher)
-POLICY_TEACHERS = ("fifo", "sjf-est", "sjf-req", "f1", "wfp3", "unicep", "multifactor",
-                   "smallest", "drf")  # fmt: skip
+POLICY_TEACHERS = ("fifo", "sjf-est", "sjf-req", "f1", "wfp3", "unicep", "f1-unicep",
+                   "multifactor", "smallest", "drf")  # fmt: skip
 
 
 @dataclass
@@ -139,9 +140,10 @@ class Args:
     context: bool = True
     """score each job with the window's pooled summary (False: the plain kernel)"""
     residual: str = ""
-    """drf or f1: the network learns a correction added to that heuristic's score,
-    starting at zero, so that the untrained policy is the heuristic (residual policy
-    learning; f1 adds its raw estimate and submit columns to the features); empty: none"""
+    """drf, f1 or f1-unicep: the network learns a correction added to that heuristic's
+    score, starting at zero, so that the untrained policy is the heuristic (residual
+    policy learning; f1 and f1-unicep add the columns of their key to the features);
+    empty: none"""
     residual_bound: float = 0.0
     """> 0: the residual's correction is kept within this (c * tanh(out / c)): a job
     of one VC passes another only if it waited at least 10^-2c as long (0: unbounded)"""
@@ -151,6 +153,10 @@ class Args:
     shuffle_ties: bool = False
     """each episode orders the jobs submitted in one second at random (seeded by the
     episode), so the policy cannot learn one order of arbitrary ties"""
+    fill_load: bool = False
+    """an episode whose prefix + jobs jobs cannot reach its load even with their
+    arrivals compressed (Philly's 512 reach 0.2-0.4 of its 640 GPUs) takes twice as
+    many jobs, and again, up to 8 times as many, until they can (env.py)"""
     keep_every: int = 0
     """also keep the checkpoint of every this many iterations (`out` + `.itN`), for
     selection on whole simulations afterwards (0: none)"""

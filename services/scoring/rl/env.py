@@ -12,6 +12,13 @@ under the baseline alone; the reward is the improvement of the objective over
 that run, relative to it, on the jobs both runs still had to schedule at the
 switch (the prefix is the same in both, so those are the same jobs).
 
+A slice too sparse for its load even compressed (its jobs, however close
+together, cannot keep the cluster that busy: 512 Philly jobs reach 0.2-0.4 of
+its 640 GPUs) would teach nothing about a queue; with `fill_load` such an
+episode takes twice as many jobs, and again, until the slice can reach the load
+(`episode_size`; at most `FILL_MAX` times `prefix + jobs`). The policy then
+ranks every round after the prefix, as in any episode.
+
 Per-round credit (`EpisodeConfig.dense`): the same reward, split over the
 rounds the policy ranked (`round_rewards`). For a per-job objective (bsld,
 queue, jct) the relative gain is a sum over jobs, (mean_b - mean_p) / mean_b =
@@ -59,6 +66,7 @@ from shared.sim.load import capacity, compress_to_load, span_load_limit
 from shared.traces import TraceJob
 
 __all__ = [
+    "FILL_MAX",
     "OBJECTIVES",
     "EpisodeConfig",
     "EpisodeResult",
@@ -67,12 +75,16 @@ __all__ = [
     "build_episode",
     "capacity",
     "demand",
+    "episode_size",
     "episode_teacher",
     "objective",
     "round_rewards",
     "run_episode",
     "shuffle_ties",
 ]
+
+
+FILL_MAX = 8  # `fill_load`'s most jobs per episode, in units of prefix + jobs
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,11 @@ class EpisodeConfig:
     # a slice quieter than its load has its arrivals compressed to it (module doc);
     # False: arrivals as recorded (a hand-solved instance's fixed schedule)
     compress: bool = True
+    # a slice whose `prefix + jobs` jobs cannot reach the load even compressed (their
+    # `span_load_limit` is below it: 512 Philly jobs on its 640 GPUs reach 0.2-0.4)
+    # takes twice as many jobs, and again, up to FILL_MAX times as many, so that the
+    # episode queues as the load says (module doc); False: `prefix + jobs` jobs always
+    fill_load: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,11 +156,32 @@ def demand(jobs: Sequence[TraceJob]) -> float:
     )  # fmt: skip
 
 
+def episode_size(
+    trace: Sequence[TraceJob], cluster: ClusterSpec, spec: EpisodeSpec, cfg: EpisodeConfig
+) -> int:
+    """Jobs the episode takes from `spec.start`: `prefix + jobs`, or with `fill_load`
+    the first of that x 2^k (k = 0.., at most FILL_MAX times it, and no further than
+    the trace's end) whose slice can reach the load (`span_load_limit` >= load / 0.99,
+    the margin `build_episode` compresses to when it cannot)."""
+    want = cfg.prefix + cfg.jobs
+    if not cfg.fill_load:
+        return want
+    top = FILL_MAX * want
+    while (
+        want < top
+        and spec.start + want < len(trace)
+        and span_load_limit(trace[spec.start : spec.start + want], cluster) * 0.99 < spec.load
+    ):
+        want = min(2 * want, top)
+    return want
+
+
 def build_episode(
     trace: Sequence[TraceJob], cluster: ClusterSpec, spec: EpisodeSpec, cfg: EpisodeConfig
 ) -> tuple[list[TraceJob], int]:
-    """(jobs, prefix length): the thinned slice of `trace` from `spec.start`."""
-    want = cfg.prefix + cfg.jobs
+    """(jobs, prefix length): the thinned slice of `trace` from `spec.start`
+    (`episode_size` jobs)."""
+    want = episode_size(trace, cluster, spec, cfg)
     raw = trace[spec.start : spec.start + 4 * want]
     keep = min(1.0, spec.load * capacity(cluster) / max(demand(raw), 1e-9))
     rng = np.random.default_rng(spec.seed)

@@ -36,6 +36,11 @@ waited less than 10^(2c) times as long, so no job is held back behind jobs that
 arrived much later (the starvation an unbounded correction learned,
 docs/results/rl-policy-experiments.md), and for 2c < GAP the order across VCs stays drf's.
 
+The residual variant on `f1-unicep` (`NetConfig.base = "f1-unicep"`) is the same
+network on the same two columns; the encoder fills them with `f1`'s key while the
+`f1-unicep` rule is on `f1` and with unicep's (shared/policy_features.py,
+F1_FEATURES) while it is on unicep, so its base is that heuristic's order.
+
 The residual variant on `f1` (`NetConfig.base = "f1"`): the base is f1's key
 (services/scoring/policies/f1.py: log10(r) n + 870 log10(s), r the estimate at
 decision time, n the GPUs, s the seconds since the first submit + 1), which the
@@ -83,6 +88,7 @@ from torch import nn
 __all__ = [
     "BASES",
     "BASE_GAP",
+    "KEY_BASES",
     "NetConfig",
     "RunningMeanStd",
     "ScoreNet",
@@ -91,7 +97,9 @@ __all__ = [
     "f1_base_np",
 ]
 
-BASES = ("drf", "f1")  # heuristic scores a residual network can start from
+BASES = ("drf", "f1", "f1-unicep")  # heuristic scores a residual network can start from
+# the bases read off a key in the F1_FEATURES columns (f1's, or f1-unicep's rule's)
+KEY_BASES = ("f1", "f1-unicep")
 BASE_GAP = 10.0  # per rank of VC share: more than any log10(1 + wait in s)
 
 
@@ -193,7 +201,7 @@ class ScoreNet(nn.Module):
             cols = self.base_cols()
             if cfg.base not in BASES or min(cols) < 0:
                 raise ValueError(f"residual base {cfg.base!r} needs its feature columns")
-            if cfg.base == "f1":
+            if cfg.base in KEY_BASES:
                 hidden_cols[list(cols)] = True
             out = cast(nn.Linear, self.head[2])
             nn.init.zeros_(out.weight)  # the untrained policy is the base heuristic
@@ -203,7 +211,7 @@ class ScoreNet(nn.Module):
     def base_cols(self) -> tuple[int, ...]:
         """The input columns the base reads (module doc)."""
         cfg = self.cfg
-        if cfg.base == "f1":
+        if cfg.base in KEY_BASES:
             return (cfg.base_key_col, cfg.base_rest_col)
         return (cfg.base_rank_col, cfg.base_wait_col)
 
@@ -212,7 +220,7 @@ class ScoreNet(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, N, n_job], mask [B, N] bool, g [B, n_global] -> scores [B, N], value [B]."""
         xn = self.job_norm(x)
-        if self.cfg.base == "f1":
+        if self.cfg.base in KEY_BASES:
             xn = xn.masked_fill(self.hidden_cols, 0.0)
         e = self.embed(xn)
         m = mask.unsqueeze(-1).to(e.dtype)
@@ -226,7 +234,7 @@ class ScoreNet(nn.Module):
         if self.cfg.bound > 0:
             scores = self.cfg.bound * torch.tanh(scores / self.cfg.bound)
         cfg = self.cfg
-        if cfg.base == "f1":
+        if cfg.base in KEY_BASES:
             scores = scores + f1_base(
                 x[..., cfg.base_key_col], x[..., cfg.base_rest_col], mask, cfg.base_scale
             )
@@ -304,7 +312,7 @@ class WindowScorer:
             return mean, std, rms.clip, arr(rms.varies())
 
         self._job_norm, self._global_norm = norm(net.job_norm), norm(net.global_norm)
-        if net.cfg.base == "f1":  # the base's own columns are not inputs (forward)
+        if net.cfg.base in KEY_BASES:  # the base's own columns are not inputs (forward)
             mean, std, clip, live = self._job_norm
             self._job_norm = (mean, std, clip, live * (1 - arr(net.hidden_cols)))
         l1, l2, h1, h2 = (cast(nn.Linear, m) for m in (net.embed[0], net.embed[2],
@@ -338,7 +346,7 @@ class WindowScorer:
         if cfg.bound > 0:
             b = np.float32(cfg.bound)
             out = b * np.tanh(out / b)
-        if cfg.base == "f1":
+        if cfg.base in KEY_BASES:
             base = f1_base_np(x[:, cfg.base_key_col], x[:, cfg.base_rest_col], cfg.base_scale)
             return out.astype(np.float64) + base  # float64: distinct keys do not tie
         elif cfg.base:

@@ -78,6 +78,7 @@ from typing import Protocol
 import numpy as np
 
 from services.scoring.policies.f1 import F1
+from services.scoring.policies.f1_unicep import F1Unicep
 from services.scoring.rl.args import BOUND_SCALES
 from services.scoring.rl.network import ScoreNet, WindowScorer
 from services.scoring.rl.ppo import sample_ranking
@@ -185,9 +186,10 @@ class RLPolicy:
         self._shadow = FifoShadow(self.max_jobs) if self.bound_scale == "fifo" else None
         self._rng = np.random.default_rng(seed)
         self.origin_s: float | None = None  # the first submit seen (f1's origin)
-        self._f1: F1 | None = None  # f1's own order (the f1 base's window)
-        if self.net.cfg.base == "f1":
-            self._f1 = F1()
+        # f1's (or f1-unicep's) own order: the window of a residual on it
+        self._f1: F1 | F1Unicep | None = None
+        if self.net.cfg.base in ("f1", "f1-unicep"):
+            self._f1 = F1() if self.net.cfg.base == "f1" else F1Unicep()
             # f1 reads nothing of its context; `reset` gives it the run's
             self._f1.reset(PolicyContext(ClusterSpec("none", ()), History()))
 
@@ -311,7 +313,10 @@ class RLPolicy:
         """Every JOB_FEATURES column of the jobs of `pool` [len(pool), len(JOB_FEATURES)]
         (the IDENTITY_FEATURES ones 0 unless it reads one of them)."""
         origin = self.origin_s if self._f1 is not None else None
-        return encode(pool, obs, len(pool), identity=self.reads_identity, origin_s=origin)[0]
+        unicep = isinstance(self._f1, F1Unicep) and not self._f1.uses_f1()
+        return encode(
+            pool, obs, len(pool), identity=self.reads_identity, origin_s=origin, unicep=unicep
+        )[0]
 
     def scores(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
         """Scores of the rows of `x` [n, len(JOB_FEATURES)] with cluster features `g`

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from services.scoring.policies.f1 import request_or_estimate
+from services.scoring.policies.f1_unicep import F1Unicep
 from services.scoring.rl.policy import RLPolicy
 from shared.placement_api import FULL_GPU
 from shared.policy_api import History, Observation, QueuedJob
@@ -23,7 +24,11 @@ __all__ = ["ReferencePolicy", "encode_per_job", "torch_scores"]
 
 
 def encode_per_job(
-    jobs: Sequence[QueuedJob], obs: Observation, max_jobs: int, origin_s: float | None = None
+    jobs: Sequence[QueuedJob],
+    obs: Observation,
+    max_jobs: int,
+    origin_s: float | None = None,
+    unicep: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`shared.policy_features.encode` as it was written first: one Python pass over the
     jobs gathers each job's raw numbers (its history looked up per job); the
@@ -103,12 +108,21 @@ def encode_per_job(
     x[:n, len(cols) : fair_col] = [_identity_row(job, h) for job in jobs]
     fair = getattr(obs, "fair_share", None)
     x[:n, fair_col] = [fair(job.vc) if fair is not None else 1.0 for job in jobs]
-    if origin_s is not None:  # f1's key, as the f1 policy computes it, in two columns
-        key = np.array([_f1_key(j, obs, origin_s) for j in jobs], dtype=np.float64)
+    if origin_s is not None:  # f1's (or unicep's) key, as that policy computes it
+        key_of = _unicep_key if unicep else _f1_key
+        key = np.array([key_of(j, obs, origin_s) for j in jobs], dtype=np.float64)
         head = key.astype(np.float32)
         x[:n, JOB_FEATURES.index("f1_key")] = head
         x[:n, JOB_FEATURES.index("f1_key_rest")] = key - head.astype(np.float64)
     return x, mask
+
+
+def _unicep_key(job: QueuedJob, obs: Observation, origin_s: float) -> float:
+    """unicep's score of `job` (the unicep module's), as the log of its ratio: the
+    same order, a key the residual can move by a bounded amount."""
+    r = max(job.time_limit_s or request_or_estimate(job, obs), 1.0)
+    wait = max(obs.now - job.submit_s, 0.0)
+    return math.log10(math.log2(job.num_gpus + 1e-15)) + math.log10(r) - math.log10(wait + 1e-15)
 
 
 def _f1_key(job: QueuedJob, obs: Observation, origin_s: float) -> float:
@@ -152,8 +166,9 @@ class ReferencePolicy(RLPolicy):
     """`RLPolicy` ranking with the first path: the per-job encoder and the module."""
 
     def encode(self, pool: list[QueuedJob], obs: Observation) -> np.ndarray:
-        origin = self.origin_s if self.net.cfg.base == "f1" else None
-        return encode_per_job(pool, obs, len(pool), origin)[0]
+        origin = self.origin_s if self._f1 is not None else None
+        unicep = isinstance(self._f1, F1Unicep) and not self._f1.uses_f1()
+        return encode_per_job(pool, obs, len(pool), origin, unicep)[0]
 
     def scores(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
         return torch_scores(self, x, g)

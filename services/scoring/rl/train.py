@@ -171,14 +171,19 @@ def episode_specs(
     return out
 
 
-_BASE_READS = {"drf": ("vc_share_rank", "log_wait_s"), "f1": F1_FEATURES}
+_BASE_READS = {
+    "drf": ("vc_share_rank", "log_wait_s"),
+    "f1": F1_FEATURES,
+    "f1-unicep": F1_FEATURES,
+}
 
 
 def feature_list(args: Args) -> tuple[str, ...]:
-    """The columns the network is given: the feature set, and for a residual on f1 the
-    two columns of f1's key (the base's alone: the network does not read them)."""
+    """The columns the network is given: the feature set, and for a residual on f1 (or
+    f1-unicep) the two columns of its key (the base's alone: the network does not
+    read them)."""
     features = FEATURE_SETS[args.features]
-    if args.residual == "f1":
+    if args.residual in ("f1", "f1-unicep"):
         features += tuple(f for f in F1_FEATURES if f not in features)
     return features
 
@@ -352,7 +357,7 @@ def train(
     cfg = EpisodeConfig(
         args.prefix, args.jobs, args.load_lo, args.load_hi, args.baseline, args.objective,
         args.placer, args.window, args.offload_reward, args.reward == "round",
-        args.shuffle_ties,
+        args.shuffle_ties, fill_load=args.fill_load,
     )  # fmt: skip
     train_w, val_w = load_world(args)
     # ---- the network, the optimizer, or both from a checkpoint ----

@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 
 from services.scoring.rl.args import Args
-from services.scoring.rl.env import EpisodeConfig, EpisodeSpec, build_episode
+from services.scoring.rl.env import EpisodeConfig, EpisodeSpec, build_episode, episode_size
 from services.scoring.rl.train import episode_specs, load_world
 from services.scoring.rl.world import load_parts, load_world_file
-from shared.cluster import load_cluster
+from shared.cluster import load_cluster, parse_cluster
 from shared.errors import UserError
 from shared.sim import load_jobs
-from shared.traces import SkipStats
+from shared.sim.load import capacity
+from shared.traces import SkipStats, TraceJob
 from tests.paths import ITP, KTH_SWF, THETAGPU
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -156,3 +157,45 @@ def test_an_unknown_teacher_is_one_line(teacher: str) -> None:
 def test_validation_episodes_take_every_world_in_turn() -> None:
     specs = episode_specs([3000, 100, 5000], EpisodeConfig(), 7, [1, 2], every_world=True)
     assert [s.cluster for s in specs] == [0, 1, 2, 0, 1, 2, 0]
+
+
+# 1,000 GPUs; 1-GPU jobs of 10 s, a second apart. Compressed far enough, every job of
+# a slice of n is still running at its last submission, so n of them reach at most
+# span load (n - 1) n / 2 / (n - 1) / 1000 = n / 2000: 512 reach 0.256, 1,024 0.512,
+# 2,048 1.024 and 4,096 2.048. As recorded they hold one GPU (no thinning)
+_SPARSE = parse_cluster(
+    {"reference": "A100", "nodes": [{"name": "n", "count": 125, "gpu_type": "A100", "gpus": 8}]}
+)
+_STEADY = [TraceJob(f"j{i}", float(i), 10.0, 1) for i in range(6000)]
+
+
+@pytest.mark.parametrize(
+    ("load", "fill", "size"),
+    [(1.0, False, 512), (0.25, True, 512), (0.5, True, 1024), (1.0, True, 2048),
+     (1.2, True, 4096), (3.0, True, 4096)],
+)  # fmt: skip
+def test_a_sparse_slice_takes_as_many_jobs_as_its_load_needs(
+    load: float, fill: bool, size: int
+) -> None:
+    # by hand: the first n of 512 x 2^k whose limit n / 2000 x 0.99 >= load (0.5: 1,024
+    # gives 0.507), at most 8 x 512; without fill_load, 512 always
+    assert capacity(_SPARSE) == 1000.0
+    cfg = EpisodeConfig(prefix=256, jobs=256, fill_load=fill)
+    spec = EpisodeSpec(0, 0, load, 3)
+    assert episode_size(_STEADY, _SPARSE, spec, cfg) == size
+    picked, n_prefix = build_episode(_STEADY, _SPARSE, spec, cfg)
+    assert [j.job_id for j in picked] == [f"j{i}" for i in range(size)]  # none thinned
+    assert n_prefix == 256
+    reached = _span_load(picked, _SPARSE.total_gpus)
+    if size / 2000 * 0.99 >= load:  # within reach: compressed to it exactly
+        assert reached == pytest.approx(load, rel=1e-6)
+    else:  # beyond: as far as compression goes (0.99 of the limit)
+        assert reached == pytest.approx(0.99 * size / 2000, rel=1e-6)
+
+
+def test_filling_stops_at_the_end_of_the_trace() -> None:
+    cfg = EpisodeConfig(prefix=256, jobs=256, fill_load=True)
+    spec = EpisodeSpec(0, 5000, 1.0, 3)  # 1,000 jobs left: 512, then 1,024 (past the end)
+    assert episode_size(_STEADY, _SPARSE, spec, cfg) == 1024
+    picked, _ = build_episode(_STEADY, _SPARSE, spec, cfg)
+    assert len(picked) == 1000
