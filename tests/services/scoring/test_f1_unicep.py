@@ -11,20 +11,18 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from services.scoring.policies import make_policy
 from services.scoring.policies.f1_unicep import F1Unicep
 from services.scoring.rl.args import Args
-from services.scoring.rl.network import ScoreNet
 from services.scoring.rl.policy import RLPolicy
 from services.scoring.rl.reference import encode_per_job
-from services.scoring.rl.train import feature_list, net_config
+from services.scoring.rl.train import feature_list
 from shared.cluster import parse_cluster
 from shared.policy_api import History, PolicyContext, QueuedJob
 from shared.policy_features import JOB_FEATURES, encode
-from shared.sim.observe import SimObservation, WaitingIndex
-from shared.sim.state import ClusterState
+from shared.sim.observe import SimObservation
+from tests.policy_windows import assert_same_windows, untrained_residual, window_obs
 
 CLUSTER = parse_cluster({"nodes": [{"name": "d", "count": 4, "gpu_type": "A100", "gpus": 8}]})
 ARGS = Args(residual="f1-unicep", features="identity", residual_bound=2.0)
@@ -33,12 +31,7 @@ REST = JOB_FEATURES.index("f1_key_rest")
 
 
 def _obs(jobs: list[QueuedJob], history: History, now: float) -> SimObservation:
-    waiting = WaitingIndex()
-    for j in jobs:
-        waiting.add(j)
-    obs = SimObservation(ClusterState(CLUSTER), waiting, history, {})
-    obs.now = now
-    return obs
+    return window_obs(CLUSTER, jobs, history, now)
 
 
 def _hand_queue(limits: bool) -> tuple[list[QueuedJob], History]:
@@ -172,14 +165,6 @@ def test_encoder_carries_unicep_s_key() -> None:
         assert abs(key[-1] - hand) < 1e-9
 
 
-def _residual(seed: int) -> ScoreNet:
-    torch.manual_seed(seed)
-    net = ScoreNet(net_config(ARGS, feature_list(ARGS)))
-    rows = np.random.default_rng(seed).normal(size=(64, net.cfg.n_job)) * 100.0
-    net.job_norm.update(rows)
-    return net
-
-
 def test_untrained_residual_orders_every_window_as_the_module() -> None:
     rng = np.random.default_rng(11)
     for trial in range(40):
@@ -187,21 +172,7 @@ def test_untrained_residual_orders_every_window_as_the_module() -> None:
         jobs, h = _queue(rng, int(rng.integers(2, 200)), identity)
         obs = _obs(jobs, h, jobs[-1].submit_s + float(rng.integers(0, 10**5)))
         max_jobs = int(rng.choice([8, 32, 128]))
-        mine = RLPolicy(_residual(trial), feature_list(ARGS), max_jobs=max_jobs)
+        mine = RLPolicy(untrained_residual(ARGS, trial), feature_list(ARGS), max_jobs=max_jobs)
         ref = F1Unicep()
-        ctx = PolicyContext(CLUSTER, h)
-        mine.reset(ctx)
-        ref.reset(ctx)
-        for j in jobs:
-            mine.add(j)
-            ref.add(j)
+        assert_same_windows(mine, ref, PolicyContext(CLUSTER, h), jobs, obs, rng, max_jobs, trial)
         assert ref.uses_f1() == identity
-        for _ in range(3):
-            k = int(rng.integers(1, max_jobs + 1))
-            want = [j.seq for j in ref.window(k, obs)]
-            assert [j.seq for j in mine.window(k, obs)] == want, trial
-            for seq in want[: int(rng.integers(0, len(want) + 1))]:
-                mine.remove(jobs[seq])
-                ref.remove(jobs[seq])
-            if not want:
-                break

@@ -31,8 +31,8 @@ from shared.cluster import parse_cluster
 from shared.errors import UserError
 from shared.policy_api import History, PolicyContext, QueuedJob
 from shared.policy_features import JOB_FEATURES, encode, encode_global, f1_keys
-from shared.sim.observe import SimObservation, WaitingIndex
-from shared.sim.state import ClusterState
+from shared.sim.observe import SimObservation
+from tests.policy_windows import assert_same_windows, untrained_residual, window_obs
 
 CLUSTER = parse_cluster({"nodes": [{"name": "d", "count": 4, "gpu_type": "A100", "gpus": 8}]})
 ARGS = Args(residual="f1", features="identity", residual_bound=2.0)
@@ -40,13 +40,7 @@ FEATURES = feature_list(ARGS)
 
 
 def _residual(seed: int, args: Args = ARGS) -> ScoreNet:
-    """An untrained residual network whose other weights and normalisers are random,
-    so that only the zero output layer keeps it at the base."""
-    torch.manual_seed(seed)
-    net = ScoreNet(net_config(args, feature_list(args)))
-    rows = np.random.default_rng(seed).normal(size=(64, net.cfg.n_job)) * 100.0
-    net.job_norm.update(rows)
-    return net
+    return untrained_residual(args, seed)
 
 
 def _queue(rng: np.random.Generator, n: int) -> tuple[list[QueuedJob], History]:
@@ -77,12 +71,7 @@ def _queue(rng: np.random.Generator, n: int) -> tuple[list[QueuedJob], History]:
 
 
 def _obs(jobs: list[QueuedJob], history: History, now: float) -> SimObservation:
-    waiting = WaitingIndex()
-    for j in jobs:
-        waiting.add(j)
-    obs = SimObservation(ClusterState(CLUSTER), waiting, history, {})
-    obs.now = now
-    return obs
+    return window_obs(CLUSTER, jobs, history, now)
 
 
 def test_untrained_residual_orders_every_window_as_the_f1_module() -> None:
@@ -93,23 +82,8 @@ def test_untrained_residual_orders_every_window_as_the_f1_module() -> None:
         obs = _obs(jobs, history, jobs[-1].submit_s + float(rng.integers(0, 10**5)))
         max_jobs = int(rng.choice([8, 32, 128]))  # often fewer than wait: f1's head
         mine = RLPolicy(_residual(trial), FEATURES, max_jobs=max_jobs)
-        f1 = make_policy("f1")
-        ctx = PolicyContext(CLUSTER, history)
-        mine.reset(ctx)
-        f1.reset(ctx)
-        for j in jobs:
-            mine.add(j)
-            f1.add(j)
-        for _ in range(3):  # and after some jobs leave
-            k = int(rng.integers(1, max_jobs + 1))
-            want = [j.seq for j in f1.window(k, obs)]
-            assert [j.seq for j in mine.window(k, obs)] == want, trial
-            for seq in want[: int(rng.integers(0, len(want) + 1))]:
-                gone = jobs[seq]
-                mine.remove(gone)
-                f1.remove(gone)
-            if not want:
-                break
+        ctx = PolicyContext(CLUSTER, history)  # and after some jobs leave:
+        assert_same_windows(mine, make_policy("f1"), ctx, jobs, obs, rng, max_jobs, trial)
 
 
 def test_f1_base_by_hand() -> None:
