@@ -59,6 +59,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--window", type=int, default=128)
     p.add_argument("--repeat", type=int, default=2000, help="windows scored for the latency")
     p.add_argument("--json", default=None, metavar="OUT")
+    p.add_argument(
+        "--no-identity-window", action="store_true",
+        help="time a window of jobs without users or requests (VCs only), as on Philly or "
+             "ITP, even for a checkpoint that reads identity (a residual on f1-unicep "
+             "then scores in its unicep mode)",
+    )  # fmt: skip
     a = p.parse_args(argv)
     torch.set_num_threads(1)  # as in the workers: one core per simulator
     if Path(a.model).exists():
@@ -119,16 +125,17 @@ def _rollouts(a: argparse.Namespace, net: ScoreNet, features: tuple[str, ...]) -
 
 
 def bench_window(
-    window: int, features: tuple[str, ...]
+    window: int, features: tuple[str, ...], identity: bool = True
 ) -> tuple[ClusterSpec, History, list[QueuedJob], SimObservation]:
     """The window the latency is measured on: `window` jobs waiting on Philly's
-    heterogeneous cluster with 2,000 finished jobs behind them."""
+    heterogeneous cluster with 2,000 finished jobs behind them (`identity=False`: jobs
+    of VCs only, whatever the checkpoint reads)."""
     cluster = load_cluster(ROOT / "clusters" / "philly-hetero.yaml")
     rng = np.random.default_rng(0)
     history = History()
     # a checkpoint that reads identity is timed on jobs that carry it (users,
     # projects, executables, requested times: its costliest features), others on VCs
-    ident = any(f.startswith(("log_user", "user_", "log_req")) for f in features)
+    ident = identity and any(f.startswith(("log_user", "user_", "log_req")) for f in features)
 
     def who(i: int) -> dict[str, object]:
         if not ident:
@@ -160,7 +167,7 @@ def _latency(a: argparse.Namespace, net: ScoreNet, features: tuple[str, ...]) ->
     interleaved so that the machine's load falls on all three alike."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    cluster, history, jobs, obs = bench_window(a.window, features)
+    cluster, history, jobs, obs = bench_window(a.window, features, not a.no_identity_window)
     policies: dict[str, Policy] = {
         "rl": RLPolicy(net, features),
         "rl-first": ReferencePolicy(net, features),
