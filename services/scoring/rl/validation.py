@@ -7,7 +7,8 @@ world (a part's `val:` range) gets its episodes in turn, and within a world:
 - **distinct job windows**: the world's jobs are cut into as many strata as it
   has episodes, and episode `slot` starts at a seeded offset inside its stratum,
   so that (when the stratum holds `prefix + jobs` jobs) no two episodes share a
-  job; each has its own thinning seed too;
+  job; each has its own thinning seed too. An episode that `fill_load` sizes past
+  `prefix + jobs` (env.episode_size: Philly's) may reach into the next stratum;
 - **loads spread over what training draws**: a world's first episode runs at
   the part's recorded load (`part_load`: `demand` of the whole range over the
   cluster's `capacity`, as the trainer measures an episode's load), the others
