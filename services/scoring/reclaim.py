@@ -22,7 +22,10 @@ and `priority_classes`:
   starting `priority:` (a reclaim's starts `reclaim:`), which the agent's
   `preempted` event carries in its detail.
 * A victim is not asked again while it stops (until its `preempted` event, or
-  `grace_s` + `STOPPING_S` at most).
+  `grace_s` + `STOPPING_S` at most). Once it has stopped, the job it was for keeps
+  leading, and takes no other victim, for `STOPPING_S` more: the free GPUs come from
+  the hosts' reports, which can reach scoring after the `preempted` event, and a
+  check in between would see the job still not fitting and take a second victim.
 * A restart keeps this: scoring reads `jobs.kill` back, and each preemption asked
   (`restore`: victim, the job it is for, named in its reason, and when) is taken up
   again at the next check when its victim still runs the segment it was asked to
@@ -55,6 +58,10 @@ class LiveReclaim:
     draining: dict[str, tuple[str, float]] = field(default_factory=dict)  # victim -> (for, when)
     # preemptions read back from jobs.kill, not checked yet: victim -> [(for, when asked)]
     restored: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    # victims seen stopped (their `preempted` event) -> (the job they were for, when):
+    # a host reports the GPUs free after the event, so for STOPPING_S the job keeps
+    # them (no second victim taken while the hosts' view lags)
+    freed: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.quota = Quota(self.cluster.queues, self.cluster.priority_classes)
@@ -93,9 +100,15 @@ class LiveReclaim:
         kind = {view.node_ids[i]: view.node_type[i] for i in range(len(view.node_ids))}
         only = next(iter(view.total_by_type), ANY) if len(view.total_by_type) == 1 else ANY
         self._take_up(st, now)
-        for v, (_, since) in list(self.draining.items()):
-            if v not in st.started_at or now > since + self.grace_s + STOPPING_S:
+        for v, (owner, since) in list(self.draining.items()):
+            if v not in st.started_at:  # stopped: its GPUs are free once its host says so
                 del self.draining[v]
+                self.freed[v] = (owner, now)
+            elif now > since + self.grace_s + STOPPING_S:
+                del self.draining[v]
+        for v, (_, at) in list(self.freed.items()):
+            if now > at + STOPPING_S:
+                del self.freed[v]
         usage = Usage(self.quota)
         free: dict[str, float] = {t: float(g) for t, g in view.whole_by_type.items()}
         cands: list[Running] = []
@@ -122,7 +135,9 @@ class LiveReclaim:
             cands.append(
                 Running(q.seq, queue, gpus, c.priority, c.preemptible, st.started_at[jid], q.seq)
             )
-        reclaiming = {f for f, _ in self.draining.values()}
+        # jobs whose victims are stopping, or stopped so recently that their hosts may not
+        # have reported the freed GPUs yet: what those free is theirs, no other victim
+        reclaiming = {f for f, _ in (*self.draining.values(), *self.freed.values())}
         first: list[str] = []
         out: list[KillRequest] = []
 

@@ -7,7 +7,7 @@ import msgspec
 
 from services.scoring.policies import make_policy
 from services.scoring.queue import ScoringState
-from services.scoring.reclaim import LiveReclaim
+from services.scoring.reclaim import STOPPING_S, LiveReclaim
 from shared.cluster import ClusterSpec, NodeSpec, PriorityClass, QueueSpec
 from shared.messages import Job, JobEvent, KillRequest, NodeStatus
 
@@ -196,3 +196,27 @@ def test_a_request_read_back_before_its_victims_start_waits_for_it() -> None:
     gone.restore(asked[0], 701.0)
     gone.check(_state(), 701.0 + 30.0 + 31.0)
     assert gone.restored == {}
+
+
+def test_no_second_victim_while_the_hosts_report_lags_the_first_ones_stop() -> None:
+    s = _borrowing()
+    r = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0)
+    assert [k.job_id for k in r.check(s, 701.0)] == ["r2"]
+    # r2's stop comes back before h-1's report: the hosts' view still shows h-1 full
+    s.event(JobEvent("r2", "preempted", 703.0, ["h-1"]), free=True)
+    assert not s.view.state.fits(2, 1000, s.queued["p1"].gpu_types)
+    assert r.check(s, 704.0) == []  # r1 (past its minimum run, research over) is not asked
+    assert s.first == ["p1"]
+    s.node(NodeStatus("h-1", "GPU", 4, [2, 3]))  # the report: p1 starts on r2's GPUs
+    assert r.check(s, 705.0) == [] and s.first == ["p1"]
+    batch = s.free_round(1, 705.0)
+    assert batch is not None and [j for j, _ in batch.jobs][:1] == ["p1"]
+    # a stop whose GPUs never show up free (taken by something else) holds p1's claim for
+    # STOPPING_S only: then p1 may reclaim again
+    s2 = _borrowing()
+    r2 = LiveReclaim(CLUSTER, grace_s=30.0, min_run_s=600.0)
+    assert [k.job_id for k in r2.check(s2, 701.0)] == ["r2"]
+    s2.event(JobEvent("r2", "preempted", 703.0, ["h-1"]), free=True)
+    assert r2.check(s2, 704.0) == []  # the check that sees r2 stopped
+    assert r2.check(s2, 704.0 + STOPPING_S - 1.0) == []
+    assert [k.job_id for k in r2.check(s2, 704.0 + STOPPING_S + 1.0)] == ["r1"]
