@@ -28,7 +28,6 @@ from types import ModuleType
 import numpy as np
 
 from bench.train import ROOT, TARGET_P99_MS, bench_window
-from services.scoring.policies.f1_unicep import F1Unicep
 from services.scoring.rl import load_checkpoint
 from services.scoring.rl.policy import RLPolicy
 from shared.errors import UserError
@@ -82,8 +81,8 @@ def main(argv: list[str]) -> int:
             kw: dict[str, object] = {"identity": self.reads_identity}
             if takes_origin and self._f1 is not None:  # a residual on f1 (RLPolicy.encode)
                 kw["origin_s"] = self.origin_s
-            if takes_unicep and isinstance(self._f1, F1Unicep):
-                kw["unicep"] = not self._f1.uses_f1()
+            if takes_unicep:
+                kw["unicep"] = self.unicep_keys()
             x: np.ndarray = old.encode(pool, obs, len(pool), **kw)[0]
             return x
 

@@ -309,14 +309,18 @@ class RLPolicy:
         return sorted(out, key=_age)
 
     # ---- scoring ------------------------------------------------------------------------
+    def unicep_keys(self) -> bool:
+        """Whether the key columns carry unicep's key now: a residual on f1-unicep whose
+        rule is on unicep (services/scoring/policies/f1_unicep.py)."""
+        return isinstance(self._f1, F1Unicep) and not self._f1.uses_f1()
+
     def encode(self, pool: list[QueuedJob], obs: Observation) -> np.ndarray:
         """Every JOB_FEATURES column of the jobs of `pool` [len(pool), len(JOB_FEATURES)]
         (the IDENTITY_FEATURES ones 0 unless it reads one of them)."""
         origin = self.origin_s if self._f1 is not None else None
-        unicep = isinstance(self._f1, F1Unicep) and not self._f1.uses_f1()
-        return encode(
-            pool, obs, len(pool), identity=self.reads_identity, origin_s=origin, unicep=unicep
-        )[0]
+        return encode(pool, obs, len(pool), self.reads_identity, origin, unicep=self.unicep_keys())[
+            0
+        ]
 
     def scores(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
         """Scores of the rows of `x` [n, len(JOB_FEATURES)] with cluster features `g`

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from services.scoring.policies.f1 import request_or_estimate
-from services.scoring.policies.f1_unicep import F1Unicep
 from services.scoring.rl.policy import RLPolicy
 from shared.placement_api import FULL_GPU
 from shared.policy_api import History, Observation, QueuedJob
@@ -167,8 +166,7 @@ class ReferencePolicy(RLPolicy):
 
     def encode(self, pool: list[QueuedJob], obs: Observation) -> np.ndarray:
         origin = self.origin_s if self._f1 is not None else None
-        unicep = isinstance(self._f1, F1Unicep) and not self._f1.uses_f1()
-        return encode_per_job(pool, obs, len(pool), origin, unicep)[0]
+        return encode_per_job(pool, obs, len(pool), origin, self.unicep_keys())[0]
 
     def scores(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
         return torch_scores(self, x, g)
