@@ -3,14 +3,16 @@ where they do not.
 
 `f1`'s key, log10(r) x n + 870 x log10(s), orders by its estimate r only as far as
 r tells jobs apart. With a user's history or a requested time (`History.predict`)
-it does: on ThetaGPU and the SWF logs `f1` is the best heuristic or within 5% of it
-on every held-out cell. Without either (Philly, ITP: no user, no request) r is the
+it does: on the validation cells of ThetaGPU and the SWF logs `f1` is the best
+heuristic or within 5% of it. Without either (Philly, ITP: no user, no request) r is the
 mean run of the job's VC and size, nearly one number per VC, and the submit term
 decides: `f1` runs within 1% of `fifo` on both Philly slices (1.26x and 1.43x the
 best heuristic) and 2.1x the best on ITP cluster01. `unicep`, wait / (log2(n) x r),
 lets a small job that has waited go first, which is what those traces reward: within
-3% of the best on five of the six cells without identity where it was measured
-(docs/results/policy-matrix.md, "Identity decides the rule").
+3% of the best on four of the five cells without identity of the validation and
+earlier matrices, and better than `f1` on seven of eight others
+(docs/results/policy-matrix.md, "The cross-trace checkpoint: a residual on
+`f1-unicep`").
 
 Which jobs are informed is counted over every job the policy has been given so far:
 `f1` while at least half of them named their user or a requested time
@@ -47,19 +49,19 @@ class F1Unicep(PolicyBase):
         self.f1, self.unicep = F1(), Unicep()
         self.f1.reset(ctx)
         self.unicep.reset(ctx)
-        self.seen = 0
-        self.informed = 0
+        self.n_seen = 0
+        self.n_informed = 0
 
     def uses_f1(self) -> bool:
         """True while at least half the jobs seen so far were informed (module doc)."""
-        return 2 * self.informed >= self.seen
+        return 2 * self.n_informed >= self.n_seen
 
     def current(self) -> Policy:
         return self.f1 if self.uses_f1() else self.unicep
 
     def add(self, job: QueuedJob) -> None:
-        self.seen += 1
-        self.informed += informed(job)
+        self.n_seen += 1
+        self.n_informed += informed(job)
         self.f1.add(job)
         self.unicep.add(job)
 

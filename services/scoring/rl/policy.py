@@ -80,7 +80,7 @@ import numpy as np
 from services.scoring.policies.f1 import F1
 from services.scoring.policies.f1_unicep import F1Unicep
 from services.scoring.rl.args import BOUND_SCALES
-from services.scoring.rl.network import ScoreNet, WindowScorer
+from services.scoring.rl.network import KEY_BASES, ScoreNet, WindowScorer
 from services.scoring.rl.ppo import sample_ranking
 from services.scoring.rl.shadow import FifoShadow
 from shared.cluster import ClusterSpec
@@ -188,7 +188,7 @@ class RLPolicy:
         self.origin_s: float | None = None  # the first submit seen (f1's origin)
         # f1's (or f1-unicep's) own order: the window of a residual on it
         self._f1: F1 | F1Unicep | None = None
-        if self.net.cfg.base in ("f1", "f1-unicep"):
+        if self.net.cfg.base in KEY_BASES:
             self._f1 = F1() if self.net.cfg.base == "f1" else F1Unicep()
             # f1 reads nothing of its context; `reset` gives it the run's
             self._f1.reset(PolicyContext(ClusterSpec("none", ()), History()))
@@ -318,9 +318,8 @@ class RLPolicy:
         """Every JOB_FEATURES column of the jobs of `pool` [len(pool), len(JOB_FEATURES)]
         (the IDENTITY_FEATURES ones 0 unless it reads one of them)."""
         origin = self.origin_s if self._f1 is not None else None
-        return encode(pool, obs, len(pool), self.reads_identity, origin, unicep=self.unicep_keys())[
-            0
-        ]
+        x, _ = encode(pool, obs, len(pool), self.reads_identity, origin, self.unicep_keys())
+        return x
 
     def scores(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
         """Scores of the rows of `x` [n, len(JOB_FEATURES)] with cluster features `g`

@@ -40,7 +40,7 @@ from services.scoring.rl.env import (
     EpisodeSpec,
     relative_gain,
 )
-from services.scoring.rl.network import NetConfig, ScoreNet
+from services.scoring.rl.network import KEY_BASES, NetConfig, ScoreNet
 from services.scoring.rl.ppo import (
     clipped_policy_loss,
     gae,
@@ -183,7 +183,7 @@ def feature_list(args: Args) -> tuple[str, ...]:
     f1-unicep) the two columns of its key (the base's alone: the network does not
     read them)."""
     features = FEATURE_SETS[args.features]
-    if args.residual in ("f1", "f1-unicep"):
+    if args.residual in KEY_BASES:
         features += tuple(f for f in F1_FEATURES if f not in features)
     return features
 
