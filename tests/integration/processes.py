@@ -12,7 +12,9 @@ from pathlib import Path
 def borrower_command(d: Path, name: str, ignores_term: bool, hold_s: float) -> list[str]:
     """A command that records each run in `d`/`name`.runs; its first run waits up to
     `hold_s` to be stopped, writing the time into `name`.term on SIGTERM (and exiting
-    143, or going on when it ignores it); its second run finishes at once."""
+    143, or going on when it ignores it); its second run finishes at once. Every run
+    ends once `release_borrowers(d)` has been called: an agent stopped at a test's end
+    leaves its jobs running (as it should), and the test must not."""
     on_term = "pass" if ignores_term else "sys.exit(143)"
     code = (
         "import os, signal, sys, time\n"
@@ -23,9 +25,16 @@ def borrower_command(d: Path, name: str, ignores_term: bool, hold_s: float) -> l
         f"    {on_term}\n"
         "signal.signal(signal.SIGTERM, term)\n"
         "if len(open(f'{d}/{name}.runs').read().splitlines()) == 1:\n"
-        f"    for _ in range({round(hold_s * 10)}): time.sleep(0.1)\n"
+        f"    for _ in range({round(hold_s * 10)}):\n"
+        "        if os.path.exists(f'{d}/release'): break\n"
+        "        time.sleep(0.1)\n"
     )
     return [sys.executable, "-c", code]
+
+
+def release_borrowers(d: Path) -> None:
+    """End every `borrower_command(d, ...)` process still holding (within 0.1 s)."""
+    (d / "release").touch()
 
 
 def stop_all(procs: Iterable[subprocess.Popen[bytes]], wait_s: float = 30.0) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.processes import borrower_command
+from tests.integration.processes import borrower_command, release_borrowers
 from tests.integration.test_user_jobs import Up, _py
 
 pytestmark = [
@@ -47,6 +47,7 @@ def tenants(tmp_path: Path) -> Iterator[Up]:
         yield up
     finally:
         up.stop()
+        release_borrowers(tmp_path)  # a borrower still holding outlives `up`
 
 
 def _borrower(d: Path, name: str, ignores_term: bool) -> list[str]:

@@ -25,7 +25,7 @@ import pytest
 from shared.bus import Producer, Record, read_back
 from shared.config import BusSettings
 from shared.messages import KillRequest, encode
-from tests.integration.processes import borrower_command, stop_all
+from tests.integration.processes import borrower_command, release_borrowers, stop_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -145,6 +145,7 @@ async def test_scoring_restarted_inside_a_reclaims_grace_period(
             kills = [k for k in await _records(bus, t.jobs_kill) if k.get("requeue")]
     finally:
         stop_all(procs.values())
+        release_borrowers(tmp_path)  # b1 outlives the agent; the test ends it
     log = (tmp_path / "scoring.log").read_text()
     assert log.count("preempting b2") == 1, log  # the second scoring did not ask again
     # the restart did not lose the reclaim: the owner started on b2's GPUs, within grace

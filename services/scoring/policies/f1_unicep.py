@@ -19,8 +19,9 @@ Which jobs are informed is counted over every job the policy has been given so f
 (`QueuedJob.user`, `time_limit_s`), `unicep` otherwise. The count is cumulative, so
 on one trace the rule settles within its first jobs and does not flip with the
 queue; a cluster whose users start sending requests moves to `f1` once they are
-half of what it has seen (a preempted job, added again, counts again). Both
-policies see every job, so either one's order is ready when the rule moves.
+half of what it has seen. A preempted job added again (`QueuedJob.runs` > 0) is
+counted once, when it first arrived. Both policies see every job, so either one's
+order is ready when the rule moves.
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ class F1Unicep(PolicyBase):
         return self.f1 if self.uses_f1() else self.unicep
 
     def add(self, job: QueuedJob) -> None:
-        self.n_seen += 1
-        self.n_informed += informed(job)
+        if not job.runs:  # a preempted job was counted when it arrived
+            self.n_seen += 1
+            self.n_informed += informed(job)
         self.f1.add(job)
         self.unicep.add(job)
 

@@ -85,6 +85,17 @@ def test_the_rule_follows_the_share_of_informed_jobs() -> None:
     # a user alone informs too (f1 predicts from the user's last runs)
     p.add(QueuedJob(7, "u", 95.0, 1, user="alice"))
     assert p.uses_f1()  # 2 of 4
+    # a preempted job comes back (it has run): counted once, when it arrived
+    back = QueuedJob(8, "v", 96.0, 1)
+    p.add(back)
+    assert not p.uses_f1()  # 2 of 5
+    p.remove(back)
+    back.runs = 1
+    p.add(asked[0])  # 3 of 6
+    assert p.uses_f1()
+    p.add(back)  # still 3 of 6, not 3 of 7
+    assert (p.n_informed, p.n_seen) == (3, 6)
+    assert p.uses_f1()
 
 
 def _queue(rng: np.random.Generator, n: int, identity: bool) -> tuple[list[QueuedJob], History]:
