@@ -46,7 +46,7 @@ from shared.errors import UserError
 from shared.jsonfile import write_json
 from shared.policy_api import Policy, PolicyContext, QueuedJob
 from shared.sim import SimConfig, simulate
-from shared.traces import TraceJob
+from shared.traces import TraceJob, lacking_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = ROOT / "bench" / "matrices" / "validation.yaml"
@@ -150,7 +150,7 @@ def run_cell(
     bsld: dict[str, float] = {}
     for name in HEURISTICS:
         policy = make_policy(name)
-        if any(not any(getattr(j, f) for j in jobs) for f in getattr(policy, "needs", ())):
+        if lacking_fields(getattr(policy, "needs", ()), jobs):
             continue
         res = simulate(jobs, cluster, policy, make_placer(placer, reproducible=True), config)
         bsld[name] = float(res.summary()["avg_bsld"])  # type: ignore[arg-type]

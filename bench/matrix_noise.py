@@ -46,7 +46,7 @@ from services.scoring.policies import make_policy
 from shared.errors import UserError
 from shared.jsonfile import write_json
 from shared.sim import SimConfig, simulate
-from shared.traces import TraceJob
+from shared.traces import TraceJob, lacking_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = ROOT / "bench" / "matrices" / "validation.yaml"
@@ -75,7 +75,7 @@ def run_replica(
     res = CellResult(cell, len(jobs), cluster.total_gpus)
     for name in [*HEURISTICS, *(p for p in policies if p not in HEURISTICS)]:
         policy = make_policy(name)
-        if any(not any(getattr(j, f) for j in jobs) for f in getattr(policy, "needs", ())):
+        if lacking_fields(getattr(policy, "needs", ()), jobs):
             continue
         result = simulate(
             jobs, cluster, policy, make_placer(placer, reproducible=True),

@@ -152,6 +152,7 @@ def run_matrix(
     from services.placement.registry import make_placer
     from services.scoring.policies import make_policy
     from shared.sim import SimConfig, simulate
+    from shared.traces import lacking_fields
 
     make_placer(placer, reproducible=True)  # a bad name fails before any run
     for name in policies:
@@ -163,9 +164,7 @@ def run_matrix(
         res = CellResult(cell, len(jobs), cluster.total_gpus)
         for name in policies:
             policy = make_policy(name)
-            lacking = [
-                f for f in getattr(policy, "needs", ()) if not any(getattr(j, f) for j in jobs)
-            ]
+            lacking = lacking_fields(getattr(policy, "needs", ()), jobs)
             if lacking:
                 res.missing[name] = f"needs {', '.join(lacking)}"
                 continue

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from shared.errors import UserError
 
-__all__ = ["SkipStats", "TraceJob", "require_fields"]
+__all__ = ["SkipStats", "TraceJob", "lacking_fields", "require_fields"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +52,15 @@ class SkipStats:
         return sum(self.counts.values())
 
 
+def lacking_fields(needs: Iterable[str], jobs: Sequence[TraceJob]) -> list[str]:
+    """The TraceJob fields of `needs` (a policy's `needs`) that no job of `jobs` carries."""
+    return [f for f in needs if not any(getattr(j, f) for j in jobs)]
+
+
 def require_fields(label: str, needs: Iterable[str], jobs: Sequence[TraceJob], trace: str) -> None:
     """UserError (one line) if no job of `jobs` carries one of the TraceJob fields a
     policy `needs` (e.g. `sjf-req` reads `time_limit_s`, which Philly has none of)."""
-    lacking = [f for f in needs if not any(getattr(j, f) for j in jobs)]
+    lacking = lacking_fields(needs, jobs)
     if lacking:
         raise UserError(
             f"policy {label} needs {' and '.join(lacking)}, which no job of {trace} "

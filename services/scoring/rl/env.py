@@ -63,7 +63,7 @@ from shared.offload_signal import OffloadPart, offload_part
 from shared.policy_api import Observation, Policy, PolicyContext, QueuedJob
 from shared.sim import SimConfig, SimResult, simulate
 from shared.sim.load import capacity, compress_to_load, span_load_limit
-from shared.traces import TraceJob
+from shared.traces import TraceJob, lacking_fields
 
 __all__ = [
     "FILL_MAX",
@@ -436,7 +436,7 @@ def episode_teacher(
     best: tuple[float, str] | None = None
     for name in names:
         policy = make_policy(name)
-        if any(not any(getattr(j, f) for j in jobs) for f in getattr(policy, "needs", ())):
+        if lacking_fields(getattr(policy, "needs", ()), jobs):
             continue  # sjf-req on a trace without requested times
         res = base if name == cfg.baseline else simulate(
             jobs, cluster, policy, make_placer(cfg.placer), sim_cfg
