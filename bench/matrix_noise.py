@@ -40,13 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from rltune.matrix import HEURISTICS, Cell, CellResult, _cell_jobs, geomean, load_matrix, ratios
+from rltune.matrix import HEURISTICS, Cell, _cell_jobs, geomean, load_matrix, ratios, run_cell
 from services.placement.registry import make_placer
 from services.scoring.policies import make_policy
 from shared.errors import UserError
 from shared.jsonfile import write_json
-from shared.sim import SimConfig, simulate
-from shared.traces import TraceJob, lacking_fields
+from shared.traces import TraceJob
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = ROOT / "bench" / "matrices" / "validation.yaml"
@@ -72,17 +71,8 @@ def run_replica(
     cell: Cell, jobs: list[TraceJob], cluster: Any, policies: Sequence[str], placer: str
 ) -> dict[str, Any]:
     """The best heuristic and every policy's avg bsld ratio to it on one replica."""
-    res = CellResult(cell, len(jobs), cluster.total_gpus)
-    for name in [*HEURISTICS, *(p for p in policies if p not in HEURISTICS)]:
-        policy = make_policy(name)
-        if lacking_fields(getattr(policy, "needs", ()), jobs):
-            continue
-        result = simulate(
-            jobs, cluster, policy, make_placer(placer, reproducible=True),
-            SimConfig(seed=0, discipline="easy"),
-        )  # fmt: skip
-        res.summaries[name] = result.summary()
-    r = ratios(res)
+    names = [*HEURISTICS, *(p for p in policies if p not in HEURISTICS)]
+    r = ratios(run_cell(cell, cluster, jobs, names, placer))
     return {"best": r.best, "bsld": r.bsld}
 
 

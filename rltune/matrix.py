@@ -39,7 +39,7 @@ from typing import Any
 from shared.errors import UserError
 from shared.listfile import trace_entries
 
-__all__ = ["HEURISTICS", "Cell", "load_matrix", "main", "run_matrix"]
+__all__ = ["HEURISTICS", "Cell", "load_matrix", "main", "run_cell", "run_matrix"]
 
 # every heuristic that never reads a true run time (las is fifo without preemption;
 # random is no heuristic anyone would choose)
@@ -146,13 +146,38 @@ def _cell_jobs(cell: Cell) -> tuple[Any, list[Any]]:
     return cluster, jobs
 
 
+def run_cell(
+    cell: Cell, cluster: Any, jobs: list[Any], policies: list[str], placer: str = "milp",
+    seed: int = 0,
+) -> CellResult:  # fmt: skip
+    """Each of `policies` on `jobs` (a cell's, or a perturbed copy of them): EASY
+    backfill, `placer`; a policy that needs a field no job carries is left out, with
+    why, in `missing`."""
+    from services.placement.registry import make_placer
+    from services.scoring.policies import make_policy
+    from shared.sim import SimConfig, simulate
+    from shared.traces import lacking_fields
+
+    res = CellResult(cell, len(jobs), cluster.total_gpus)
+    for name in policies:
+        policy = make_policy(name)
+        lacking = lacking_fields(getattr(policy, "needs", ()), jobs)
+        if lacking:
+            res.missing[name] = f"needs {', '.join(lacking)}"
+            continue
+        result = simulate(
+            jobs, cluster, policy, make_placer(placer, reproducible=True),
+            SimConfig(seed=seed, discipline="easy"),
+        )  # fmt: skip
+        res.summaries[name] = result.summary()
+    return res
+
+
 def run_matrix(
     cells: list[Cell], policies: list[str], placer: str = "milp", seed: int = 0
 ) -> list[CellResult]:
     from services.placement.registry import make_placer
     from services.scoring.policies import make_policy
-    from shared.sim import SimConfig, simulate
-    from shared.traces import lacking_fields
 
     make_placer(placer, reproducible=True)  # a bad name fails before any run
     for name in policies:
@@ -161,18 +186,7 @@ def run_matrix(
     for cell in cells:
         t0 = time.perf_counter()
         cluster, jobs = _cell_jobs(cell)
-        res = CellResult(cell, len(jobs), cluster.total_gpus)
-        for name in policies:
-            policy = make_policy(name)
-            lacking = lacking_fields(getattr(policy, "needs", ()), jobs)
-            if lacking:
-                res.missing[name] = f"needs {', '.join(lacking)}"
-                continue
-            result = simulate(
-                jobs, cluster, policy, make_placer(placer, reproducible=True),
-                SimConfig(seed=seed, discipline="easy"),
-            )  # fmt: skip
-            res.summaries[name] = result.summary()
+        res = run_cell(cell, cluster, jobs, policies, placer, seed)
         res.wall_s = time.perf_counter() - t0
         print(f"{cell.name}: {len(jobs)} jobs, {len(res.summaries)} policies, "
               f"{res.wall_s:.1f} s", file=sys.stderr)  # fmt: skip
